@@ -1,0 +1,126 @@
+"""Cluster description: nodes (one GPU type each), GPUs per node, links. Loaded from the portable YAML shape."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+from autohet_ray import ConfigError
+from autohet_ray.cluster.catalog import DeviceType, device_from_dict, lookup
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    name: str
+    device: str          # device type name (catalog or custom)
+    count: int           # GPUs on this node
+    nic_gbps: float      # this node's inter-node NIC, Gb/s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    name: str
+    nodes: tuple[Node, ...]
+    inter_node_gbps: float
+    custom_devices: dict[str, DeviceType] = field(default_factory=dict)
+
+    def device(self, name: str) -> DeviceType:
+        return lookup(name, self.custom_devices)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise ConfigError(f"unknown node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(n.count for n in self.nodes)
+
+    def device_types(self) -> list[str]:
+        """Device type names present, in first-appearance order."""
+        return list(dict.fromkeys(n.device for n in self.nodes))
+
+    def gpus_of(self, device: str) -> int:
+        return sum(n.count for n in self.nodes if n.device == device)
+
+    def nic_bytes_per_s(self, node_name: str) -> float:
+        """A node's inter-node bandwidth in bytes/s (the slower of its NIC and the fabric)."""
+        return min(self.node(node_name).nic_gbps, self.inter_node_gbps) * 1e9 / 8
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "nodes": [{"name": n.name, "device": n.device, "count": n.count, "nic_gbps": n.nic_gbps}
+                      for n in self.nodes],
+            "network": {"inter_node_gbps": self.inter_node_gbps},
+            "devices": {k: {f: v for f, v in d.to_dict().items() if f != "name"}
+                        for k, d in self.custom_devices.items()},
+        }
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what}={value!r} must be a positive integer")
+    return value
+
+
+def _positive_number(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{what}={value!r} must be a positive number")
+    return float(value)
+
+
+_NODE_KEYS = {"name", "device", "count", "replicas", "nic_gbps"}
+
+
+def _expand_node(raw, index: int, inter_gbps: float, custom: dict) -> list[Node]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"nodes[{index}] must be a mapping like {{name: a100, device: A100-80GB, count: 8}}")
+    unknown = sorted(set(raw) - _NODE_KEYS)
+    if unknown:
+        raise ConfigError(f"nodes[{index}] has unknown keys {unknown}; valid: {sorted(_NODE_KEYS)}")
+    for key in ("name", "device", "count"):
+        if key not in raw:
+            raise ConfigError(f"nodes[{index}] is missing {key!r}")
+    name = str(raw["name"])
+    device = lookup(str(raw["device"]), custom)
+    count = _positive_int(raw["count"], f"nodes[{index}].count")
+    replicas = _positive_int(raw.get("replicas", 1), f"nodes[{index}].replicas")
+    nic = _positive_number(raw.get("nic_gbps", inter_gbps), f"nodes[{index}].nic_gbps")
+    names = [name] if replicas == 1 else [f"{name}-{i}" for i in range(replicas)]
+    return [Node(name=n, device=device.name, count=count, nic_gbps=nic) for n in names]
+
+
+def cluster_from_dict(raw, source: str = "<cluster>") -> Cluster:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a cluster file must be a mapping with 'name' and 'nodes'")
+    unknown = sorted(set(raw) - {"name", "nodes", "network", "devices"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level keys {unknown}; valid: name, nodes, network, devices")
+    custom = {str(k): device_from_dict(str(k), v or {}) for k, v in (raw.get("devices") or {}).items()}
+    network = raw.get("network") or {}
+    inter = _positive_number(network.get("inter_node_gbps", 100), "network.inter_node_gbps")
+    nodes_raw = raw.get("nodes") or []
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise ConfigError(f"{source}: the cluster has no nodes; add e.g. "
+                          "nodes: [{name: a100, device: A100-80GB, count: 8}]")
+    nodes = [n for i, r in enumerate(nodes_raw) for n in _expand_node(r, i, inter, custom)]
+    seen = set()
+    for node in nodes:
+        if node.name in seen:
+            raise ConfigError(f"{source}: node name {node.name!r} appears twice; node names must be unique")
+        seen.add(node.name)
+    return Cluster(name=str(raw.get("name", "cluster")), nodes=tuple(nodes), inter_node_gbps=inter,
+                   custom_devices=custom)
+
+
+def load_cluster(path: str) -> Cluster:
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"cluster file {path!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cluster file {path!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    return cluster_from_dict(raw, source=path)

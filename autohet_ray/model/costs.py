@@ -1,0 +1,55 @@
+"""Per-layer parameters, FLOPs and activation memory of a ModelSpec.
+
+Layer kinds: "embedding" (first stage), "layer" (one transformer layer), "head" (last stage: final norm,
+output projection, loss). FLOPs count a multiply-add as 2; backward = 2 x forward. Activation bytes are
+what one token keeps for backward in bf16 with flash/SDPA attention (no s^2 score matrix), following
+Korthikanti et al. 2022 without sequence parallelism: norm inputs and residual masks are replicated across
+TP ranks, the rest is sharded.
+"""
+from __future__ import annotations
+
+from autohet_ray.model.spec import ModelSpec
+
+LAYER_KINDS = ("embedding", "layer", "head")
+ACT_BYTES = 2          # bf16 activations
+
+
+def layer_params(spec: ModelSpec, kind: str) -> int:
+    h, f, v = spec.hidden, spec.ffn_hidden, spec.vocab_size
+    if kind == "embedding":
+        positions = 0 if spec.family == "llama" else spec.max_seq_len * h
+        token_types = 2 * h + 2 * h if spec.family == "bert" else 0     # type table + embedding LayerNorm
+        return v * h + positions + token_types
+    if kind == "head":
+        if spec.family == "bert":                                        # transform + LN + decoder (+ bias)
+            return h * h + h + 2 * h + v * h + v
+        return v * h + (h if spec.family == "llama" else 2 * h)
+    assert kind == "layer", kind
+    if spec.family == "llama":
+        return 2 * h * h + 2 * h * spec.kv_hidden + 3 * h * f + 2 * h
+    return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+
+
+def layer_flops_per_token(spec: ModelSpec, kind: str, seq_len: int) -> float:
+    """Forward FLOPs per token."""
+    h = spec.hidden
+    if kind == "embedding":
+        return 0.0
+    if kind == "head":
+        return 2.0 * h * spec.vocab_size + (2.0 * h * h if spec.family == "bert" else 0.0)
+    matmul = layer_params(spec, "layer")
+    attention = 4.0 * seq_len * h        # QK^T and AV: 2*s*h each
+    return 2.0 * matmul + attention
+
+
+def activation_bytes_per_token(spec: ModelSpec, kind: str, tp: int) -> float:
+    """Bytes one token keeps for backward on one rank of a TP group of `tp`."""
+    h, f = spec.hidden, spec.ffn_hidden
+    if kind == "embedding":
+        return ACT_BYTES * h
+    if kind == "head":
+        return ACT_BYTES * h + 4.0 * spec.vocab_size / tp          # fp32 logits for the loss
+    replicated = 5 * h                                             # 2 norm inputs, 2 linear inputs, masks
+    mlp = (3 if spec.family == "llama" else 2) * f                 # act in/out (+ gate for SwiGLU)
+    sharded = 2 * h + 2 * spec.kv_hidden + h + mlp                 # q, k, v, attn out, MLP intermediates
+    return ACT_BYTES * (replicated + sharded / tp)

@@ -1,0 +1,113 @@
+"""Model specifications: the shapes of a transformer, presets, and custom models from YAML.
+
+A model is `num_layers` identical transformer layers, plus an embedding (held by a pipeline's first stage)
+and a head (final norm + output projection + loss, held by the last stage). The output projection is not
+tied to the embedding, so that first and last stage own disjoint parameters.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import yaml
+
+from autohet_ray import ConfigError
+
+FAMILIES = ("gpt", "llama", "bert")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    family: str             # "gpt" (learned positions, LayerNorm, GELU), "llama" (RMSNorm, RoPE, SwiGLU, GQA), "bert"
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int       # == num_heads unless grouped-query attention
+    ffn_hidden: int
+    vocab_size: int
+    max_seq_len: int        # positions table size (gpt/bert) and the default sequence length
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    @property
+    def kv_hidden(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def valid_tp(self, tp: int) -> bool:
+        """TP shards heads, kv heads, the FFN and the vocabulary evenly."""
+        return all(x % tp == 0 for x in (self.num_heads, self.num_kv_heads, self.ffn_hidden, self.vocab_size))
+
+    def check_tp(self, tp: int) -> None:
+        if not self.valid_tp(tp):
+            valid = [t for t in (1, 2, 4, 8, 16) if self.valid_tp(t)]
+            raise ConfigError(f"TP degree {tp} does not divide {self.name}'s heads={self.num_heads}, "
+                              f"kv_heads={self.num_kv_heads}, ffn={self.ffn_hidden}, vocab={self.vocab_size}; "
+                              f"valid TP degrees: {valid}")
+
+
+def _spec(name, family, layers, hidden, heads, ffn, vocab, seq, kv_heads=None) -> ModelSpec:
+    return ModelSpec(name=name, family=family, num_layers=layers, hidden=hidden, num_heads=heads,
+                     num_kv_heads=kv_heads or heads, ffn_hidden=ffn, vocab_size=vocab, max_seq_len=seq)
+
+
+# GPT-3 shapes from Brown et al. 2020, Table 2.1 (13B uses Megatron's 5120 hidden); vocabulary padded to
+# 50304 so that every TP degree up to 16 divides it. LLaMA shapes from Touvron et al. 2023a/b; BERT-Large
+# from Devlin et al. 2019.
+PRESETS: dict[str, ModelSpec] = {s.name: s for s in [
+    _spec("bert-large", "bert", 24, 1024, 16, 4096, 30528, 512),
+    _spec("gpt3-1.3b", "gpt", 24, 2048, 16, 8192, 50304, 2048),
+    _spec("gpt3-2.7b", "gpt", 32, 2560, 32, 10240, 50304, 2048),
+    _spec("gpt3-6.7b", "gpt", 32, 4096, 32, 16384, 50304, 2048),
+    _spec("gpt3-13b", "gpt", 40, 5120, 40, 20480, 50304, 2048),
+    _spec("llama-7b", "llama", 32, 4096, 32, 11008, 32000, 2048),
+    _spec("llama-13b", "llama", 40, 5120, 40, 13824, 32000, 2048),
+    _spec("llama2-70b", "llama", 80, 8192, 64, 28672, 32000, 4096, kv_heads=8),
+    # small models for tests, CPU runs and emulation
+    _spec("tiny-gpt", "gpt", 4, 32, 4, 64, 128, 16),
+    _spec("tiny-llama", "llama", 4, 32, 4, 64, 128, 16, kv_heads=2),
+    _spec("tiny-bert", "bert", 4, 32, 4, 64, 128, 16),
+    _spec("small-gpt", "gpt", 8, 128, 8, 512, 1024, 64),
+    _spec("small-llama", "llama", 8, 128, 8, 344, 1024, 64, kv_heads=4),
+]}
+
+
+def model_from_dict(raw, source: str = "<model>") -> ModelSpec:
+    names = [f.name for f in fields(ModelSpec)]
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a model file must be a mapping with fields {names}")
+    raw = dict(raw)
+    raw.setdefault("num_kv_heads", raw.get("num_heads"))
+    missing = [n for n in names if n not in raw]
+    unknown = sorted(set(raw) - set(names))
+    if missing or unknown:
+        raise ConfigError(f"{source}: missing fields {missing}, unknown fields {unknown}; fields: {names}")
+    if raw["family"] not in FAMILIES:
+        raise ConfigError(f"{source}: family={raw['family']!r}; valid: {', '.join(FAMILIES)}")
+    for key in names[2:]:
+        if isinstance(raw[key], bool) or not isinstance(raw[key], int) or raw[key] < 1:
+            raise ConfigError(f"{source}: {key}={raw[key]!r} must be a positive integer")
+    if raw["hidden"] % raw["num_heads"] or raw["num_heads"] % raw["num_kv_heads"]:
+        raise ConfigError(f"{source}: hidden={raw['hidden']} must be divisible by num_heads={raw['num_heads']}, "
+                          f"and num_heads by num_kv_heads={raw['num_kv_heads']}")
+    return ModelSpec(**{k: raw[k] for k in names})
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset by name, or a custom model from a YAML file."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if name_or_path.endswith((".yaml", ".yml", ".json")):
+        try:
+            with open(name_or_path) as f:
+                raw = yaml.safe_load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"model file {name_or_path!r} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"model file {name_or_path!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        return model_from_dict(raw, source=name_or_path)
+    raise ConfigError(f"unknown model {name_or_path!r}; presets: {', '.join(PRESETS)}; or a path to a .yaml file")

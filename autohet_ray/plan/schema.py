@@ -1,0 +1,159 @@
+"""The plan: versioned JSON that the planner writes and the runtime executes.
+
+Pipelines are data-parallel replicas; each has its own stages (a TP group of one GPU type on one node, with a
+contiguous layer range [start, end) over transformer layers) and its own micro-batch count. The embedding
+belongs to every pipeline's first stage and the head to its last stage.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+from autohet_ray import ConfigError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    layers: tuple[int, int]          # [start, end) transformer layers
+    tp: int
+    device_type: str
+    node: str
+    devices: tuple[int, ...]         # GPU indices on `node`; len == tp
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    def to_dict(self) -> dict:
+        return {"layers": list(self.layers), "tp": self.tp, "device_type": self.device_type,
+                "node": self.node, "devices": list(self.devices)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    num_microbatches: int
+    stages: tuple[Stage, ...]
+
+    def to_dict(self) -> dict:
+        return {"num_microbatches": self.num_microbatches, "stages": [s.to_dict() for s in self.stages]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Predicted:
+    iteration_time_s: float
+    samples_per_s: float
+    peak_memory_bytes: int                              # max over devices
+    peak_memory_bytes_per_device: dict[str, int] = field(default_factory=dict)   # "node:gpu" -> bytes
+    profile_kind: str = "analytic"                      # "analytic" (from the catalog) or "measured"
+
+    def to_dict(self) -> dict:
+        return {"iteration_time_s": self.iteration_time_s, "samples_per_s": self.samples_per_s,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "peak_memory_bytes_per_device": dict(self.peak_memory_bytes_per_device),
+                "profile_kind": self.profile_kind}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    model: str
+    global_batch: int                # samples per iteration
+    micro_batch: int                 # samples per micro-batch
+    seq_len: int
+    pipelines: tuple[Pipeline, ...]
+    model_spec: dict | None = None   # full ModelSpec fields, so a custom model travels with the plan
+    cluster: str = ""
+    predicted: Predicted | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return sum(s.tp for p in self.pipelines for s in p.stages)
+
+    def with_predicted(self, predicted: Predicted) -> "Plan":
+        return replace(self, predicted=predicted)
+
+    def to_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "model": self.model, "model_spec": self.model_spec,
+                "cluster": self.cluster, "global_batch": self.global_batch, "micro_batch": self.micro_batch,
+                "seq_len": self.seq_len, "pipelines": [p.to_dict() for p in self.pipelines],
+                "predicted": self.predicted.to_dict() if self.predicted else None}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _need(raw: dict, key: str, where: str):
+    if not isinstance(raw, dict) or key not in raw:
+        raise ConfigError(f"plan: {where} is missing {key!r}")
+    return raw[key]
+
+
+def _int(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"plan: {where}={value!r} must be an integer")
+    return value
+
+
+def _stage_from_dict(raw: dict, where: str) -> Stage:
+    layers = _need(raw, "layers", where)
+    if not (isinstance(layers, (list, tuple)) and len(layers) == 2):
+        raise ConfigError(f"plan: {where}.layers={layers!r} must be [start, end)")
+    devices = _need(raw, "devices", where)
+    if not isinstance(devices, (list, tuple)):
+        raise ConfigError(f"plan: {where}.devices={devices!r} must be a list of GPU indices")
+    return Stage(layers=(_int(layers[0], f"{where}.layers[0]"), _int(layers[1], f"{where}.layers[1]")),
+                 tp=_int(_need(raw, "tp", where), f"{where}.tp"),
+                 device_type=str(_need(raw, "device_type", where)), node=str(_need(raw, "node", where)),
+                 devices=tuple(_int(d, f"{where}.devices") for d in devices))
+
+
+def _predicted_from_dict(raw: dict | None) -> Predicted | None:
+    if not raw:
+        return None
+    return Predicted(iteration_time_s=float(raw["iteration_time_s"]), samples_per_s=float(raw["samples_per_s"]),
+                     peak_memory_bytes=int(raw["peak_memory_bytes"]),
+                     peak_memory_bytes_per_device={k: int(v) for k, v in
+                                                   (raw.get("peak_memory_bytes_per_device") or {}).items()},
+                     profile_kind=str(raw.get("profile_kind", "analytic")))
+
+
+def plan_from_dict(raw) -> Plan:
+    if not isinstance(raw, dict):
+        raise ConfigError("plan: expected a JSON object")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ConfigError(f"plan: schema_version={version!r}; this version reads schema_version {SCHEMA_VERSION}")
+    pipelines_raw = _need(raw, "pipelines", "plan")
+    if not isinstance(pipelines_raw, list) or not pipelines_raw:
+        raise ConfigError("plan: 'pipelines' must be a non-empty list")
+    pipelines = []
+    for k, p in enumerate(pipelines_raw):
+        stages_raw = _need(p, "stages", f"pipelines[{k}]")
+        if not isinstance(stages_raw, list) or not stages_raw:
+            raise ConfigError(f"plan: pipelines[{k}].stages must be a non-empty list")
+        stages = tuple(_stage_from_dict(s, f"pipelines[{k}].stages[{j}]") for j, s in enumerate(stages_raw))
+        pipelines.append(Pipeline(num_microbatches=_int(_need(p, "num_microbatches", f"pipelines[{k}]"),
+                                                        f"pipelines[{k}].num_microbatches"), stages=stages))
+    return Plan(model=str(_need(raw, "model", "plan")), model_spec=raw.get("model_spec"),
+                cluster=str(raw.get("cluster", "")),
+                global_batch=_int(_need(raw, "global_batch", "plan"), "global_batch"),
+                micro_batch=_int(_need(raw, "micro_batch", "plan"), "micro_batch"),
+                seq_len=_int(_need(raw, "seq_len", "plan"), "seq_len"), pipelines=tuple(pipelines),
+                predicted=_predicted_from_dict(raw.get("predicted")))
+
+
+def plan_from_json(text: str) -> Plan:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"plan: not valid JSON ({exc})") from None
+    return plan_from_dict(raw)
+
+
+def load_plan(path: str) -> Plan:
+    try:
+        with open(path) as f:
+            return plan_from_json(f.read())
+    except FileNotFoundError:
+        raise ConfigError(f"plan file {path!r} does not exist") from None

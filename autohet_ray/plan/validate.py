@@ -1,0 +1,63 @@
+"""Structural validation of a plan against its cluster and model (memory is checked by the cost model)."""
+from __future__ import annotations
+
+from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schema import Plan
+
+
+def _is_power_of_two(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
+    """Raise ConfigError naming the first problem found."""
+    if plan.micro_batch < 1 or plan.global_batch < 1:
+        raise ConfigError(f"plan: global_batch={plan.global_batch} and micro_batch={plan.micro_batch} must be >= 1")
+    if plan.global_batch % plan.micro_batch:
+        raise ConfigError(f"plan: global_batch={plan.global_batch} is not divisible by micro_batch={plan.micro_batch}")
+    total_mb = plan.global_batch // plan.micro_batch
+    got = sum(p.num_microbatches for p in plan.pipelines)
+    if got != total_mb:
+        raise ConfigError(f"plan: pipelines' num_microbatches sum to {got}, but global_batch/micro_batch = {total_mb}")
+    used: dict[tuple[str, int], str] = {}
+    for k, pipeline in enumerate(plan.pipelines):
+        if pipeline.num_microbatches < 1:
+            raise ConfigError(f"plan: pipelines[{k}].num_microbatches={pipeline.num_microbatches} must be >= 1")
+        _check_layers(k, pipeline, model)
+        for j, stage in enumerate(pipeline.stages):
+            where = f"pipelines[{k}].stages[{j}]"
+            _check_stage(where, stage, cluster, model)
+            for d in stage.devices:
+                if (stage.node, d) in used:
+                    raise ConfigError(f"plan: GPU {stage.node}:{d} is used by {used[(stage.node, d)]} and {where}; "
+                                      "each GPU may be used once")
+                used[(stage.node, d)] = where
+
+
+def _check_layers(k: int, pipeline, model: ModelSpec) -> None:
+    expected = 0
+    for j, stage in enumerate(pipeline.stages):
+        start, end = stage.layers
+        if start != expected or end <= start:
+            raise ConfigError(f"plan: pipelines[{k}].stages[{j}].layers=[{start}, {end}) must start at {expected} "
+                              "and be non-empty (layers contiguous per pipeline)")
+        expected = end
+    if expected != model.num_layers:
+        raise ConfigError(f"plan: pipelines[{k}] covers layers [0, {expected}) but {model.name} has "
+                          f"{model.num_layers} layers")
+
+
+def _check_stage(where: str, stage, cluster: Cluster, model: ModelSpec) -> None:
+    if not _is_power_of_two(stage.tp) or len(stage.devices) != stage.tp:
+        raise ConfigError(f"plan: {where}.tp={stage.tp} must be a power of two equal to the number of devices "
+                          f"({len(stage.devices)})")
+    model.check_tp(stage.tp)
+    node = cluster.node(stage.node)
+    if node.device != stage.device_type:
+        raise ConfigError(f"plan: {where}.device_type={stage.device_type!r} but node {node.name!r} has {node.device}")
+    bad = [d for d in stage.devices if not 0 <= d < node.count]
+    if bad or len(set(stage.devices)) != len(stage.devices):
+        raise ConfigError(f"plan: {where}.devices={list(stage.devices)} must be distinct GPU indices in "
+                          f"[0, {node.count}) on node {node.name!r}")

@@ -1,0 +1,45 @@
+"""The layering rules of DESIGN.md §2, checked by walking every module's imports."""
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parents[2] / "autohet_ray"
+
+# package -> autohet_ray subpackages it must not import
+FORBIDDEN = {
+    "layout": {"cluster", "model", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint",
+               "orchestrate", "cli"},
+    "cluster": {"profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
+    "model": {"cluster", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
+    "profile": {"cost", "planner", "plan", "runtime", "checkpoint", "orchestrate", "cli"},
+    "plan": {"profile", "cost", "planner", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
+    "cost": {"planner", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
+    "planner": {"nn", "runtime", "checkpoint", "orchestrate", "cli"},
+    "nn": {"cost", "planner", "runtime", "checkpoint", "orchestrate", "cli"},
+    "runtime": {"cost", "planner", "checkpoint", "orchestrate", "cli"},
+    "checkpoint": {"cost", "planner", "runtime", "orchestrate", "cli"},
+}
+THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate"}, "pyscipopt": {"planner"}}
+
+
+def _imports(path: pathlib.Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+
+
+def test_layers_import_only_downwards():
+    problems = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).parts
+        layer = rel[0] if len(rel) > 1 else path.stem
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "autohet_ray" and len(parts) > 1 and parts[1] in FORBIDDEN.get(layer, ()):
+                problems.append(f"{path.relative_to(PKG)} imports {name}")
+            allowed = THIRD_PARTY_ONLY_IN.get(parts[0])
+            if allowed is not None and layer not in allowed:
+                problems.append(f"{path.relative_to(PKG)} imports {parts[0]} (only in {sorted(allowed)})")
+    assert not problems, "\n".join(problems)
