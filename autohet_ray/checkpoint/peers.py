@@ -1,0 +1,62 @@
+"""Who replicates what where: peer-node choice for keeper replicas, and one writer per unique chunk.
+
+Spot preemptions are correlated within an instance pool, so a shard's peer copy should live on another
+node, preferably of another GPU type (another pool); among candidates the least-loaded one wins.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Hashable, TypeVar
+
+from autohet_ray import ConfigError
+from autohet_ray.layout import Chunk
+
+K = TypeVar("K", bound=Hashable)
+
+
+def choose_peers(shard_nodes: dict[K, str], node_gpu: dict[str, str], *, num_peers: int = 1,
+                 shard_bytes: dict[K, int] | None = None) -> dict[K, list[str]]:
+    """For each shard (key -> node holding it), `num_peers` other nodes for its replicas: another GPU
+    type first, then the node with the fewest replica bytes so far, then the name (deterministic)."""
+    if num_peers < 0:
+        raise ConfigError(f"num_peers must be >= 0, got {num_peers}")
+    unknown = sorted({n for n in shard_nodes.values() if n not in node_gpu})
+    if unknown:
+        raise ConfigError(f"shards live on nodes {unknown} missing from the node -> GPU type map "
+                          f"(known: {sorted(node_gpu)})")
+    if num_peers > len(node_gpu) - 1 and shard_nodes:
+        raise ConfigError(f"num_peers={num_peers} needs at least {num_peers + 1} nodes, the cluster has "
+                          f"{len(node_gpu)} ({sorted(node_gpu)})")
+    load: Counter[str] = Counter()
+    out: dict[K, list[str]] = {}
+    order = sorted(shard_nodes, key=lambda k: (-(shard_bytes or {}).get(k, 1), repr(k)))   # big shards first
+    for key in order:
+        home = shard_nodes[key]
+        candidates = [n for n in node_gpu if n != home]
+        chosen = []
+        for _ in range(num_peers):
+            pick = min((n for n in candidates if n not in chosen),
+                       key=lambda n: (node_gpu[n] == node_gpu[home], load[n], n))
+            chosen.append(pick)
+            load[pick] += (shard_bytes or {}).get(key, 1)
+        out[key] = chosen
+    return out
+
+
+def assign_writers(holdings: dict[int, list[tuple[str, Chunk, int]]]) -> dict[int, set[tuple[str, Chunk]]]:
+    """Pick one writer rank per unique (name, chunk) among the ranks holding it (TP-replicated tensors and
+    data-parallel copies are held by several), balancing the bytes each rank writes.
+    `holdings`: rank -> [(name, chunk, nbytes)]. Returns rank -> the (name, chunk)s it writes."""
+    holders: dict[tuple[str, Chunk], list[int]] = {}
+    size: dict[tuple[str, Chunk], int] = {}
+    for rank, items in holdings.items():
+        for name, chunk, nbytes in items:
+            holders.setdefault((name, chunk), []).append(rank)
+            size[(name, chunk)] = max(size.get((name, chunk), 0), nbytes)
+    load: Counter[int] = Counter({rank: 0 for rank in holdings})
+    out: dict[int, set[tuple[str, Chunk]]] = {rank: set() for rank in holdings}
+    for item in sorted(holders, key=lambda i: (-size[i], i[0], i[1].offsets)):
+        rank = min(holders[item], key=lambda r: (load[r], r))
+        out[rank].add(item)
+        load[rank] += size[item]
+    return out

@@ -1,0 +1,188 @@
+"""Asynchronous snapshots of one rank's shards.
+
+`snapshot()` copies the shards to CPU (the only part that stalls compute) and returns a handle. A
+background "fast lane" serializes, hashes and writes each chunk to the node's tier and its peer tiers
+(every step); a "cloud lane" uploads the same bytes to the cloud tier every `cloud_every` steps. Each lane
+yields ChunkRecords; the coordinator commits a step's manifest once every rank's lane has finished.
+A new snapshot waits for the previous fast lane, and a cloud step for the previous upload (backpressure,
+reported as wait_seconds) so memory stays bounded.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from autohet_ray import ConfigError
+from autohet_ray.checkpoint.codec import digest, dtype_name, encode
+from autohet_ray.checkpoint.faults import NO_FAULTS, Faults
+from autohet_ray.checkpoint.keys import chunk_key
+from autohet_ray.checkpoint.manifest import ChunkRecord
+from autohet_ray.layout import Chunk
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotPolicy:
+    cloud_every: int = 10
+    """Upload to the cloud tier every this many steps (steps divisible by it); 0 disables the cloud lane."""
+    num_threads: int = 4
+    """Chunks written at once per lane."""
+
+    def __post_init__(self):
+        if self.cloud_every < 0 or self.num_threads < 1:
+            raise ConfigError(f"SnapshotPolicy: cloud_every must be >= 0 (got {self.cloud_every}) and "
+                              f"num_threads >= 1 (got {self.num_threads})")
+
+
+@dataclass
+class LaneResult:
+    step: int
+    records: list[ChunkRecord]
+    bytes_written: dict[str, int] = field(default_factory=dict)   # tier name -> bytes
+    seconds: float = 0.0
+
+
+@dataclass
+class _Encoded:
+    name: str
+    shape: tuple[int, ...]
+    chunk: Chunk
+    dtype: str
+    blob: bytes
+    digest: str
+
+
+class SnapshotHandle:
+    def __init__(self, step: int, copy_seconds: float, wait_seconds: float):
+        self.step, self.copy_seconds, self.wait_seconds = step, copy_seconds, wait_seconds
+        self.fast: Future = Future()
+        self.cloud: Future | None = None
+
+    def fast_result(self, timeout: float | None = None) -> LaneResult:
+        return self.fast.result(timeout)
+
+    def cloud_result(self, timeout: float | None = None) -> LaneResult | None:
+        return None if self.cloud is None else self.cloud.result(timeout)
+
+
+def copy_to_cpu(state: dict, owned=None) -> list[tuple[str, tuple[int, ...], Chunk, torch.Tensor]]:
+    """Detached CPU copies of the (name -> (tensor, global shape, chunk)) entries this rank writes."""
+    out = []
+    for name, (tensor, shape, chunk) in state.items():
+        if owned is not None and (name, chunk) not in owned:
+            continue
+        if tuple(tensor.shape) != tuple(chunk.sizes):
+            raise ConfigError(f"{name!r}: local tensor shape {list(tensor.shape)} != chunk sizes {list(chunk.sizes)}")
+        copy = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        copy.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
+        out.append((name, tuple(shape), chunk, copy))
+    if any(t.is_cuda for t, _, _ in state.values()):
+        torch.cuda.synchronize()
+    return out
+
+
+class AsyncSnapshotter:
+    def __init__(self, *, local, peers=(), cloud=None, policy: SnapshotPolicy = SnapshotPolicy(),
+                 faults: Faults = NO_FAULTS):
+        self.local, self.peers, self.cloud = local, list(peers), cloud
+        self.policy, self.faults = policy, faults
+        self._fast_lane = ThreadPoolExecutor(1, thread_name_prefix="snap-fast")
+        self._cloud_lane = ThreadPoolExecutor(1, thread_name_prefix="snap-cloud")
+        self._io = ThreadPoolExecutor(policy.num_threads, thread_name_prefix="snap-io")
+        self._cloud_io = ThreadPoolExecutor(policy.num_threads, thread_name_prefix="snap-cloud-io")
+        self._last: SnapshotHandle | None = None
+        self._last_cloud: SnapshotHandle | None = None
+        self._lock = threading.Lock()
+
+    def is_cloud_step(self, step: int) -> bool:
+        return self.cloud is not None and self.policy.cloud_every > 0 and step % self.policy.cloud_every == 0
+
+    def snapshot(self, step: int, state: dict, *, owned=None) -> SnapshotHandle:
+        """Copy the shards (name -> (tensor, global shape, chunk)) to CPU and write them in the background.
+        `owned`: the (name, chunk)s this rank writes (see peers.assign_writers); None writes all."""
+        with self._lock:
+            wait_start = time.perf_counter()
+            for previous in (self._last, self._last_cloud if self.is_cloud_step(step) else None):
+                if previous is not None:
+                    _wait_quietly(previous.fast)
+                    if previous.cloud is not None:
+                        _wait_quietly(previous.cloud)
+            wait_seconds = time.perf_counter() - wait_start
+            copy_start = time.perf_counter()
+            self.faults.maybe_fail("snapshot_copy")
+            copies = copy_to_cpu(state, owned)
+            handle = SnapshotHandle(step, time.perf_counter() - copy_start, wait_seconds)
+            encoded: Future = Future()
+            handle.fast = self._fast_lane.submit(self._write_fast, step, copies, encoded)
+            if self.is_cloud_step(step):
+                handle.cloud = self._cloud_lane.submit(self._write_cloud, step, encoded, handle.fast)
+                self._last_cloud = handle
+            self._last = handle
+            return handle
+
+    def _write_fast(self, step: int, copies, encoded: Future) -> LaneResult:
+        start = time.perf_counter()
+        try:
+            items = list(self._io.map(_encode, copies))
+        except BaseException as err:
+            encoded.set_exception(err)
+            raise
+        encoded.set_result(items)
+        tiers = [(self.local, "snapshot_write"), *((peer, "replicate") for peer in self.peers)]
+        result = self._write_all(step, items, tiers, self._io)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _write_cloud(self, step: int, encoded: Future, fast: Future) -> LaneResult:
+        start = time.perf_counter()
+        items = encoded.result()
+        fast_result = fast.result()      # the cloud records also list the node and peer replicas
+        result = self._write_all(step, items, [(self.cloud, "upload")], self._cloud_io)
+        known = {r.key: r.replicas for r in fast_result.records}
+        result.records = [_with_replicas(r, known.get(r.key, ()) + r.replicas) for r in result.records]
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def _write_all(self, step: int, items: list[_Encoded], tiers, pool) -> LaneResult:
+        result = LaneResult(step, [], {tier.name: 0 for tier, _ in tiers})
+
+        def write(item: _Encoded) -> ChunkRecord:
+            key = chunk_key(step, item.name, item.chunk)
+            for tier, point in tiers:
+                self.faults.maybe_fail(point)
+                tier.put_chunk(key, item.blob)
+            return ChunkRecord(step=step, name=item.name, global_shape=item.shape, chunk=item.chunk,
+                               dtype=item.dtype, digest=item.digest, nbytes=len(item.blob),
+                               replicas=tuple(tier.name for tier, _ in tiers))
+
+        result.records = list(pool.map(write, items))
+        for tier, _ in tiers:
+            result.bytes_written[tier.name] = sum(len(i.blob) for i in items)
+        return result
+
+    def close(self) -> None:
+        for pool in (self._fast_lane, self._cloud_lane, self._io, self._cloud_io):
+            pool.shutdown(wait=True)
+
+
+def _encode(copy) -> _Encoded:
+    name, shape, chunk, tensor = copy
+    blob = encode(tensor)
+    return _Encoded(name, shape, chunk, dtype_name(tensor.dtype), blob, digest(blob))
+
+
+def _with_replicas(record: ChunkRecord, replicas) -> ChunkRecord:
+    return ChunkRecord(step=record.step, name=record.name, global_shape=record.global_shape, chunk=record.chunk,
+                       dtype=record.dtype, digest=record.digest, nbytes=record.nbytes,
+                       replicas=tuple(dict.fromkeys(replicas)))
+
+
+def _wait_quietly(future: Future) -> None:
+    """Wait for a previous lane; its failure is reported through its own handle, not this snapshot."""
+    try:
+        future.result()
+    except Exception:
+        pass

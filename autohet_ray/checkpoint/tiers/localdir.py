@@ -1,0 +1,123 @@
+"""Local-directory tier: the embedded default "cloud". Write-then-rename with fsync; manifests are
+created with a hard link, which fails if the name exists (an atomic create-if-absent)."""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+from autohet_ray import ConfigError
+from autohet_ray.checkpoint.errors import ChunkMissingError
+from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, manifest_key, step_of_manifest_key
+from autohet_ray.checkpoint.tiers.base import resolve_existing_manifest
+
+_TMP_MARK = ".tmp-"
+
+
+class LocalDirTier:
+    def __init__(self, root: str | Path, *, name: str = "localdir", fsync: bool = True):
+        self.name = name
+        self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"LocalDirTier root {str(self.root)!r} exists and is not a directory")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync
+
+    def _path(self, key: str) -> Path:
+        assert key and not key.startswith("/") and ".." not in key.split("/"), key
+        return self.root / key
+
+    def _write_tmp(self, final: Path, blob: bytes) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}{_TMP_MARK}{uuid.uuid4().hex}")
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            if self._fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        return tmp
+
+    def _sync_dir(self, path: Path) -> None:
+        if not self._fsync:
+            return
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def put_chunk(self, key: str, blob: bytes) -> None:
+        final = self._path(key)
+        os.replace(self._write_tmp(final, blob), final)
+        self._sync_dir(final.parent)
+
+    def get_chunk(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ChunkMissingError(key, self.name) from None
+
+    def has(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        return [k for k in self._list_all(prefix) if not k.startswith(MANIFEST_PREFIX)]
+
+    def _list_all(self, prefix: str) -> list[str]:
+        out = []
+        for dirpath, _, files in os.walk(self.root):
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for fname in files:
+                if fname.startswith(".") and _TMP_MARK in fname:
+                    continue
+                key = fname if rel == "." else f"{rel}/{fname}"
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        parent = path.parent                      # prune directories left empty (a collected step)
+        while parent != self.root:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def put_manifest(self, step: int, body: bytes) -> None:
+        final = self._path(manifest_key(step))
+        tmp = self._write_tmp(final, body)
+        try:
+            os.link(tmp, final)                   # atomic; FileExistsError when already committed
+        except FileExistsError:
+            resolve_existing_manifest(self.name, step, final.read_bytes(), body)
+        finally:
+            tmp.unlink()
+        self._sync_dir(final.parent)
+
+    def get_manifest(self, step: int) -> bytes:
+        try:
+            return self._path(manifest_key(step)).read_bytes()
+        except FileNotFoundError:
+            raise ChunkMissingError(manifest_key(step), self.name) from None
+
+    def list_manifests(self) -> list[int]:
+        steps = (step_of_manifest_key(k) for k in self._list_all(MANIFEST_PREFIX))
+        return sorted(s for s in steps if s is not None)
+
+    def delete_manifest(self, step: int) -> None:
+        self._path(manifest_key(step)).unlink(missing_ok=True)
+        self._sync_dir(self._path(manifest_key(step)).parent)
+
+    def sweep_temporaries(self, older_than_s: float) -> list[str]:
+        """Remove temporary files left by writers that died before their rename (the local analog of
+        abandoned multipart uploads). Returns the removed paths, relative to the root."""
+        cutoff, removed = time.time() - older_than_s, []
+        for path in self.root.rglob(f".*{_TMP_MARK}*"):
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink(missing_ok=True)
+                removed.append(path.relative_to(self.root).as_posix())
+        return sorted(removed)

@@ -1,0 +1,212 @@
+"""S3 tier via boto3 (any endpoint URL: AWS, MinIO, moto's server).
+
+Big chunks go up as multipart uploads whose parts run on a thread pool; botocore's "standard" retry mode
+retries throttling and transient errors. S3 servers differ in checksum enforcement (moto accepts wrong
+ones), so integrity is always checked client side against the manifest's hash. Manifests are committed
+with a conditional PUT (`IfNoneMatch='*'`): at most one manifest per step, never overwritten.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from autohet_ray import ConfigError
+from autohet_ray.checkpoint.errors import ChunkMissingError, TierUnavailableError
+from autohet_ray.checkpoint.faults import NO_FAULTS, Faults
+from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, manifest_key, step_of_manifest_key
+from autohet_ray.checkpoint.tiers.base import resolve_existing_manifest
+
+MiB = 1 << 20
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Config:
+    bucket: str
+    """Bucket name (must exist)."""
+    prefix: str = ""
+    """Key prefix of this job's checkpoints, e.g. "jobs/run-7/" (empty or ending in '/')."""
+    endpoint_url: str | None = None
+    """S3 API endpoint; None for AWS's default."""
+    region: str = "us-east-1"
+    multipart_threshold: int = 64 * MiB
+    """Chunks of at least this many bytes are uploaded in parts."""
+    part_size: int = 16 * MiB
+    """Size of each part (S3 needs >= 5 MiB except the last)."""
+    num_upload_threads: int = 8
+    """Parts uploaded at once per multipart upload."""
+    max_attempts: int = 5
+    """botocore attempts per request (standard retry mode: throttling, 5xx, connection errors)."""
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self):
+        if not self.bucket:
+            raise ConfigError("S3Config.bucket must be a bucket name, got an empty string")
+        if self.prefix and not self.prefix.endswith("/"):
+            raise ConfigError(f"S3Config.prefix must be empty or end with '/', got {self.prefix!r}")
+        if self.part_size < 5 * MiB:
+            raise ConfigError(f"S3Config.part_size must be >= 5 MiB (S3's minimum part), got {self.part_size}")
+        if self.multipart_threshold < self.part_size:
+            raise ConfigError(f"S3Config.multipart_threshold ({self.multipart_threshold}) must be >= "
+                              f"part_size ({self.part_size})")
+        if self.num_upload_threads < 1 or self.max_attempts < 1:
+            raise ConfigError(f"S3Config: num_upload_threads ({self.num_upload_threads}) and max_attempts "
+                              f"({self.max_attempts}) must be >= 1")
+
+
+def make_client(config: S3Config):
+    """A boto3 S3 client for `config` (credentials from the usual environment/config chain)."""
+    botocore_config = Config(
+        region_name=config.region,
+        retries={"max_attempts": config.max_attempts, "mode": "standard"},
+        max_pool_connections=max(10, 2 * config.num_upload_threads),
+        connect_timeout=config.connect_timeout_s, read_timeout=config.read_timeout_s,
+    )
+    return boto3.client("s3", endpoint_url=config.endpoint_url, config=botocore_config)
+
+
+def _code(err: ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+class S3Tier:
+    def __init__(self, config: S3Config, *, name: str = "s3", client=None, faults: Faults = NO_FAULTS):
+        self.name, self.config, self.faults = name, config, faults
+        self.client = client if client is not None else make_client(config)
+        self._parts_pool = ThreadPoolExecutor(config.num_upload_threads, thread_name_prefix=f"{name}-part")
+
+    def _key(self, key: str) -> str:
+        return self.config.prefix + key
+
+    def _unavailable(self, what: str, err: Exception) -> TierUnavailableError:
+        return TierUnavailableError(self.name, f"{what}: {err}")
+
+    # chunks -----------------------------------------------------------------------------------------
+    def put_chunk(self, key: str, blob: bytes) -> None:
+        try:
+            if len(blob) >= self.config.multipart_threshold:
+                self._put_multipart(self._key(key), blob)
+            else:
+                self.client.put_object(Bucket=self.config.bucket, Key=self._key(key), Body=blob)
+        except (ClientError, BotoCoreError) as err:
+            raise self._unavailable(f"put {key!r}", err) from err
+
+    def _put_multipart(self, s3_key: str, blob: bytes) -> None:
+        bucket, size = self.config.bucket, self.config.part_size
+        upload_id = self.client.create_multipart_upload(Bucket=bucket, Key=s3_key)["UploadId"]
+        try:
+            def put_part(number: int) -> dict:
+                body = blob[(number - 1) * size: number * size]
+                etag = self.client.upload_part(Bucket=bucket, Key=s3_key, UploadId=upload_id,
+                                               PartNumber=number, Body=body)["ETag"]
+                self.faults.maybe_fail("upload_part")
+                return {"ETag": etag, "PartNumber": number}
+
+            numbers = range(1, -(-len(blob) // size) + 1)
+            parts = list(self._parts_pool.map(put_part, numbers))
+            self.client.complete_multipart_upload(Bucket=bucket, Key=s3_key, UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+        except BaseException:
+            self._abort_quietly(s3_key, upload_id)   # best effort; the sweep removes what this misses
+            raise
+
+    def _abort_quietly(self, s3_key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.config.bucket, Key=s3_key, UploadId=upload_id)
+        except (ClientError, BotoCoreError):
+            pass
+
+    def _get(self, s3_key: str, what: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.config.bucket, Key=s3_key)["Body"].read()
+        except ClientError as err:
+            if _code(err) in _MISSING:
+                raise ChunkMissingError(what, self.name) from None
+            raise self._unavailable(f"get {what!r}", err) from err
+        except BotoCoreError as err:
+            raise self._unavailable(f"get {what!r}", err) from err
+
+    def get_chunk(self, key: str) -> bytes:
+        return self._get(self._key(key), key)
+
+    def has(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.config.bucket, Key=self._key(key))
+            return True
+        except ClientError as err:
+            if _code(err) in _MISSING:
+                return False
+            raise self._unavailable(f"head {key!r}", err) from err
+
+    def list(self, prefix: str = "") -> list[str]:
+        return [k for k in self._list_all(prefix) if not k.startswith(MANIFEST_PREFIX)]
+
+    def _list_all(self, prefix: str) -> list[str]:
+        keys = []
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.config.bucket, Prefix=self._key(prefix))
+        for page in pages:
+            keys.extend(obj["Key"][len(self.config.prefix):] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.config.bucket, Key=self._key(key))
+
+    # manifests --------------------------------------------------------------------------------------
+    def put_manifest(self, step: int, body: bytes) -> None:
+        s3_key = self._key(manifest_key(step))
+        for _ in range(self.config.max_attempts):
+            try:
+                self.client.put_object(Bucket=self.config.bucket, Key=s3_key, Body=body, IfNoneMatch="*")
+                return
+            except ClientError as err:
+                if _code(err) == "ConditionalRequestConflict":     # 409: a concurrent create; retry
+                    time.sleep(0.05)
+                    continue
+                if _code(err) != "PreconditionFailed":
+                    raise self._unavailable(f"commit manifest of step {step}", err) from err
+                resolve_existing_manifest(self.name, step, self._get(s3_key, manifest_key(step)), body)
+                return
+        raise TierUnavailableError(self.name, f"manifest of step {step}: conditional PUT kept conflicting")
+
+    def get_manifest(self, step: int) -> bytes:
+        return self._get(self._key(manifest_key(step)), manifest_key(step))
+
+    def list_manifests(self) -> list[int]:
+        steps = (step_of_manifest_key(k) for k in self._list_all(MANIFEST_PREFIX))
+        return sorted(s for s in steps if s is not None)
+
+    def delete_manifest(self, step: int) -> None:
+        self.delete(manifest_key(step))
+
+    # maintenance ------------------------------------------------------------------------------------
+    def sweep_multipart(self, older_than_s: float) -> list[str]:
+        """Abort multipart uploads under this prefix initiated more than `older_than_s` ago (writers that
+        died mid-upload leave them, invisible but billed). Returns the keys whose uploads were aborted."""
+        cutoff = datetime.now(timezone.utc).timestamp() - older_than_s
+        aborted = []
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.config.bucket, Prefix=self.config.prefix)
+        for page in pages:
+            for upload in page.get("Uploads", []):
+                if upload["Initiated"].timestamp() <= cutoff:
+                    self.client.abort_multipart_upload(Bucket=self.config.bucket, Key=upload["Key"],
+                                                       UploadId=upload["UploadId"])
+                    aborted.append(upload["Key"][len(self.config.prefix):])
+        return sorted(aborted)
+
+    def pending_multipart(self) -> list[str]:
+        """Keys of multipart uploads in progress (or abandoned) under this prefix."""
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.config.bucket, Prefix=self.config.prefix)
+        return sorted(u["Key"][len(self.config.prefix):] for p in pages for u in p.get("Uploads", []))
+
+    def close(self) -> None:
+        self._parts_pool.shutdown(wait=True)
