@@ -1,0 +1,150 @@
+"""One rank's training engine for a (possibly asymmetric) plan: its stage in its TP shard, the pipeline
+schedule with inter-stage bridges, layer-wise gradient sync across pipelines, clipping and AdamW."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from autohet_ray import ConfigError
+from autohet_ray.layout import Chunk
+from autohet_ray.model.spec import ModelSpec
+from autohet_ray.nn import param_shapes
+from autohet_ray.plan.rankmap import build_rank_map
+from autohet_ray.plan.schema import Plan
+from autohet_ray.runtime.bridge import Bridge, route
+from autohet_ray.runtime.checks import IGNORE_INDEX, check_batch, check_plan
+from autohet_ray.runtime.device import resolve_device, resolve_dtype
+from autohet_ray.runtime.executor import Clock, MicroBatches, StageExecutor
+from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync
+from autohet_ray.runtime.groups import create_groups
+from autohet_ray.runtime.optim import StateDict, clip_, load_optimizer_state, optimizer_state, squared_norm
+from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
+from autohet_ray.runtime.schedule import SCHEDULES
+from autohet_ray.runtime.tp import TPContext
+
+
+class Engine:
+    def __init__(self, *, plan: Plan, model_spec: ModelSpec, rank: int, world_group=None, seed: int = 0,
+                 lr: float = 1e-3, weight_decay: float = 0.0, max_grad_norm: float | None = 1.0, device=None,
+                 dtype=None, pacer=None, schedule: str = "1f1b"):
+        check_plan(plan, model_spec)
+        if schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
+        self.plan, self.spec, self.rank, self.max_grad_norm = plan, model_spec, rank, max_grad_norm
+        self.world_group = world_group
+        self.rank_map = build_rank_map(plan, model_spec.num_layers)
+        self._check_world(rank)
+        info = self.rank_map.ranks[rank]
+        self.info = info
+        stages = plan.pipelines[info.pipeline].stages
+        self.first, self.last = info.stage == 0, info.stage == len(stages) - 1
+        self.device = resolve_device(device, world_group)
+        self.dtype = resolve_dtype(dtype, self.device)
+
+        shapes = param_shapes(model_spec)
+        ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in shapes.items()])
+        groups = create_groups(self.rank_map, ops, me=rank, to_global=self._global)
+        my_stage = self.rank_map.tp_group(rank)
+        self.tp = TPContext(size=len(my_stage), rank=info.tp_rank, group=groups.get(my_stage))
+        self.model, self.layout = build_stage_model(
+            model_spec, layers=stages[info.stage].layers, first=self.first, last=self.last, tp=self.tp,
+            seed=seed, device=self.device, dtype=self.dtype)
+        self.params = dict(self.model.named_parameters())
+        self.grad_sync = GradSync(ops=ops, me=rank, params=self.params,
+                                  chunks={n: c for n, (_, c) in self.layout.items()}, groups=groups)
+        # each parameter counted once in the global norm: pipeline 0's copy, TP-replicated ones on TP rank 0
+        self.norm_params = [n for n in self.params
+                            if info.pipeline == 0 and (shard_dim(n) is not None or info.tp_rank == 0)]
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=lr, weight_decay=weight_decay)
+        self.bridge = self._make_bridge()
+        self.clock = Clock(pacer, self.device)
+        self.executor = StageExecutor(model=self.model, bridge=self.bridge, tp=self.tp, first=self.first,
+                                      last=self.last, clock=self.clock)
+        self.actions = SCHEDULES[schedule](len(stages), info.stage, plan.pipelines[info.pipeline].num_microbatches)
+        self.sample_offset = plan.micro_batch * sum(p.num_microbatches for p in plan.pipelines[:info.pipeline])
+        self.step = 0
+
+    def _global(self, plan_rank: int) -> int:
+        return plan_rank if self.world_group is None else dist.get_global_rank(self.world_group, plan_rank)
+
+    def _check_world(self, rank: int) -> None:
+        if not dist.is_initialized():
+            raise ConfigError("torch.distributed must be initialized (init_process_group) before creating an Engine")
+        size = dist.get_world_size(self.world_group)
+        if size != self.rank_map.world_size:
+            raise ConfigError(f"the plan uses {self.rank_map.world_size} devices but the process group has {size} ranks")
+        if not 0 <= rank < size:
+            raise ConfigError(f"rank={rank} must lie in [0, {size})")
+
+    def _make_bridge(self) -> Bridge:
+        to_global = lambda ranks: None if ranks is None else tuple(self._global(r) for r in ranks)  # noqa: E731
+        mine, me = to_global(self.rank_map.tp_group(self.rank)), self._global(self.rank)
+        return Bridge(prev=route(mine, to_global(self.rank_map.prev_stage(self.rank)), me),
+                      next=route(mine, to_global(self.rank_map.next_stage(self.rank)), me),
+                      tp_group=self.tp.group, shape=(self.plan.micro_batch, self.plan.seq_len, self.spec.hidden),
+                      dtype=self.dtype, device=self.device)
+
+    def _microbatches(self, ids: torch.Tensor, labels: torch.Tensor) -> MicroBatches:
+        mb, m = self.plan.micro_batch, self.plan.pipelines[self.info.pipeline].num_microbatches
+        starts = [self.sample_offset + i * mb for i in range(m)]
+        take = lambda t, use: [t[s: s + mb].to(self.device) for s in starts] if use else []  # noqa: E731
+        return MicroBatches(input_ids=take(ids, self.first), labels=take(labels, self.last),
+                            num_tokens=int((labels != IGNORE_INDEX).sum()))
+
+    def train_step(self, batch) -> dict:
+        """One optimizer step on the whole global batch (every rank gets the same batch)."""
+        ids, labels = check_batch(batch, self.plan, self.spec)
+        start = time.perf_counter()
+        for p in self.params.values():
+            p.grad = None
+        loss = self.executor.run(self.actions, self._microbatches(ids, labels))
+        self.bridge.flush()
+        loss, norm = self.clock.run("grad_sync", lambda: self._sync(loss))
+        self.clock.run("optimizer", lambda: self._optimizer_step(norm))
+        self.step += 1
+        timings = self.clock.reset()
+        timings["step"] = time.perf_counter() - start
+        return {"loss": loss, "grad_norm": norm, "step": self.step, "timings": timings}
+
+    def _sync(self, loss: torch.Tensor) -> tuple[float, float]:
+        for p in self.params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.grad_sync.start()
+        self.grad_sync.finish()
+        mine = self.last and self.tp.rank == 0
+        stats = torch.stack([loss if mine else torch.zeros_like(loss),
+                             squared_norm([self.params[n].grad for n in self.norm_params]).to(loss.device)])
+        dist.all_reduce(stats, group=self.world_group)
+        return float(stats[0]), float(stats[1].sqrt())
+
+    def _optimizer_step(self, norm: float) -> None:
+        clip_([p.grad for p in self.params.values()], norm, self.max_grad_norm)
+        self.optimizer.step()
+
+    def state_dict(self) -> StateDict:
+        """name -> (CPU copy of this rank's chunk, global shape, Chunk); parameters and AdamW state."""
+        out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.params.items()}
+        out.update(optimizer_state(self.optimizer, self.params, self.layout))
+        return out
+
+    def grads(self) -> StateDict:
+        """The gradients of the last step (synced and clipped), in the state_dict format."""
+        return {n: (p.grad.detach().cpu().clone(), *self.layout[n]) for n, p in self.params.items()
+                if p.grad is not None}
+
+    def load_state_dict(self, state: StateDict) -> None:
+        """Load this rank's chunks (same format as state_dict; resharding is the caller's job)."""
+        with torch.no_grad():
+            for name, p in self.params.items():
+                if name not in state:
+                    raise ConfigError(f"state dict lacks {name!r}")
+                tensor, shape, chunk = state[name]
+                if (tuple(shape), chunk) != (self.layout[name][0], self.layout[name][1]):
+                    raise ConfigError(f"state dict {name!r} holds chunk {chunk} of {tuple(shape)}; this rank "
+                                      f"needs {self.layout[name][1]} of {self.layout[name][0]}")
+                p.copy_(tensor.to(device=p.device, dtype=p.dtype))
+        load_optimizer_state(self.optimizer, self.params, state)
+        self.step = int(float(state["optim.step"][0])) if "optim.step" in state else 0

@@ -1,0 +1,98 @@
+"""Runs one stage's schedule (a list of forward/backward actions) for one step."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from autohet_ray.runtime.bridge import Bridge
+from autohet_ray.runtime.schedule import FORWARD, Action
+from autohet_ray.runtime.tp import TPContext
+from autohet_ray.runtime.vocab_ce import vocab_parallel_cross_entropy
+
+
+class Clock:
+    """Times operations (seconds per op name, summed until `reset`) and reports each to the pacer, which may
+    stretch it. On CUDA with a pacer it waits for the device so that the pacer sees real durations."""
+
+    def __init__(self, pacer, device: torch.device):
+        self.pacer = pacer
+        self.sync = pacer is not None and device.type == "cuda"
+        self.totals: dict[str, float] = {}
+
+    def reset(self) -> dict[str, float]:
+        totals, self.totals = self.totals, {}
+        return totals
+
+    def run(self, op: str, fn, **info):
+        start = time.perf_counter()
+        result = fn()
+        if self.sync:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if self.pacer is not None:
+            self.pacer.pace(op, elapsed, **info)
+        self.totals[op] = self.totals.get(op, 0.0) + time.perf_counter() - start
+        return result
+
+
+@dataclass(frozen=True, kw_only=True)
+class MicroBatches:
+    input_ids: list[torch.Tensor]       # per micro-batch [micro_batch, seq] (used on a first stage)
+    labels: list[torch.Tensor]          # per micro-batch (used on a last stage)
+    num_tokens: int                     # labelled tokens in the whole global batch (the loss divisor)
+
+
+class StageExecutor:
+    def __init__(self, *, model: torch.nn.Module, bridge: Bridge, tp: TPContext, first: bool, last: bool,
+                 clock: Clock):
+        self.model, self.bridge, self.tp, self.clock = model, bridge, tp, clock
+        self.first, self.last = first, last
+
+    def run(self, actions: tuple[Action, ...], data: MicroBatches) -> torch.Tensor:
+        """Run every action; returns this stage's summed loss contribution (0 unless last stage)."""
+        saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        total = torch.zeros((), dtype=torch.float64, device=next(self.model.parameters()).device)
+        for action in actions:
+            i = action.microbatch
+            if action.kind == FORWARD:
+                saved[i] = self._forward(i, data)
+                if self.last:
+                    total += saved[i][1].detach().double()
+            else:
+                self._backward(i, *saved.pop(i))
+        assert not saved, f"micro-batches {sorted(saved)} never ran backward"
+        return total
+
+    def _forward(self, i: int, data: MicroBatches):
+        if self.first:
+            x = data.input_ids[i]
+        else:
+            x = self.clock.run("recv_activation", self.bridge.recv_activation, microbatch=i,
+                               num_bytes=self.bridge.message_bytes)
+            x.requires_grad_(True)
+        out = self.clock.run("forward", lambda: self._compute(x, data, i), microbatch=i)
+        if not self.last:
+            self.clock.run("send_activation", lambda: self.bridge.send_activation(out), microbatch=i,
+                           num_bytes=out.numel() * out.element_size())
+        return (None if self.first else x), out
+
+    def _compute(self, x: torch.Tensor, data: MicroBatches, i: int) -> torch.Tensor:
+        out = self.model(x)
+        if not self.last:
+            return out
+        loss = vocab_parallel_cross_entropy(out, data.labels[i], tp=self.tp)
+        return loss.sum() / data.num_tokens
+
+    def _backward(self, i: int, x: torch.Tensor | None, out: torch.Tensor) -> None:
+        if self.last:
+            self.clock.run("backward", out.backward, microbatch=i)
+        else:
+            grad = self.clock.run("recv_grad", self.bridge.recv_grad, microbatch=i,
+                                  num_bytes=self.bridge.message_bytes)
+            self.clock.run("backward", lambda: torch.autograd.backward(out, grad), microbatch=i)
+        if x is not None:
+            g = x.grad
+            self.clock.run("send_grad", lambda: self.bridge.send_grad(g), microbatch=i,
+                           num_bytes=g.numel() * g.element_size())

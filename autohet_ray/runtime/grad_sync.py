@@ -1,0 +1,134 @@
+"""Layer-wise gradient synchronization across pipelines, by shard overlap.
+
+A "unit" is the embedding, one transformer layer, or the head; its holders are, per pipeline, the ranks of
+the stage holding it. Every parameter of a unit is cut into atoms: the common refinement of the chunks its
+holders keep. An atom is all-reduced (plain sum: each pipeline's gradient already carries its share of
+1 / global batch) among the ranks holding it, one per pipeline. When all pipelines hold a unit at the same
+TP degree this is the usual per-TP-rank all-reduce among co-holders (TP-replicated tensors too). When they
+differ, a TP-replicated tensor is reduced among all holder ranks with only each stage's TP rank 0
+contributing (the others add zeros and receive the sum).
+All atoms with the same rank set (across parameters and co-located layers) form one bucket: one all-reduce.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from autohet_ray.layout import Chunk, split_sizes, to_local
+from autohet_ray.plan.rankmap import RankMap
+
+Holders = tuple[tuple[int, ...], ...]       # per pipeline, the TP group holding a unit
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    name: str
+    region: Chunk                           # global coordinates
+    contributors: frozenset[int]            # ranks whose gradient enters the sum (others add zeros)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncOp:
+    ranks: tuple[int, ...]                  # sorted plan ranks of the all-reduce
+    segments: tuple[Segment, ...]
+
+
+def unit_of(param_name: str):
+    """"embedding", "head", or the layer index of a parameter."""
+    head, _, rest = param_name.partition(".")
+    if head == "layers":
+        return int(rest.partition(".")[0])
+    assert head in ("embedding", "head"), param_name
+    return head
+
+
+def unit_holders(rank_map: RankMap, unit) -> Holders:
+    if unit == "embedding":
+        return rank_map.embedding_holders()
+    if unit == "head":
+        return rank_map.head_holders()
+    return tuple(h.ranks for h in rank_map.layer_holders[unit])
+
+
+def _boundaries(size: int, parts: int) -> list[int]:
+    out, pos = [], 0
+    for n in split_sizes(size, parts):
+        pos += n
+        out.append(pos)
+    return out
+
+
+def _shard_index(pos: int, size: int, parts: int) -> int:
+    return next(i for i, end in enumerate(_boundaries(size, parts)) if end > pos)
+
+
+def _param_segments(name: str, shape: tuple[int, ...], dim: int | None, holders: Holders):
+    """(rank set, Segment) pairs covering one parameter."""
+    if dim is None:
+        whole = Chunk.whole(shape)
+        if len({len(h) for h in holders}) == 1:
+            for r in range(len(holders[0])):
+                ranks = tuple(sorted(h[r] for h in holders))
+                yield ranks, Segment(name=name, region=whole, contributors=frozenset(ranks))
+        else:
+            ranks = tuple(sorted(x for h in holders for x in h))
+            yield ranks, Segment(name=name, region=whole, contributors=frozenset(h[0] for h in holders))
+        return
+    cuts = sorted({c for h in holders for c in _boundaries(shape[dim], len(h))})
+    lo = 0
+    for hi in cuts:
+        ranks = tuple(sorted(h[_shard_index(lo, shape[dim], len(h))] for h in holders))
+        region = Chunk(tuple(lo if d == dim else 0 for d in range(len(shape))),
+                       tuple(hi - lo if d == dim else n for d, n in enumerate(shape)))
+        yield ranks, Segment(name=name, region=region, contributors=frozenset(ranks))
+        lo = hi
+
+
+def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], int | None]]) -> tuple[SyncOp, ...]:
+    """Every all-reduce of a step, identical on every rank. `params`: (name, global shape, TP shard dim) of
+    the whole model, in an order every rank agrees on; later layers come first in the result."""
+    by_ranks: dict[tuple[int, ...], list[Segment]] = {}
+    for name, shape, dim in params:
+        for ranks, segment in _param_segments(name, shape, dim, unit_holders(rank_map, unit_of(name))):
+            if len(ranks) > 1:
+                by_ranks.setdefault(ranks, []).append(segment)
+    return tuple(reversed([SyncOp(ranks=r, segments=tuple(s)) for r, s in by_ranks.items()]))
+
+
+class GradSync:
+    """Runs this rank's share of a sync plan on the gradients of its parameters."""
+
+    def __init__(self, *, ops: tuple[SyncOp, ...], me: int, params: dict[str, torch.nn.Parameter],
+                 chunks: dict[str, Chunk], groups: dict[tuple[int, ...], object]):
+        self.ops = [op for op in ops if me in op.ranks]
+        self.me, self.params, self.chunks, self.groups = me, params, chunks, groups
+        self._inflight: list[tuple[SyncOp, torch.Tensor, dist.Work]] = []
+
+    def _view(self, seg: Segment) -> torch.Tensor:
+        return self.params[seg.name].grad[to_local(seg.region, self.chunks[seg.name])]
+
+    def _pack(self, op: SyncOp) -> torch.Tensor:
+        parts = [self._view(s).reshape(-1) if self.me in s.contributors else
+                 self._view(s).new_zeros(s.region.numel) for s in op.segments]
+        return torch.cat(parts)
+
+    def start(self) -> int:
+        """Post every all-reduce of this rank; returns the bytes sent in."""
+        total = 0
+        for op in self.ops:
+            buf = self._pack(op)
+            total += buf.numel() * buf.element_size()
+            self._inflight.append((op, buf, dist.all_reduce(buf, group=self.groups[op.ranks], async_op=True)))
+        return total
+
+    def finish(self) -> None:
+        for op, buf, work in self._inflight:
+            work.wait()
+            pos = 0
+            for s in op.segments:
+                view = self._view(s)
+                view.copy_(buf[pos: pos + s.region.numel].view(view.shape))
+                pos += s.region.numel
+        self._inflight.clear()

@@ -1,0 +1,65 @@
+"""Global gradient-norm clipping and AdamW state in the engine's state-dict format."""
+from __future__ import annotations
+
+import torch
+
+from autohet_ray import ConfigError
+from autohet_ray.layout import Chunk
+
+StateDict = dict[str, tuple[torch.Tensor, tuple[int, ...], Chunk]]
+ADAM_KEYS = ("exp_avg", "exp_avg_sq")
+STEP_KEY = "optim.step"
+
+
+def squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squares in fp64 (a scalar)."""
+    total = None
+    for g in grads:
+        sq = g.detach().double().pow(2).sum()
+        total = sq if total is None else total + sq
+    return total if total is not None else torch.zeros((), dtype=torch.float64)
+
+
+def clip_(grads: list[torch.Tensor], norm: float, max_norm: float | None) -> None:
+    """Scale like torch.nn.utils.clip_grad_norm_ does, given the global norm."""
+    if max_norm is None or max_norm <= 0:
+        return
+    coef = min(max_norm / (norm + 1e-6), 1.0)
+    for g in grads:
+        g.mul_(coef)
+
+
+def optimizer_state(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+                    layout: dict[str, tuple[tuple[int, ...], Chunk]]) -> StateDict:
+    out: StateDict = {}
+    step = 0.0
+    for name, p in params.items():
+        state = opt.state.get(p)
+        if not state:
+            continue
+        shape, chunk = layout[name]
+        for key in ADAM_KEYS:
+            out[f"optim.{name}.{key}"] = (state[key].detach().cpu().clone(), shape, chunk)
+        step = float(state["step"])
+    out[STEP_KEY] = (torch.tensor(step, dtype=torch.float64), (), Chunk.whole(()))
+    return out
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+                         state: StateDict) -> None:
+    step = float(state[STEP_KEY][0]) if STEP_KEY in state else 0.0
+    opt.state.clear()
+    if step == 0:
+        return
+    for name, p in params.items():
+        entry = {"step": torch.tensor(step, dtype=torch.float32)}
+        for key in ADAM_KEYS:
+            full = f"optim.{name}.{key}"
+            if full not in state:
+                raise ConfigError(f"state dict has optim.step={step:g} but lacks {full!r}")
+            tensor = state[full][0]
+            if tuple(tensor.shape) != tuple(p.shape):
+                raise ConfigError(f"state dict {full!r} has shape {tuple(tensor.shape)}, this rank holds "
+                                  f"{tuple(p.shape)}")
+            entry[key] = tensor.to(device=p.device, dtype=p.dtype).clone()
+        opt.state[p] = entry
