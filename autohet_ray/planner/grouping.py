@@ -1,0 +1,63 @@
+"""Stage 1: device grouping as an integer program solved by SCIP (PySCIPOpt is imported only here).
+
+Variables: n_T >= 0, the number of pipelines built from template T. For a deadline D every pipeline of T can
+finish at most cap_T(D) micro-batches (from its exact split). The program maximizes the micro-batches the
+whole cluster finishes by D subject to the GPUs of each type, and to packing TP groups inside nodes: for
+every type and TP degree t, groups of degree >= t must fit in the nodes' room for groups that large.
+The smallest D whose optimum reaches the global batch is found by bisection.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyscipopt import Model, quicksum
+
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.planner.space import Kind, TemplateEval
+
+
+@dataclass(frozen=True)
+class Grouping:
+    counts: dict[int, int]       # template index -> number of pipelines
+    capacity: int                # micro-batches finished by the deadline
+    deadline_s: float
+
+
+def _room(cluster: Cluster, device: str, tp: int) -> int:
+    """GPUs of `device` usable by groups of degree >= tp (each node holds whole groups only)."""
+    return sum((n.count // tp) * tp for n in cluster.nodes if n.device == device)
+
+
+def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microbatches: int, deadline_s: float,
+                   time_limit_s: float, warm_start: dict[int, int] | None = None) -> Grouping:
+    caps = [min(t.max_microbatches(deadline_s), total_microbatches) for t in templates]
+    usable = [i for i, c in enumerate(caps) if c > 0]
+    model = Model("device_grouping")
+    model.hideOutput()
+    model.setParam("limits/time", max(0.1, time_limit_s))
+    n = {i: model.addVar(vtype="I", lb=0, name=f"n_{i}") for i in usable}
+    degrees = sorted({k[1] for t in templates for k in t.kinds})
+    for device in cluster.device_types():
+        for tp in degrees:
+            terms = [c * k[1] * n[i] for i in usable for k, c in templates[i].usage().items()
+                     if k[0] == device and k[1] >= tp]
+            if terms:
+                model.addCons(quicksum(terms) <= _room(cluster, device, tp), name=f"room_{device}_{tp}")
+    model.addCons(quicksum(n.values()) <= total_microbatches, name="one_microbatch_per_pipeline")
+    model.setObjective(quicksum(caps[i] * n[i] for i in usable), "maximize")
+    if warm_start:
+        sol = model.createSol()
+        for i, var in n.items():
+            model.setSolVal(sol, var, warm_start.get(i, 0))
+        model.trySol(sol)
+    model.optimize()
+    if model.getNSols() == 0:
+        return Grouping({}, 0, deadline_s)
+    best = model.getBestSol()
+    counts = {i: int(round(model.getSolVal(best, var))) for i, var in n.items()}
+    counts = {i: c for i, c in counts.items() if c > 0}
+    return Grouping(counts, sum(caps[i] * c for i, c in counts.items()), deadline_s)
+
+
+def kinds_available(cluster: Cluster, kinds: list[Kind]) -> dict[Kind, int]:
+    return {k: sum(n.count // k[1] for n in cluster.nodes if n.device == k[0]) for k in kinds}

@@ -1,0 +1,231 @@
+"""The planner: enumerate pipeline templates, group devices with SCIP, allocate micro-batches exactly,
+place on nodes, and keep the best plan by the full cost model (which also prices gradient sync exactly)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
+from autohet_ray.cost.terms import GroupCostTable
+from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schema import Plan
+from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
+from autohet_ray.planner.batch import allocate_microbatches
+from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
+from autohet_ray.planner.space import (TemplateEval, evaluate_template, group_kinds, multisets, orderings,
+                                      slow_first)
+from autohet_ray.planner.split import best_split
+from autohet_ray.profile.db import ProfileDB
+
+SMALL_CLUSTER_GPUS = 16       # up to here: every stage order and up to 3 group kinds per pipeline
+BISECTION_STEPS = 40
+CANDIDATES_PER_BATCH = 6
+SHORTLIST = 300
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    plan: Plan
+    evaluation: Evaluation
+    solve_time_s: float
+    num_templates: int
+    hit_time_limit: bool
+
+
+@dataclass(kw_only=True)
+class _Best:
+    plan: Plan | None = None
+    evaluation: Evaluation | None = None
+    templates: int = 0
+
+    def offer(self, plan: Plan, ev: Evaluation) -> None:
+        if ev.feasible and (self.evaluation is None or ev.iteration_time_s < self.evaluation.iteration_time_s):
+            self.plan, self.evaluation = plan, ev
+
+
+@dataclass
+class _Deadline:
+    start: float
+    limit_s: float
+    hit: bool = field(default=False)
+
+    def left(self) -> float:
+        return self.limit_s - (time.perf_counter() - self.start)
+
+    def over(self) -> bool:
+        self.hit = self.hit or self.left() <= 0
+        return self.hit
+
+
+def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: int | None) -> list[int]:
+    if micro_batch is not None:
+        if micro_batch < 1 or global_batch % micro_batch:
+            raise ConfigError(f"global batch {global_batch} is not divisible by micro-batch {micro_batch}")
+        return [micro_batch]
+    have = sorted({key[2] for key in profile.entries})
+    return [m for m in have if global_batch % m == 0 and m <= 4] or [m for m in have if global_batch % m == 0][:1]
+
+
+def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
+                  micro_batch: int | None = None, time_limit_s: float = 60.0,
+                  incumbents: tuple[Plan, ...] = ()) -> PlanResult:
+    """The fastest plan found within the time limit. `incumbents` (e.g. the baselines' plans) are evaluated
+    as candidates too, so the result is never worse than them."""
+    if global_batch < 1:
+        raise ConfigError(f"global batch {global_batch} must be a positive integer")
+    clock = _Deadline(time.perf_counter(), time_limit_s)
+    best = _Best()
+    for plan in incumbents:
+        best.offer(plan, evaluate_plan(plan, cluster, model, profile))
+    for mb in micro_batch_candidates(global_batch, profile, micro_batch):
+        if clock.over():
+            break
+        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len)
+        _plan_for_micro_batch(table, cluster, global_batch, clock, best)
+    if best.plan is None:
+        raise ConfigError(_no_fit_message(cluster, model, profile, seq_len))
+    plan = best.plan.with_predicted(best.evaluation.predicted())
+    return PlanResult(plan=plan, evaluation=best.evaluation, solve_time_s=time.perf_counter() - clock.start,
+                      num_templates=best.templates, hit_time_limit=clock.hit)
+
+
+def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch: int, clock: _Deadline,
+                          best: _Best) -> None:
+    total = global_batch // table.micro_batch
+    templates = enumerate_templates(table, cluster, total, clock)
+    best.templates += len(templates)
+    if not templates:
+        return
+    for grouping in _replicated(templates, cluster, total) + _groupings(_shortlist(templates), cluster, total, clock):
+        plan = _realize(grouping, templates, table, cluster, global_batch)
+        if plan is not None:
+            best.offer(plan, evaluate_plan(plan, cluster, table.model, table.profile, table))
+
+
+def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatches: int,
+                        clock: _Deadline) -> list[TemplateEval]:
+    """Best stage order per GPU usage, for pipelines of up to `max_stages` stages (raised until one fits).
+
+    Small clusters: every distinct stage order, mixed TP degrees of one type, up to 3 types per pipeline.
+    Larger ones: the slow-first order, and every order of same-type blocks when memory binds (only then can
+    the order change the split); one TP degree per type and up to 3 types per pipeline."""
+    model = table.model
+    kinds = group_kinds(cluster, model)
+    available = kinds_available(cluster, kinds)
+    small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
+    speed = {d: cluster.device(d).bf16_tflops for d in cluster.device_types()}
+    max_stages = min(model.num_layers, 8 if small else 6)
+    share = lambda t: max(1, total_microbatches * sum(k[1] for k in t.kinds) // cluster.num_gpus)  # noqa: E731
+    score = lambda t: t.estimate_s(share(t), replicated=False)  # noqa: E731
+    while True:
+        found: dict[tuple, TemplateEval] = {}
+        for usage in multisets(kinds, available, max_stages, 3, mixed_tp=small):
+            if clock.over():
+                break
+            first = slow_first(usage, speed)
+            evals = [evaluate_template(first, cluster, table, total_microbatches)]
+            if small or (evals[0] is not None and evals[0].split.memory_bound) or evals[0] is None:
+                evals += [evaluate_template(o, cluster, table, total_microbatches)
+                          for o in orderings(usage, exhaustive=small) if o != first]
+            evals = [e for e in evals if e is not None]
+            if evals:
+                found[tuple(sorted(usage.items()))] = min(evals, key=score)
+        if found or max_stages >= model.num_layers or clock.over():
+            return list(found.values())
+        max_stages = min(model.num_layers, max_stages * 2)
+
+
+def _replicated(templates: list[TemplateEval], cluster: Cluster, total: int) -> list[Grouping]:
+    """Data-parallel copies of one pipeline shape: the same stage of every copy shares a node, so gradient
+    sync stays on NVLink. The best few by estimate; the full cost model decides."""
+    options = []
+    for i, t in enumerate(templates):
+        most = min(total, _max_copies(t, cluster))
+        for copies in range(1, most + 1):
+            est = t.estimate_s(-(-total // copies), replicated=True)
+            options.append((est, i, copies))
+    options.sort()
+    return [Grouping({i: c}, total, est) for est, i, c in options[:CANDIDATES_PER_BATCH]]
+
+
+def _max_copies(t: TemplateEval, cluster: Cluster) -> int:
+    need: dict[str, int] = {}
+    for (device, tp), count in t.usage().items():
+        need[device] = need.get(device, 0) + count * tp
+    return min(cluster.gpus_of(d) // n for d, n in need.items())
+
+
+def _shortlist(templates: list[TemplateEval]) -> list[TemplateEval]:
+    """Templates for the grouping program: the best throughput per GPU, plus every single-type one."""
+    ranked = sorted(templates, key=lambda t: t.bottleneck_s * t.num_gpus)
+    single = [t for t in ranked[SHORTLIST:] if len({k[0] for k in t.kinds}) == 1]
+    return ranked[:SHORTLIST] + single
+
+
+def _groupings(templates, cluster, total, clock):
+    """Groupings at the smallest deadlines that finish the batch, best first."""
+    hi = min(t.sync_s + t.fixed_s + (total - 1) * t.bottleneck_s for t in templates)
+    lo = min(t.fixed_s for t in templates)
+    feasible = []
+    for _ in range(BISECTION_STEPS):
+        if clock.over() or hi - lo <= 2e-3 * hi:
+            break
+        mid = (lo + hi) / 2
+        g = solve_grouping(templates, cluster, total, mid, min(10.0, max(0.1, clock.left() / 4)))
+        if g.capacity >= total:
+            hi = mid
+            feasible.append(g)
+        else:
+            lo = mid
+    if not feasible or feasible[-1].deadline_s > hi:
+        g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())))
+        if g.capacity >= total:
+            feasible.append(g)
+    seen, out = set(), []
+    for g in reversed(feasible):
+        key = tuple(sorted(g.counts.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return out[:CANDIDATES_PER_BATCH]
+
+
+def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, cluster: Cluster,
+             global_batch: int) -> Plan | None:
+    """Exact micro-batch allocation and per-pipeline split for a grouping, placed on nodes."""
+    model, total = table.model, global_batch // table.micro_batch
+    pipelines = [templates[i] for i, c in sorted(grouping.counts.items()) for _ in range(c)]
+    if not pipelines or len(pipelines) > total:
+        return None
+    memo: dict[tuple, object] = {}
+
+    def split_for(t: TemplateEval, m: int):
+        key = (t.kinds, m)
+        if key not in memo:
+            memo[key] = best_split([table.get(*k) for k in t.kinds], model.num_layers, m, list(t.link_s))
+        return memo[key]
+
+    fns = [lambda m, t=t: s.time_s if (s := split_for(t, m)) else float("inf") for t in pipelines]
+    counts = allocate_microbatches(fns, total)
+    if counts is None or any(split_for(t, m) is None for t, m in zip(pipelines, counts)):
+        return None
+    choices = [PipelineChoice(t.kinds, split_for(t, m).counts, m) for t, m in zip(pipelines, counts)]
+    try:
+        return build_plan(choices, cluster, model, global_batch=global_batch, micro_batch=table.micro_batch,
+                          seq_len=table.seq_len)
+    except PlacementError:
+        return None
+
+
+def _no_fit_message(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int) -> str:
+    from autohet_ray.cost.terms import STATE_BYTES_PER_PARAM
+    from autohet_ray.model.costs import layer_params
+    need = sum(layer_params(model, k) * (model.num_layers if k == "layer" else 1)
+               for k in ("embedding", "layer", "head")) * STATE_BYTES_PER_PARAM
+    have = sum(cluster.device(n.device).memory_bytes * n.count for n in cluster.nodes)
+    return (f"{model.name} fits nowhere on cluster {cluster.name!r}: its weights, gradients and optimizer state "
+            f"alone need {need / 1e9:.1f} GB; the cluster's {cluster.num_gpus} GPUs hold {have / 1e9:.1f} GB "
+            f"(missing {max(0.0, need - have) / 1e9:.1f} GB before activations), or no pipeline of at most "
+            f"{model.num_layers} stages holds it at seq_len={seq_len}")

@@ -1,0 +1,154 @@
+"""The planner's search space: group kinds (device type, TP degree) and pipeline templates.
+
+A template is the ordered list of group kinds of one pipeline (stage 0 first). Every template is priced
+with the exact layer split (`split.best_split`); templates that use the same GPUs differently ordered or
+split keep only the best ordering, which is how "slow GPUs on early stages" is found, not imposed.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.cost.terms import (GRAD_SYNC_BYTES, GroupCostTable, activation_message_bytes, inter_link,
+                                    intra_link, p2p_time)
+from autohet_ray.planner.split import Split, best_split
+
+Kind = tuple[str, int]           # (device type, TP degree)
+
+
+@dataclass(frozen=True)
+class TemplateEval:
+    kinds: tuple[Kind, ...]      # stage order
+    split: Split                 # exact split for many micro-batches (memory with p - j in flight)
+    link_s: tuple[float, ...]
+    sync_s: float                # busiest device's gradient sync if copies co-locate each stage (NVLink)
+    sync_nic_s: float            # the same if its gradients cross the node NIC (mixed with other pipelines)
+
+    @property
+    def bottleneck_s(self) -> float:
+        return max(self.split.bottleneck_s, max(self.link_s, default=0.0))
+
+    @property
+    def fixed_s(self) -> float:
+        """time(m) ~= (m - 1) * bottleneck + fixed."""
+        return sum(self.split.stage_s) + 2 * sum(self.link_s)
+
+    def usage(self) -> dict[Kind, int]:
+        out: dict[Kind, int] = {}
+        for kind in self.kinds:
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(k[1] for k in self.kinds)
+
+    def estimate_s(self, num_microbatches: int, replicated: bool) -> float:
+        sync = self.sync_s if replicated else self.sync_nic_s
+        return (num_microbatches - 1) * self.bottleneck_s + self.fixed_s + sync
+
+    def max_microbatches(self, deadline_s: float) -> int:
+        budget = deadline_s - self.sync_nic_s - self.fixed_s
+        return 0 if budget < 0 else int(budget / self.bottleneck_s + 1e-9) + 1
+
+
+def group_kinds(cluster: Cluster, model) -> list[Kind]:
+    kinds = []
+    for device in cluster.device_types():
+        largest = max(n.count for n in cluster.nodes if n.device == device)
+        kinds += [(device, t) for t in (1, 2, 4, 8, 16) if t <= largest and model.valid_tp(t)]
+    return kinds
+
+
+def template_links(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable) -> list[float]:
+    """Estimated p2p time between consecutive stages: same type and room on one node -> intra, else NIC."""
+    msg = activation_message_bytes(table.model, table.micro_batch, table.seq_len)
+    out = []
+    for (da, ta), (db, tb) in zip(kinds, kinds[1:]):
+        node_a = _widest_node(cluster, da)
+        if da == db and ta + tb <= node_a.count:
+            out.append(p2p_time(msg, intra_link(table.profile, cluster, da)))
+        else:
+            out.append(p2p_time(msg, inter_link(table.profile, cluster, node_a.name, _widest_node(cluster, db).name)))
+    return out
+
+
+def _widest_node(cluster: Cluster, device: str):
+    return max((n for n in cluster.nodes if n.device == device), key=lambda n: (n.count, -n.nic_gbps))
+
+
+def sync_estimate(kinds: tuple[Kind, ...], split: Split, cluster: Cluster, table: GroupCostTable,
+                  over_nic: bool) -> float:
+    """Busiest device's all-reduce time: over NVLink/PCIe when copies of this pipeline keep each stage on one
+    node (the placer co-locates the same stage of identical pipelines), or over its node's NIC shared by the
+    node's GPUs when it is mixed with pipelines of other shapes."""
+    worst, p = 0.0, len(kinds)
+    for j, ((device, tp), n) in enumerate(zip(kinds, split.counts)):
+        num_bytes = table.get(device, tp).stage_params(n, j == 0, j == p - 1) * GRAD_SYNC_BYTES
+        if over_nic and len(cluster.nodes) > 1:
+            node = _widest_node(cluster, device)
+            link = inter_link(table.profile, cluster, node.name, node.name, share=node.count)
+        else:
+            link = intra_link(table.profile, cluster, device)
+        worst = max(worst, 2 * num_bytes / link.bandwidth_Bps)
+    return worst
+
+
+def evaluate_template(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable,
+                      reference_microbatches: int) -> TemplateEval | None:
+    groups = [table.get(d, t) for d, t in kinds]
+    links = template_links(kinds, cluster, table)
+    split = best_split(groups, table.model.num_layers, reference_microbatches, links)
+    if split is None:
+        return None
+    return TemplateEval(kinds, split, tuple(links), sync_estimate(kinds, split, cluster, table, False),
+                        sync_estimate(kinds, split, cluster, table, True))
+
+
+def multisets(kinds: list[Kind], available: dict[Kind, int], max_stages: int, max_types: int,
+              mixed_tp: bool):
+    """Group-kind count vectors of one pipeline, fewest device types first: at most `max_types` types, at
+    most `max_stages` stages, within the groups available. One TP degree per device type unless `mixed_tp`
+    (then any set of kinds)."""
+    types = list(dict.fromkeys(k[0] for k in kinds))
+    degrees = {t: [k for k in kinds if k[0] == t] for t in types}
+    for r in range(1, max_types + 1):
+        for chosen_types in itertools.combinations(types, r):
+            if mixed_tp:
+                pools = [[c for n in range(1, len(degrees[t]) + 1) for c in itertools.combinations(degrees[t], n)]
+                         for t in chosen_types]
+            else:
+                pools = [[(k,) for k in degrees[t]] for t in chosen_types]
+            for picks in itertools.product(*pools):
+                chosen = [k for pick in picks for k in pick]
+                caps = [min(available[k], max_stages) for k in chosen]
+                for counts in itertools.product(*(range(1, c + 1) for c in caps)):
+                    if sum(counts) <= max_stages:
+                        yield dict(zip(chosen, counts))
+
+
+def orderings(usage: dict[Kind, int], exhaustive: bool) -> list[tuple[Kind, ...]]:
+    """Stage orders to try: every distinct permutation (exhaustive) or every order of same-kind blocks."""
+    if exhaustive and _distinct_permutations(usage) <= MAX_EXHAUSTIVE_ORDERS:
+        flat = [k for k, c in usage.items() for _ in range(c)]
+        return sorted(set(itertools.permutations(flat)))
+    blocks = list(usage.items())
+    return [tuple(k for k, c in perm for _ in range(c)) for perm in itertools.permutations(blocks)]
+
+
+MAX_EXHAUSTIVE_ORDERS = 120
+
+
+def _distinct_permutations(usage: dict[Kind, int]) -> int:
+    total = math.factorial(sum(usage.values()))
+    for c in usage.values():
+        total //= math.factorial(c)
+    return total
+
+
+def slow_first(usage: dict[Kind, int], speed: dict[str, float]) -> tuple[Kind, ...]:
+    """The paper's rule (lower-performance GPUs on earlier stages): the warm-start order."""
+    blocks = sorted(usage.items(), key=lambda kc: (speed[kc[0][0]], kc[0][1]))
+    return tuple(k for k, c in blocks for _ in range(c))

@@ -1,0 +1,86 @@
+"""Exact contiguous layer split of one pipeline under memory limits.
+
+Because stage j's time is affine in its layer count (a_j + n_j * b_j), any vector of counts n_j >= 1 with
+sum L is a valid contiguous split. For a bottleneck bound B each stage can take at most cap_j(B) layers
+(time <= B and memory); the smallest sum of stage times under that bound puts the surplus layers on the
+stages with the smallest per-layer time first. Trying every distinct bound B (each stage time value) gives
+the exact minimum of (m - 1) * max(bottleneck, slowest link) + sum of stage times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autohet_ray.cost.pipeline import in_flight
+from autohet_ray.cost.terms import GroupCost
+
+
+@dataclass(frozen=True)
+class Split:
+    counts: tuple[int, ...]        # layers per stage
+    stage_s: tuple[float, ...]     # fwd+bwd per micro-batch per stage
+    time_s: float                  # 1F1B time with the given links and micro-batches
+    memory_bound: bool = False     # some stage holds as many layers as its memory allows
+
+    @property
+    def bottleneck_s(self) -> float:
+        return max(self.stage_s)
+
+
+def memory_caps(groups: list[GroupCost], num_microbatches: int) -> list[int]:
+    p = len(groups)
+    return [g.max_layers_in_memory(j == 0, j == p - 1, in_flight(j, p, num_microbatches))
+            for j, g in enumerate(groups)]
+
+
+def best_split(groups: list[GroupCost], num_layers: int, num_microbatches: int,
+               link_s: list[float]) -> Split | None:
+    """The optimal split for these stage groups in this order, or None if the model does not fit."""
+    p = len(groups)
+    if p > num_layers:
+        return None
+    caps = memory_caps(groups, num_microbatches)
+    if min(caps) < 1 or sum(caps) < num_layers:
+        return None
+    fixed = [g.stage_time(0, j == 0, j == p - 1) for j, g in enumerate(groups)]
+    per = [g.layer_s for g in groups]
+    order = sorted(range(p), key=lambda j: per[j])
+    links_total, link_max = 2 * sum(link_s), max(link_s, default=0.0)
+    bounds = sorted({fixed[j] + n * per[j] for j in range(p) for n in range(1, caps[j] + 1)})
+    lo = _first_feasible(bounds, fixed, per, caps, num_layers)
+    best: Split | None = None
+    lower_sum = _fill(fixed, per, caps, order, num_layers)[1]
+    for bound in bounds[lo:]:
+        if best is not None and (num_microbatches - 1) * max(bound, link_max) + lower_sum + links_total >= best.time_s:
+            break
+        bcaps = [min(caps[j], int((bound - fixed[j]) / per[j] + 1e-9)) for j in range(p)]
+        if min(bcaps) < 1 or sum(bcaps) < num_layers:
+            continue
+        counts, total = _fill(fixed, per, bcaps, order, num_layers)
+        stage_s = tuple(fixed[j] + counts[j] * per[j] for j in range(p))
+        t = (num_microbatches - 1) * max(max(stage_s), link_max) + total + links_total
+        if best is None or t < best.time_s - 1e-15:
+            best = Split(tuple(counts), stage_s, t, any(c == cap for c, cap in zip(counts, caps)))
+    return best
+
+
+def _first_feasible(bounds, fixed, per, caps, num_layers) -> int:
+    lo, hi = 0, len(bounds) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        total = sum(min(caps[j], int((bounds[mid] - fixed[j]) / per[j] + 1e-9)) for j in range(len(per)))
+        if total >= num_layers:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _fill(fixed, per, caps, order, num_layers) -> tuple[list[int], float]:
+    counts = [1] * len(per)
+    left = num_layers - len(per)
+    for j in order:
+        take = min(left, caps[j] - 1)
+        counts[j] += take
+        left -= take
+    assert left == 0
+    return counts, sum(fixed[j] + counts[j] * per[j] for j in range(len(per)))

@@ -1,0 +1,93 @@
+"""Profile DB: per (device type, TP degree, micro-batch) and layer kind, the forward/backward seconds and the
+memory of one TP rank; per link kind, bandwidth and latency. JSON on disk; `kind` says whether the figures
+were measured on devices or derived analytically from the catalog.
+
+Times are pure compute of one rank's shard; TP collectives and p2p are priced by the cost model from the links.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from autohet_ray import ConfigError
+
+PROFILE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerProfile:
+    fwd_s: float                 # one micro-batch forward, seconds
+    bwd_s: float                 # one micro-batch backward (input + weight grads), seconds
+    param_bytes: int             # parameters of this rank's shard, bytes in training dtype
+    activation_bytes: int        # activations kept for backward, one micro-batch, bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkProfile:
+    bandwidth_Bps: float         # bytes/s, one direction
+    latency_s: float
+
+
+@dataclass(kw_only=True)
+class ProfileDB:
+    kind: str                                   # "analytic" or "measured"
+    model: str
+    seq_len: int
+    entries: dict[tuple[str, int, int], dict[str, LayerProfile]] = field(default_factory=dict)
+    links: dict[str, LinkProfile] = field(default_factory=dict)   # "intra:<device type>", "inter"
+    meta: dict = field(default_factory=dict)   # software versions, host, date, ...
+
+    def layer(self, device_type: str, tp: int, micro_batch: int, kind: str) -> LayerProfile:
+        key = (device_type, tp, micro_batch)
+        if key not in self.entries:
+            have = sorted(self.entries)
+            raise ConfigError(f"profile ({self.kind}) has no entry for device={device_type}, tp={tp}, "
+                              f"micro_batch={micro_batch}; it has {have[:12]}{' ...' if len(have) > 12 else ''}")
+        return self.entries[key][kind]
+
+    def has(self, device_type: str, tp: int, micro_batch: int) -> bool:
+        return (device_type, tp, micro_batch) in self.entries
+
+    def link(self, name: str) -> LinkProfile | None:
+        return self.links.get(name)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": PROFILE_SCHEMA_VERSION, "kind": self.kind, "model": self.model,
+            "seq_len": self.seq_len, "meta": self.meta,
+            "entries": [{"device_type": d, "tp": t, "micro_batch": m,
+                         "layers": {k: asdict(v) for k, v in layers.items()}}
+                        for (d, t, m), layers in sorted(self.entries.items())],
+            "links": {k: asdict(v) for k, v in sorted(self.links.items())},
+        }
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+
+
+def profile_from_dict(raw) -> ProfileDB:
+    if not isinstance(raw, dict) or raw.get("schema_version") != PROFILE_SCHEMA_VERSION:
+        raise ConfigError(f"profile: expected a JSON object with schema_version {PROFILE_SCHEMA_VERSION}")
+    if raw.get("kind") not in ("analytic", "measured"):
+        raise ConfigError(f"profile: kind={raw.get('kind')!r}; valid: analytic, measured")
+    db = ProfileDB(kind=raw["kind"], model=str(raw["model"]), seq_len=int(raw["seq_len"]), meta=raw.get("meta", {}))
+    try:
+        for e in raw["entries"]:
+            db.entries[(e["device_type"], int(e["tp"]), int(e["micro_batch"]))] = {
+                k: LayerProfile(**v) for k, v in e["layers"].items()}
+        db.links = {k: LinkProfile(**v) for k, v in raw.get("links", {}).items()}
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"profile: malformed entry ({exc})") from None
+    return db
+
+
+def load_profile(path: str) -> ProfileDB:
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"profile file {path!r} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"profile file {path!r} is not valid JSON ({exc})") from None
+    return profile_from_dict(raw)
