@@ -6,6 +6,7 @@ Test modules import it by path (tests/ is not a package):
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import uuid
 
@@ -25,6 +26,7 @@ def free_port() -> int:
 def moto_endpoint():
     """Start moto's S3 server on 127.0.0.1:<free port>; yield its endpoint URL."""
     from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)      # one log line per request otherwise
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

@@ -40,6 +40,13 @@ class Faults:
         self.hits: Counter[str] = Counter()
         self._lock = threading.Lock()
 
+    def arm_next(self, point: str, action: Callable[[], None] | None = None) -> None:
+        """Fail (or run `action`) at the next hit of `point`."""
+        if point not in POINTS:
+            raise ConfigError(f"unknown fault point {point!r}; valid: {', '.join(POINTS)}")
+        with self._lock:
+            self._arm[point] = (self.hits[point] + 1, action)
+
     def maybe_fail(self, point: str) -> None:
         assert point in POINTS, f"unknown fault point {point!r}"
         with self._lock:

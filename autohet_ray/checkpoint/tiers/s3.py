@@ -19,7 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.errors import ChunkMissingError, TierUnavailableError
 from autohet_ray.checkpoint.faults import NO_FAULTS, Faults
-from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, manifest_key, step_of_manifest_key
+from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, manifest_key, step_of_key, step_of_manifest_key
 from autohet_ray.checkpoint.tiers.base import resolve_existing_manifest
 
 MiB = 1 << 20
@@ -187,19 +187,26 @@ class S3Tier:
         self.delete(manifest_key(step))
 
     # maintenance ------------------------------------------------------------------------------------
-    def sweep_multipart(self, older_than_s: float) -> list[str]:
-        """Abort multipart uploads under this prefix initiated more than `older_than_s` ago (writers that
-        died mid-upload leave them, invisible but billed). Returns the keys whose uploads were aborted."""
-        cutoff = datetime.now(timezone.utc).timestamp() - older_than_s
+    def sweep_multipart(self, older_than_s: float | None = None, *, through_step: int | None = None) -> list[str]:
+        """Abort multipart uploads under this prefix that a dead writer left (invisible, but billed):
+        those initiated more than `older_than_s` ago, and those of chunk keys of steps <= `through_step`
+        (e.g. the newest committed step: nobody still writes those). Returns the keys aborted."""
+        if older_than_s is None and through_step is None:
+            raise ConfigError("sweep_multipart needs older_than_s or through_step (or both)")
+        cutoff = None if older_than_s is None else datetime.now(timezone.utc).timestamp() - older_than_s
         aborted = []
         pages = self.client.get_paginator("list_multipart_uploads").paginate(
             Bucket=self.config.bucket, Prefix=self.config.prefix)
         for page in pages:
             for upload in page.get("Uploads", []):
-                if upload["Initiated"].timestamp() <= cutoff:
+                key = upload["Key"][len(self.config.prefix):]
+                step = step_of_key(key)
+                old = cutoff is not None and upload["Initiated"].timestamp() <= cutoff
+                superseded = through_step is not None and step is not None and step <= through_step
+                if old or superseded:
                     self.client.abort_multipart_upload(Bucket=self.config.bucket, Key=upload["Key"],
                                                        UploadId=upload["UploadId"])
-                    aborted.append(upload["Key"][len(self.config.prefix):])
+                    aborted.append(key)
         return sorted(aborted)
 
     def pending_multipart(self) -> list[str]:

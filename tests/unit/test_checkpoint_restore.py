@@ -1,0 +1,166 @@
+"""Resharding restore: bit-exact across layouts, cheapest valid tier first, corruption falls through."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autohet_ray.checkpoint import (ChunkUnavailableError, IncompleteStepError, LayoutMismatchError, LocalDirTier,
+                                    find_manifest, latest_committed_step, merge_records, plan_reads, restore)
+from autohet_ray.checkpoint.codec import encode
+from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
+from autohet_ray.layout import Chunk, shard_chunk
+from test_checkpoint_helpers import SHAPES, MiniJob, assert_bit_exact, full_state, needs_of, rank_states
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from s3_server import client, moto_endpoint, new_bucket  # noqa: E402
+
+NODES = {"a": "H100", "b": "H20", "c": "H20"}
+
+
+@pytest.fixture(scope="module")
+def s3_url():
+    with moto_endpoint() as url:
+        yield url
+
+
+@pytest.fixture
+def s3_cloud(s3_url):
+    return S3Tier(S3Config(bucket=new_bucket(s3_url), endpoint_url=s3_url), name="cloud", client=client(s3_url))
+
+
+@pytest.fixture
+def saved_tp2(s3_cloud):
+    """Step 4 saved by two TP ranks on nodes a and b; keepers a, b, c and the S3 cloud."""
+    job = MiniJob(NODES, ["a", "b"], s3_cloud)
+    full = full_state(4)
+    job.save(4, rank_states(full, 2))
+    yield job, full
+    job.close()
+
+
+@pytest.mark.parametrize("new_tp,split_dims", [
+    (3, None),                                                         # TP2 rows -> 3-way rows (uneven 3/3/3 of 9, 3/2/2 of 7)
+    (3, {name: 1 for name, (shape, _, _) in SHAPES.items() if len(shape) == 2}),   # -> 3-way, other dim
+    (1, None),                                                         # -> one rank holds everything
+    (4, {"layers.0.mlp.fc2.weight": 0, "layers.0.mlp.fc2.bias": 0}),   # row-parallel -> split rows, bias split
+])
+def test_reshard_from_cloud_only_is_bit_exact(saved_tp2, new_tp, split_dims):
+    job, full = saved_tp2
+    step = latest_committed_step([job.cloud])
+    assert step == 4
+    manifest = find_manifest([job.cloud], step)
+    for needs in needs_of(rank_states(full, new_tp, split_dims=split_dims)):
+        state, report = restore(manifest, needs, [job.cloud])
+        assert_bit_exact(state, full)
+        assert report.tiers["cloud"].bytes_read > 0 and not report.fallbacks
+
+
+def test_reads_come_from_the_cheapest_tier_and_only_needed_chunks(saved_tp2):
+    job, full = saved_tp2
+    manifest = find_manifest(job.all_tiers(), 4)
+    first = plan_reads(manifest, needs_of(rank_states(full, 3))[0])      # rank 0 of 3: rows 0..2 of 9
+    assert [p.record.chunk for p in first["layers.0.attn.qkv.weight"]] == [Chunk((0, 0), (5, 5))]
+    needs = needs_of(rank_states(full, 3))[1]                     # rank 1 of 3: rows/columns 3..5 of 9
+    plan = plan_reads(manifest, needs)
+    assert [p.region for p in plan["layers.0.mlp.fc2.weight"]] == [Chunk((0, 3), (5, 2)), Chunk((0, 5), (5, 1))]
+    tiers = [job.keepers["a"], job.keepers["c"], job.keepers["b"], job.cloud]
+    state, report = restore(manifest, needs, tiers)
+    assert_bit_exact(state, full)
+    # keeper a holds its own rank's chunks; rank b's came from its peer copy on a (a's peer is b, b's is a
+    # or c: another GPU type first) or from keeper c/b; the cloud is never touched.
+    assert report.tiers["cloud"].bytes_read == 0
+    assert sum(report.bytes_by_tier().values()) == sum(r.nbytes for r in {p.record for ps in plan.values() for p in ps})
+
+
+def corrupt(tier, key, how):
+    blob = tier.get_chunk(key)
+    if how == "flip":
+        damaged = bytearray(blob)
+        damaged[-1] ^= 0x01
+        tier.put_chunk(key, bytes(damaged))
+    else:
+        tier.put_chunk(key, blob[: len(blob) // 2])
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_corrupt_copies_fall_through_to_the_next_tier_and_are_reported(saved_tp2, how):
+    job, full = saved_tp2
+    manifest = find_manifest(job.all_tiers(), 4)
+    record = next(r for r in manifest.records if r.name == "layers.0.attn.qkv.weight" and r.chunk.offsets[0] == 0)
+    keepers = [t for t in job.keepers.values() if t.has(record.key)]
+    assert len(keepers) == 2                                      # node copy + peer copy
+    for tier in keepers:
+        corrupt(tier, record.key, how)
+    needs = {"layers.0.attn.qkv.weight": ((9, 5), Chunk((0, 0), (9, 5)))}
+    state, report = restore(manifest, needs, [*keepers, job.cloud])
+    assert_bit_exact(state, full)
+    assert [report.tiers[t.name].corrupt for t in keepers] == [1, 1]
+    assert report.tiers["cloud"].chunks_read == 1 and report.tiers["cloud"].bytes_read == record.nbytes
+    assert all(record.key in line and "corrupt" in line for line in report.fallbacks)
+
+
+def test_no_valid_copy_anywhere_names_the_chunk_and_the_step(saved_tp2):
+    job, full = saved_tp2
+    manifest = find_manifest(job.all_tiers(), 4)
+    record = next(r for r in manifest.records if r.name == "embedding.tok.weight" and r.chunk.offsets[0] > 0)
+    for tier in job.keepers.values():
+        tier.delete(record.key)
+    corrupt(job.cloud, record.key, "flip")
+    needs = {"embedding.tok.weight": ((7, 4), Chunk((0, 0), (7, 4)))}
+    with pytest.raises(ChunkUnavailableError) as info:
+        restore(manifest, needs, job.all_tiers())
+    message = str(info.value)
+    assert "step-0000000004/embedding.tok.weight/4_0-3_4" in message and "of step 4" in message
+    assert "keeper-a: missing" in message and "cloud: corrupt" in message
+
+
+def test_layout_mismatch_is_reported(saved_tp2):
+    job, _ = saved_tp2
+    manifest = find_manifest(job.all_tiers(), 4)
+    with pytest.raises(LayoutMismatchError, match="holds no tensor 'layers.9.x'"):
+        plan_reads(manifest, {"layers.9.x": ((2,), Chunk((0,), (2,)))})
+    with pytest.raises(LayoutMismatchError, match=r"saved global shape \[7, 4\]"):
+        plan_reads(manifest, {"embedding.tok.weight": ((8, 4), Chunk((0, 0), (8, 4)))})
+
+
+def test_gaps_and_diverged_replicas_are_not_committable(tmp_path):
+    full = full_state(1)
+    job = MiniJob(NODES, ["a", "b"], LocalDirTier(tmp_path))
+    job.save(1, rank_states(full, 2))
+    records = list(find_manifest(job.all_tiers(), 1).records)
+    gap = [r for r in records if not (r.name == "layers.0.mlp.fc2.weight" and r.chunk.offsets[1] == 0)]
+    with pytest.raises(IncompleteStepError, match="layers.0.mlp.fc2.weight: chunks .* do not tile"):
+        merge_records(1, gap)
+    other = encode(torch.zeros(1))
+    diverged = records + [r.__class__(**{**r.__dict__, "digest": "blake2b-256:00"}) for r in records[:1]]
+    with pytest.raises(IncompleteStepError, match="two different hashes"):
+        merge_records(1, diverged)
+    mixed = records + [r.__class__(**{**r.__dict__, "step": 0}) for r in records[:1]]
+    with pytest.raises(IncompleteStepError, match="mixed steps"):
+        merge_records(1, mixed)
+    assert other                                                    # encode of a tiny tensor is non-empty
+    job.close()
+
+
+def test_dp_copies_of_one_chunk_merge_their_replicas(tmp_path):
+    full = full_state(2)
+    job = MiniJob(NODES, ["a", "b", "c"], LocalDirTier(tmp_path, name="cloud"))
+    # three data-parallel ranks each holding the whole model: one writer per tensor, all merged
+    whole = rank_states(full, 1)[0]
+    job.save(2, [whole, whole, whole])                               # one writer per chunk
+    manifest = find_manifest([job.cloud], 2)
+    assert len(manifest.records) == len(SHAPES)
+    assert all(len(r.replicas) == 3 and r.replicas[-1] == "cloud" for r in manifest.records)
+    job.save(3, [whole, whole, whole], dedupe=False)                 # every rank writes: replicas merge
+    manifest = find_manifest([job.cloud], 3)
+    assert len(manifest.records) == len(SHAPES)
+    assert all(set(r.replicas) == {"keeper-a", "keeper-b", "keeper-c", "cloud"} for r in manifest.records)
+    state, _ = restore(manifest, needs_of([whole])[0], [job.cloud])
+    assert_bit_exact(state, full)
+    job.close()
+
+
+def test_tp_shard_of_uneven_split_with_empty_chunks():
+    shape = (2, 3)
+    assert shard_chunk(shape, 0, 4, 3).sizes == (0, 3)             # TP4 of 2 rows: two empty chunks
