@@ -1,0 +1,194 @@
+"""Measured profiles: time the real torch layers of `autohet_ray.nn` on the local device.
+
+For each TP degree, one rank's shard (TP rank 0) is built with the runtime's TP modules and run locally: the
+TP collectives go to a one-rank process group, so they cost next to nothing here; the cost model prices them
+from the links. Forward and backward are timed separately (a few warm-up reps, then the median of the timed
+reps). Memory: parameter bytes of the shard, and the bytes autograd saves for backward during the forward
+(counted through `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from autohet_ray import ConfigError
+from autohet_ray.model.costs import LAYER_KINDS
+from autohet_ray.model.spec import ModelSpec, load_model
+from autohet_ray.profile.db import LayerProfile, ProfileDB
+
+WARMUP_REPS = 2
+TIMED_REPS = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Timing:
+    fwd_s: float
+    bwd_s: float
+    activation_bytes: int
+
+
+def software_versions() -> dict:
+    import autohet_ray
+    cuda = torch.version.cuda or "none"
+    return {"torch": torch.__version__, "cuda": cuda, "python": platform.python_version(),
+            "autohet_ray": autohet_ray.__version__}
+
+
+class _SavedBytes:
+    """Counts the distinct storages autograd saves for backward, excluding parameters."""
+
+    def __init__(self, exclude: set[int]):
+        self.exclude, self.seen, self.bytes = exclude, set(), 0
+
+    def pack(self, t: torch.Tensor):
+        key = t.untyped_storage().data_ptr()
+        if key not in self.exclude and key not in self.seen:
+            self.seen.add(key)
+            self.bytes += t.untyped_storage().nbytes()
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_module(run, inputs, device: torch.device, params: list[torch.Tensor]) -> _Timing:
+    """`run(x) -> output`; `inputs()` gives a fresh input. Median forward and backward seconds."""
+    fwds, bwds, act = [], [], 0
+    exclude = {p.untyped_storage().data_ptr() for p in params}
+    for rep in range(WARMUP_REPS + TIMED_REPS):
+        x = inputs()
+        counter = _SavedBytes(exclude)
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            out = run(x)
+        _sync(device)
+        t1 = time.perf_counter()
+        out.backward(torch.ones_like(out))
+        _sync(device)
+        t2 = time.perf_counter()
+        for p in params:
+            p.grad = None
+        if rep >= WARMUP_REPS:
+            fwds.append(t1 - t0)
+            bwds.append(t2 - t1)
+            act = counter.bytes
+    return _Timing(fwd_s=statistics.median(fwds), bwd_s=statistics.median(bwds), activation_bytes=act)
+
+
+def _param_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _measure_entry(spec: ModelSpec, tp: int, micro_batch: int, seq_len: int, device: torch.device,
+                   dtype: torch.dtype, group) -> dict[str, LayerProfile]:
+    from autohet_ray.runtime.parallelize import build_stage_model
+    from autohet_ray.runtime.tp import TPContext
+    from autohet_ray.runtime.vocab_ce import vocab_parallel_cross_entropy
+
+    ctx = TPContext(size=tp, rank=0, group=group if tp > 1 else None)
+    first, _ = build_stage_model(spec, layers=(0, 1), first=True, last=False, tp=ctx, seed=0, device=device,
+                                 dtype=dtype)
+    last, _ = build_stage_model(spec, layers=(spec.num_layers - 1, spec.num_layers), first=False, last=True,
+                                tp=ctx, seed=0, device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, spec.vocab_size, (micro_batch, seq_len), generator=gen).to(device)
+    hidden = lambda: torch.randn(micro_batch, seq_len, spec.hidden, generator=gen).to(device, dtype).requires_grad_()  # noqa: E731
+    block = first.layers["0"]
+    head_loss = lambda x: vocab_parallel_cross_entropy(last.head(x), ids, tp=ctx).sum()  # noqa: E731
+    modules = {"embedding": (first.embedding, lambda: ids, first.embedding),
+               "layer": (block, hidden, block), "head": (head_loss, hidden, last.head)}
+    out = {}
+    for kind in LAYER_KINDS:
+        run, inputs, owner = modules[kind]
+        t = _time_module(run, inputs, device, list(owner.parameters()))
+        out[kind] = LayerProfile(fwd_s=t.fwd_s, bwd_s=t.bwd_s, param_bytes=_param_bytes(owner),
+                                 activation_bytes=t.activation_bytes)
+    return out
+
+
+class _LocalGroup:
+    """A one-rank process group for the shard's TP collectives (created only if none exists)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.owned, self.tmp = device, False, None
+
+    def __enter__(self):
+        if not dist.is_initialized():
+            self.tmp = tempfile.mkdtemp(prefix="autohet-measure-")
+            store = dist.FileStore(os.path.join(self.tmp, "store"), 1)
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
+            self.owned = True
+        if dist.get_world_size() != 1:
+            raise ConfigError("measure_profile runs one TP shard in one process; call it outside a "
+                              f"{dist.get_world_size()}-rank process group")
+        return dist.group.WORLD
+
+    def __exit__(self, *exc):
+        if self.owned:
+            dist.destroy_process_group()
+        return False
+
+
+def measure_profile(model_spec: ModelSpec, device_type: str, tps, micro_batches, seq_len: int,
+                    device=None, dtype: torch.dtype | None = None) -> ProfileDB:
+    """A measured ProfileDB with one entry per (tp, micro-batch) for `device_type` (links not measured here)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if seq_len < 1 or seq_len > model_spec.max_seq_len:
+        raise ConfigError(f"seq_len={seq_len} must lie in [1, {model_spec.max_seq_len}] for {model_spec.name}")
+    for tp in tps:
+        model_spec.check_tp(tp)
+    for mb in micro_batches:
+        if mb < 1:
+            raise ConfigError(f"micro-batch size {mb} must be >= 1")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    start = time.perf_counter()
+    db = ProfileDB(kind="measured", model=model_spec.name, seq_len=seq_len)
+    with _LocalGroup(device) as group:
+        for tp in tps:
+            for mb in micro_batches:
+                db.entries[(device_type, tp, mb)] = _measure_entry(model_spec, tp, mb, seq_len, device, dtype,
+                                                                   group)
+    db.meta = {"source": f"measured on {device.type} ({name}), {dtype}, TP shard of rank 0 run locally",
+               "device_name": name, "dtype": str(dtype), "versions": software_versions(),
+               "profile_time_s": time.perf_counter() - start}
+    return db
+
+
+def parse_ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{what}={text!r} must be comma-separated positive integers, e.g. 1,2") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{what}={text!r} must be comma-separated positive integers, e.g. 1,2")
+    return values
+
+
+def cmd_profile_local(args) -> int:
+    """`autohet profile --local --model M --out FILE [--tp 1,2] [--micro-batch 1,2] [--device-type NAME]`."""
+    spec = load_model(args.model)
+    seq_len = args.seq_len or spec.max_seq_len
+    db = measure_profile(spec, args.device_type, parse_ints(args.tp, "--tp"),
+                         parse_ints(args.micro_batch, "--micro-batch"), seq_len)
+    db.save(args.out)
+    for (dev, tp, mb), layers in sorted(db.entries.items()):
+        cells = "  ".join(f"{k} {v.fwd_s * 1e3:.3f}/{v.bwd_s * 1e3:.3f} ms" for k, v in layers.items())
+        print(f"{dev} tp={tp} mb={mb}: {cells}  (fwd/bwd, measured)")
+    print(f"wrote {args.out} ({len(db.entries)} entries, {db.meta['profile_time_s']:.1f} s)")
+    return 0

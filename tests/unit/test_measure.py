@@ -1,0 +1,50 @@
+"""Measured profiles: the DB `autohet profile --local` writes loads and the planner accepts it."""
+from __future__ import annotations
+
+import pytest
+
+from autohet_ray import ConfigError
+from autohet_ray.cli import main
+from autohet_ray.cluster.spec import cluster_from_dict
+from autohet_ray.model.spec import load_model
+from autohet_ray.planner import plan_with_baselines
+from autohet_ray.profile.db import load_profile
+from autohet_ray.profile.measure import measure_profile, parse_ints
+
+CPU_DEVICE = {"bf16_tflops": 1, "fp32_tflops": 1, "memory_gb": 16, "hbm_gbps": 20, "link_gbps": 10,
+              "link_kind": "pcie", "nic_gbps": 10}
+
+
+def test_measure_profile_entries_are_positive():
+    db = measure_profile(load_model("tiny-gpt"), "CPU", (1, 2), (1,), 16)
+    assert db.kind == "measured" and set(db.entries) == {("CPU", 1, 1), ("CPU", 2, 1)}
+    for layers in db.entries.values():
+        for kind in ("embedding", "layer", "head"):
+            p = layers[kind]
+            assert p.fwd_s > 0 and p.bwd_s > 0 and p.param_bytes > 0 and p.activation_bytes > 0
+    # a TP2 shard holds about half the layer's weights
+    one, two = db.entries[("CPU", 1, 1)]["layer"], db.entries[("CPU", 2, 1)]["layer"]
+    assert two.param_bytes < 0.7 * one.param_bytes
+    assert db.meta["versions"]["torch"]
+
+
+def test_cli_profile_local_feeds_the_planner(tmp_path, capsys):
+    out = tmp_path / "prof.json"
+    assert main(["profile", "--local", "--model", "tiny-gpt", "--out", str(out), "--tp", "1,2",
+                 "--micro-batch", "1,2", "--device-type", "CPU"]) == 0
+    assert "measured" in capsys.readouterr().out
+    db = load_profile(str(out))
+    assert db.kind == "measured" and len(db.entries) == 4
+    cluster = cluster_from_dict({"name": "local", "nodes": [{"name": "n0", "device": "CPU", "count": 2}],
+                                 "devices": {"CPU": CPU_DEVICE}})
+    result, baselines = plan_with_baselines(cluster=cluster, model=load_model("tiny-gpt"), profile=db,
+                                            global_batch=4, seq_len=16, time_limit_s=10)
+    assert result.plan.num_devices == 2 and result.plan.predicted.profile_kind == "measured"
+    assert baselines["megatron"].plan is not None
+
+
+def test_bad_lists_are_config_errors():
+    with pytest.raises(ConfigError, match="--tp"):
+        parse_ints("1,x", "--tp")
+    with pytest.raises(ConfigError, match="TP degree 3"):
+        measure_profile(load_model("tiny-gpt"), "CPU", (3,), (1,), 16)
