@@ -1,0 +1,100 @@
+"""Node keepers on a 3-node local Ray cluster: shards outlive worker deaths, and after a real node loss
+(`remove_node(..., allow_graceful=False)`) the peer copies restore every tensor bit-exactly."""
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+import test_checkpoint_helpers as helpers  # noqa: E402
+
+from autohet_ray.checkpoint import (AsyncSnapshotter, SnapshotPolicy, assign_writers, choose_peers,  # noqa: E402
+                                    commit_step, find_manifest, latest_committed_step, restore)
+from autohet_ray.orchestrate.keeper import KeeperTier, get_keeper, start_keeper, stop_keeper  # noqa: E402
+
+NODES = {"a": "H100", "b": "H20", "c": "H20"}
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                      "health_check_initial_delay_ms": 1000}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # workers cannot import test modules
+    ray.cloudpickle.register_pickle_by_value(helpers)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_HEALTH_CHECKS})
+    nodes = {name: cluster.add_node(num_cpus=0, resources={f"node_{name}": 1, f"gpu_{gpu}": 1})
+             for name, gpu in NODES.items()}
+    ray.init(address=cluster.address, namespace="keeper-test")
+    node_ids = {name: node.node_id for name, node in nodes.items()}
+    yield cluster, nodes, node_ids
+    for node_id in node_ids.values():
+        stop_keeper(node_id)
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Rank:
+    """A training worker: snapshots its shards into its node's keeper and its peer node's keeper."""
+
+    def save(self, step, state, owned, local, peers):
+        def tier(node_id, label):
+            return KeeperTier(get_keeper(node_id), label)
+
+        snap = AsyncSnapshotter(local=tier(*local), peers=[tier(*p) for p in peers],
+                                policy=SnapshotPolicy(cloud_every=0, num_threads=2))
+        records = snap.snapshot(step, state, owned=owned).fast_result(timeout=60).records
+        snap.close()
+        return records
+
+
+def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster):
+    cluster_obj, nodes, node_ids = cluster
+    keepers = {name: start_keeper(node_ids[name], label=f"keeper-{name}") for name in NODES}
+    assert {name: ray.get(k.node_id.remote()) for name, k in keepers.items()} == node_ids     # pinned
+    tiers = {name: KeeperTier(k, f"keeper-{name}", timeout_s=20) for name, k in keepers.items()}
+    peers = choose_peers({n: n for n in NODES}, NODES)
+    assert NODES[peers["a"][0]] != "H100" and peers["b"] == ["a"]       # another GPU pool first
+
+    full = helpers.full_state(3)
+    states = helpers.rank_states(full, 2)                                # TP2 ranks on nodes a and b
+    owned = assign_writers({r: [(n, c, t.numel()) for n, (t, _, c) in st.items()] for r, st in enumerate(states)})
+    ranks = [Rank.options(resources={f"node_{n}": 0.01}).remote() for n in "ab"]
+    records = []
+    for rank, node in enumerate("ab"):
+        local = (node_ids[node], f"keeper-{node}")
+        peer = [(node_ids[p], f"keeper-{p}") for p in peers[node]]
+        records += ray.get(ranks[rank].save.remote(3, states[rank], owned[rank], local, peer), timeout=120)
+    manifest = commit_step(3, records, list(tiers.values()))
+    assert all(len(r.replicas) == 2 for r in manifest.records)
+
+    for handle in ranks:                                                 # the workers die; the bytes stay
+        ray.kill(handle, no_restart=True)
+    state, report = restore(manifest, helpers.needs_of(helpers.rank_states(full, 1))[0], [tiers["a"]] + [tiers["b"]])
+    helpers.assert_bit_exact(state, full)
+    assert report.tiers["keeper-a"].bytes_read > 0
+
+    # keeper-to-keeper replication: a pushes its own chunks to c as well
+    own_a = [r.key for r in manifest.records if r.replicas[0] == "keeper-a"]
+    sent = ray.get(keepers["a"].replicate.remote(own_a, f"keeper-{node_ids['c']}"), timeout=60)
+    assert sent > 0 and all(tiers["c"].has(key) for key in own_a)
+
+    # a real node loss: keeper a dies with its node; the peer copies on b and c restore everything
+    cluster_obj.remove_node(nodes["a"], allow_graceful=False)
+    deadline = time.monotonic() + 30
+    while any(n["NodeID"] == node_ids["a"] and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, "node loss not detected"
+        time.sleep(0.2)
+    all_tiers = [tiers["a"], tiers["b"], tiers["c"]]
+    assert latest_committed_step(all_tiers[1:]) == 3
+    manifest = find_manifest(all_tiers[1:], 3)
+    for needs in helpers.needs_of(helpers.rank_states(full, 3)):         # re-planned: 3-way on what is left
+        state, report = restore(manifest, needs, all_tiers)
+        helpers.assert_bit_exact(state, full)
+        assert report.tiers["keeper-a"].chunks_read == 0
+        assert report.tiers["keeper-a"].unavailable == report.saved_chunks_fetched   # reported, not hidden
+        assert any("keeper-a unavailable" in line for line in report.fallbacks)
