@@ -71,6 +71,7 @@ PRESETS: dict[str, ModelSpec] = {s.name: s for s in [
     _spec("tiny-gpt", "gpt", 4, 32, 4, 64, 128, 16),
     _spec("tiny-llama", "llama", 4, 32, 4, 64, 128, 16, kv_heads=2),
     _spec("tiny-bert", "bert", 4, 32, 4, 64, 128, 16),
+    _spec("tiny-llama-kv4", "llama", 4, 32, 8, 64, 128, 16, kv_heads=4),    # GQA that TP4 can shard
     _spec("small-gpt", "gpt", 8, 128, 8, 512, 1024, 64),
     _spec("small-llama", "llama", 8, 128, 8, 344, 1024, 64, kv_heads=4),
 ]}

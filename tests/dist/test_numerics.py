@@ -1,0 +1,64 @@
+"""Asymmetric plans on gloo/CPU against one process running the whole model on the whole batch.
+
+Per family (gpt, llama, bert) and plan shape: first-step gradients within 1e-5 and three AdamW steps (losses,
+parameters and optimizer state) within 1e-4, relative norm per tensor. One spawned world per world size
+runs all its cases.
+"""
+from __future__ import annotations
+
+import pytest
+
+from _harness import FAMILY_SPECS, TP4_SPECS, Case, compare, pipeline, reference_run, run_cases
+from autohet_ray.runtime import run_world
+
+# name -> (world size, specs, pipelines)
+SHAPES = {
+    # two pipelines, same TP, different stage boundaries: layer-wise buckets; uneven micro-batches
+    "layerwise_2x2": (4, FAMILY_SPECS, (pipeline(2, (0, 1, 1), (1, 4, 1)), pipeline(3, (0, 3, 1), (3, 4, 1)))),
+    # one pipeline, TP2 -> TP2 (rank-to-rank bridge)
+    "tp2_tp2": (4, FAMILY_SPECS, (pipeline(3, (0, 2, 2), (2, 4, 2)),)),
+    # pipelines with 2 and 3 stages, uneven layer splits and micro-batch counts
+    "stages_2_vs_3": (5, FAMILY_SPECS, (pipeline(3, (0, 1, 1), (1, 4, 1)),
+                                        pipeline(2, (0, 2, 1), (2, 3, 1), (3, 4, 1)))),
+    # TP2 -> TP1 -> TP2 inside one pipeline (leader send/recv + broadcast)
+    "tp_2_1_2": (5, FAMILY_SPECS, (pipeline(4, (0, 1, 2), (1, 3, 1), (3, 4, 2)),)),
+    # a 3-stage TP2/TP1/TP2 pipeline next to a single-stage TP1 one: layers, embedding and head held at
+    # different TP degrees (sync by shard overlap)
+    "mixed_3stage_vs_1stage": (6, FAMILY_SPECS, (pipeline(3, (0, 2, 2), (2, 3, 1), (3, 4, 2)),
+                                                 pipeline(1, (0, 4, 1)))),
+    # TP4 -> TP1 next to a single-stage TP1 pipeline: 4-way against whole-tensor overlap
+    "tp4_tp1_vs_tp1": (6, TP4_SPECS, (pipeline(2, (0, 3, 4), (3, 4, 1)), pipeline(3, (0, 4, 1)))),
+    # TP4 against TP2 for every layer
+    "tp4_vs_tp2": (6, TP4_SPECS, (pipeline(3, (0, 4, 4)), pipeline(2, (0, 4, 2)))),
+}
+
+CASES = [Case(name=f"{shape}-{family}", spec=specs[family], pipelines=pipes)
+         for shape, (_, specs, pipes) in SHAPES.items() for family in ("gpt", "llama", "bert")]
+CASES += [
+    Case(name="layerwise_2x2-gpt-gpipe", spec=FAMILY_SPECS["gpt"], pipelines=SHAPES["layerwise_2x2"][2],
+         schedule="gpipe"),
+    Case(name="tp2_tp2-llama-resume", spec=FAMILY_SPECS["llama"], pipelines=SHAPES["tp2_tp2"][2], resume_after=1),
+    Case(name="mixed_3stage_vs_1stage-gpt-resume", spec=FAMILY_SPECS["gpt"],
+         pipelines=SHAPES["mixed_3stage_vs_1stage"][2], resume_after=2),
+]
+WORLD = {c.name: SHAPES[c.name.split("-")[0]][0] for c in CASES}
+
+
+@pytest.fixture(scope="module")
+def worlds():
+    """Results per world size: {world size: per-rank {case name: result}}, each world spawned once."""
+    cache: dict[int, list[dict]] = {}
+
+    def get(size: int) -> list[dict]:
+        if size not in cache:
+            cache[size] = run_world(run_cases, size, [c for c in CASES if WORLD[c.name] == size])
+        return cache[size]
+    return get
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_single_process(case, worlds):
+    per_rank = [r[case.name] for r in worlds(WORLD[case.name])]
+    report = compare(case, per_rank, reference_run(case))
+    assert not report.problems, "\n".join(report.problems[:20])
+    assert report.worst_grad <= 1e-5 and report.worst_param <= 1e-4
