@@ -16,7 +16,7 @@ from autohet_ray.checkpoint.faults import NO_FAULTS, POINTS, Faults
 from autohet_ray.checkpoint.manifest import ChunkRecord, Manifest, merge_records
 from autohet_ray.checkpoint.peers import assign_writers, choose_peers
 from autohet_ray.checkpoint.reshard import (ChunkFetcher, LayoutMismatchError, Piece, RestoreReport, TierStats,
-                                            plan_reads, restore)
+                                            choose_restorable_step, plan_reads, restore)
 from autohet_ray.checkpoint.snapshot import AsyncSnapshotter, LaneResult, SnapshotHandle, SnapshotPolicy
 from autohet_ray.checkpoint.steps import (CollectReport, collect_garbage, commit_step, find_manifest,
                                           latest_committed_step, load_manifest, scan_manifests)
@@ -28,6 +28,6 @@ __all__ = [
     "InjectedFault", "LaneResult", "LayoutMismatchError", "LocalDirTier", "Manifest", "ManifestExistsError",
     "MemoryTier", "NO_FAULTS", "POINTS", "Piece", "RestoreReport", "SnapshotHandle", "SnapshotPolicy",
     "ThrottledTier", "Tier", "TierStats", "TierUnavailableError", "TokenBucket", "assign_writers",
-    "choose_peers", "collect_garbage", "commit_step", "find_manifest", "latest_committed_step",
-    "load_manifest", "merge_records", "plan_reads", "restore", "scan_manifests",
+    "choose_peers", "choose_restorable_step", "collect_garbage", "commit_step", "find_manifest",
+    "latest_committed_step", "load_manifest", "merge_records", "plan_reads", "restore", "scan_manifests",
 ]

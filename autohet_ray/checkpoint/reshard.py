@@ -19,6 +19,7 @@ from autohet_ray.checkpoint.codec import decode, dtype_from_name, verify
 from autohet_ray.checkpoint.errors import (CheckpointError, ChunkMissingError, ChunkUnavailableError,
                                            CorruptChunkError, TierUnavailableError)
 from autohet_ray.checkpoint.manifest import ChunkRecord, Manifest
+from autohet_ray.checkpoint.steps import find_manifest, scan_manifests
 from autohet_ray.layout import Chunk, overlap, to_local
 
 
@@ -90,6 +91,7 @@ class ChunkFetcher:
         self.report = report or RestoreReport(step)
         for tier in self.tiers:
             self.report.tiers.setdefault(tier.name, TierStats())
+        self._down: set[str] = set()           # tiers that failed as a whole: not asked again this restore
         self._lock = threading.Lock()
 
     def _note(self, tier, field_name: str, message: str | None = None, nbytes: int = 0) -> None:
@@ -104,6 +106,10 @@ class ChunkFetcher:
         assert record.step == self.step, (record.key, self.step)
         attempts = []
         for tier in self.tiers:
+            if tier.name in self._down:
+                attempts.append(f"{tier.name}: unavailable (down earlier in this restore)")
+                self._note(tier, "unavailable", f"{record.key}: {tier.name} unavailable: down earlier")
+                continue
             try:
                 blob = tier.get_chunk(record.key)
             except ChunkMissingError:
@@ -111,6 +117,8 @@ class ChunkFetcher:
                 self._note(tier, "missing")
                 continue
             except TierUnavailableError as err:
+                with self._lock:
+                    self._down.add(tier.name)
                 attempts.append(f"{tier.name}: unavailable ({err.reason})")
                 self._note(tier, "unavailable", f"{record.key}: {tier.name} unavailable: {err.reason}")
                 continue
@@ -152,3 +160,29 @@ def restore(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]],
     fetcher.report.saved_chunks_fetched = len(unique)
     fetcher.report.seconds = time.perf_counter() - start
     return state, fetcher.report
+
+
+def _available(tier, key: str) -> bool:
+    try:
+        return tier.has(key)
+    except TierUnavailableError:
+        return False
+
+
+def choose_restorable_step(manifest_tiers, tiers, needs_per_rank, *, exclude=()) -> tuple[int, list[str]]:
+    """The newest committed step (not in `exclude`) whose saved chunks needed by every new rank are
+    present in some tier; for the driver to pick one step for all ranks. Presence only: hashes are
+    checked when the ranks fetch (on ChunkUnavailableError, call again with that step excluded).
+    Returns (step, reasons the newer steps were skipped); raises CheckpointError if none qualifies."""
+    skipped = []
+    for step in sorted(scan_manifests(manifest_tiers).steps, reverse=True):
+        if step in exclude:
+            skipped.append(f"step {step}: excluded")
+            continue
+        manifest = find_manifest(manifest_tiers, step)
+        keys = {p.record.key for needs in needs_per_rank for ps in plan_reads(manifest, needs).values() for p in ps}
+        lost = sorted(k for k in keys if not any(_available(t, k) for t in tiers))
+        if not lost:
+            return step, skipped
+        skipped.append(f"step {step}: no tier holds {len(lost)} needed chunk(s), e.g. {lost[0]!r}")
+    raise CheckpointError("no committed step can be restored: " + ("; ".join(skipped) or "no committed step"))

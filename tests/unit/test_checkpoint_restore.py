@@ -3,11 +3,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from autohet_ray.checkpoint import (ChunkUnavailableError, IncompleteStepError, LayoutMismatchError, LocalDirTier,
+                                    TierUnavailableError, choose_restorable_step,
                                     find_manifest, latest_committed_step, merge_records, plan_reads, restore)
-from autohet_ray.checkpoint.codec import encode
 from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
 from autohet_ray.layout import Chunk, shard_chunk
 from test_checkpoint_helpers import SHAPES, MiniJob, assert_bit_exact, full_state, needs_of, rank_states
@@ -132,14 +131,12 @@ def test_gaps_and_diverged_replicas_are_not_committable(tmp_path):
     gap = [r for r in records if not (r.name == "layers.0.mlp.fc2.weight" and r.chunk.offsets[1] == 0)]
     with pytest.raises(IncompleteStepError, match="layers.0.mlp.fc2.weight: chunks .* do not tile"):
         merge_records(1, gap)
-    other = encode(torch.zeros(1))
     diverged = records + [r.__class__(**{**r.__dict__, "digest": "blake2b-256:00"}) for r in records[:1]]
     with pytest.raises(IncompleteStepError, match="two different hashes"):
         merge_records(1, diverged)
     mixed = records + [r.__class__(**{**r.__dict__, "step": 0}) for r in records[:1]]
     with pytest.raises(IncompleteStepError, match="mixed steps"):
         merge_records(1, mixed)
-    assert other                                                    # encode of a tiny tensor is non-empty
     job.close()
 
 
@@ -164,3 +161,44 @@ def test_dp_copies_of_one_chunk_merge_their_replicas(tmp_path):
 def test_tp_shard_of_uneven_split_with_empty_chunks():
     shape = (2, 3)
     assert shard_chunk(shape, 0, 4, 3).sizes == (0, 3)             # TP4 of 2 rows: two empty chunks
+
+
+class DeadTier:
+    """A tier whose node is gone: every call fails as a whole."""
+
+    def __init__(self, name):
+        self.name, self.calls = name, 0
+
+    def get_chunk(self, key):
+        self.calls += 1
+        raise TierUnavailableError(self.name, "node lost")
+
+    def has(self, key):
+        raise TierUnavailableError(self.name, "node lost")
+
+
+def test_a_dead_tier_is_reported_and_asked_only_once(saved_tp2):
+    job, full = saved_tp2
+    manifest = find_manifest(job.all_tiers(), 4)
+    dead = DeadTier("keeper-x")
+    needs = needs_of(rank_states(full, 1))[0]
+    state, report = restore(manifest, needs, [dead, job.keepers["b"], job.keepers["c"], job.cloud], num_threads=1)
+    assert_bit_exact(state, full)
+    assert dead.calls == 1 and report.tiers["keeper-x"].unavailable == report.saved_chunks_fetched
+
+
+def test_choose_restorable_step_skips_a_step_whose_copies_are_all_lost(tmp_path):
+    cloud = LocalDirTier(tmp_path, name="cloud")
+    job = MiniJob(NODES, ["a", "b"], cloud, cloud_every=2)
+    for step in (2, 3):                                   # step 2 reaches the cloud, step 3 only the keepers
+        job.save(step, rank_states(full_state(step), 2))
+    needs = needs_of(rank_states(full_state(3), 3))
+    assert choose_restorable_step(job.all_tiers(), job.all_tiers(), needs) == (3, [])
+    for key in job.keepers["a"].list():                   # nodes a and b lost: c holds only some replicas
+        job.keepers["a"].delete(key)
+    survivors = [job.keepers["c"], cloud]
+    step, skipped = choose_restorable_step(survivors, survivors, needs)
+    assert step == 2 and "step 3: no tier holds" in skipped[0]
+    state, _ = restore(find_manifest(survivors, step), needs[1], survivors)
+    assert_bit_exact(state, full_state(2))
+    job.close()

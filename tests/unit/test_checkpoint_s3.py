@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autohet_ray.checkpoint.tiers.s3 import MiB, S3Config, S3Tier
+from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))

@@ -103,6 +103,8 @@ def test_s3_multipart_round_trip_and_config_errors(s3_url):
     tier.put_chunk("step-0000000001/big/0-1", big)
     assert tier.get_chunk("step-0000000001/big/0-1") == big
     assert tier.pending_multipart() == []
+    tier.put_chunk("step-0000000001/empty/s", b"")
+    assert tier.get_chunk("step-0000000001/empty/s") == b""
     with pytest.raises(ConfigError, match="part_size must be >= 5 MiB"):
         S3Config(bucket="b", part_size=MiB)
     with pytest.raises(ConfigError, match="prefix must be empty or end with '/'"):

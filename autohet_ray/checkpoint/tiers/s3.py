@@ -124,14 +124,28 @@ class S3Tier:
             pass
 
     def _get(self, s3_key: str, what: str) -> bytes:
+        """One ranged GET of the first part; a big object's other parts are fetched in parallel."""
         try:
-            return self.client.get_object(Bucket=self.config.bucket, Key=s3_key)["Body"].read()
+            first = self._get_range(s3_key, 0)
+            total = int(first["ContentRange"].rsplit("/", 1)[1]) if first.get("ContentRange") else None
+            head = first["Body"].read()
+            if total is None or total <= len(head):
+                return head
+            starts = range(self.config.part_size, total, self.config.part_size)
+            rest = self._parts_pool.map(lambda start: self._get_range(s3_key, start)["Body"].read(), starts)
+            return b"".join([head, *rest])
         except ClientError as err:
             if _code(err) in _MISSING:
                 raise ChunkMissingError(what, self.name) from None
+            if _code(err) == "InvalidRange":             # an empty object has no byte 0
+                return self.client.get_object(Bucket=self.config.bucket, Key=s3_key)["Body"].read()
             raise self._unavailable(f"get {what!r}", err) from err
         except BotoCoreError as err:
             raise self._unavailable(f"get {what!r}", err) from err
+
+    def _get_range(self, s3_key: str, start: int) -> dict:
+        end = start + self.config.part_size - 1
+        return self.client.get_object(Bucket=self.config.bucket, Key=s3_key, Range=f"bytes={start}-{end}")
 
     def get_chunk(self, key: str) -> bytes:
         return self._get(self._key(key), key)
