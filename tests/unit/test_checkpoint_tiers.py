@@ -131,4 +131,4 @@ def test_throttled_tier_really_waits(tmp_path):
     start = time.perf_counter()
     tier.put_chunk("step-0000000001/a/s", bytes(MiB))
     assert tier.get_chunk("step-0000000001/a/s") == bytes(MiB)
-    assert 0.35 <= time.perf_counter() - start <= 2.0        # ~2 MiB at 4 MiB/s, minus the burst
+    assert 0.35 <= time.perf_counter() - start <= 5.0        # ~2 MiB at 4 MiB/s, minus the burst (slack: shared CPUs)
