@@ -1,0 +1,128 @@
+"""Build the cluster description from the live Ray cluster.
+
+GPU type per node: the `ray.io/accelerator-type` label, else an `accelerator_type:<type>` resource; GPUs per
+node: the `GPU` resource. Node names: the `autohet.io/node` label when present (emulated or labelled
+clusters), else `node-<first 8 hex digits of the node id>`. Link figures and custom device types come from a
+cluster file when one is given; the live cluster must then hold every node the file names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import ray
+
+from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import Cluster, Node
+from autohet_ray.orchestrate.labels import (ACCELERATOR_LABEL, ACCELERATOR_RESOURCE_PREFIX, EMULATED_LABEL,
+                                            NODE_NAME_LABEL)
+from autohet_ray.plan.schema import Plan
+
+DEFAULT_INTER_NODE_GBPS = 100.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveNode:
+    name: str
+    node_id: str
+    ip: str
+    device_type: str | None     # None: no GPUs
+    num_gpus: int
+    emulated: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Discovered:
+    cluster: Cluster
+    nodes: tuple[LiveNode, ...]     # GPU nodes only, in cluster order
+
+    @property
+    def node_ids(self) -> dict[str, str]:
+        return {n.name: n.node_id for n in self.nodes}
+
+    @property
+    def emulated(self) -> bool:
+        return any(n.emulated for n in self.nodes)
+
+    @property
+    def single_host(self) -> bool:
+        return len({n.ip for n in self.nodes}) <= 1
+
+
+def _device_type(raw: dict) -> str | None:
+    label = (raw.get("Labels") or {}).get(ACCELERATOR_LABEL)
+    if label:
+        return label
+    kinds = [k[len(ACCELERATOR_RESOURCE_PREFIX):] for k in raw.get("Resources", {})
+             if k.startswith(ACCELERATOR_RESOURCE_PREFIX)]
+    return kinds[0] if kinds else None
+
+
+def live_nodes(raw_nodes: list[dict] | None = None) -> list[LiveNode]:
+    """Alive nodes with GPUs, from `ray.nodes()` (or the given list of its entries)."""
+    out = []
+    for raw in raw_nodes if raw_nodes is not None else ray.nodes():
+        gpus = int(raw.get("Resources", {}).get("GPU", 0))
+        if not raw.get("Alive") or gpus == 0:
+            continue
+        labels = raw.get("Labels") or {}
+        device = _device_type(raw)
+        if device is None:
+            raise ConfigError(f"node {raw['NodeID'][:8]} ({raw.get('NodeManagerAddress')}) has {gpus} GPUs but no "
+                              f"{ACCELERATOR_LABEL} label or accelerator_type resource; start it with "
+                              f"--labels='{{\"{ACCELERATOR_LABEL}\": \"H100\"}}' (or the right type)")
+        out.append(LiveNode(name=labels.get(NODE_NAME_LABEL, f"node-{raw['NodeID'][:8]}"), node_id=raw["NodeID"],
+                            ip=raw.get("NodeManagerAddress", ""), device_type=device, num_gpus=gpus,
+                            emulated=labels.get(EMULATED_LABEL) == "true"))
+    return sorted(out, key=lambda n: n.name)
+
+
+def _match_file(base: Cluster, nodes: list[LiveNode]) -> tuple[Cluster, tuple[LiveNode, ...]]:
+    by_name = {n.name: n for n in nodes}
+    kept = []
+    for node in base.nodes:
+        live = by_name.get(node.name)
+        if live is None:
+            raise ConfigError(f"node {node.name!r} of the cluster file is not in the Ray cluster; live GPU nodes: "
+                              f"{', '.join(f'{n.name} ({n.num_gpus}x {n.device_type})' for n in nodes) or 'none'}")
+        if live.device_type != node.device:
+            raise ConfigError(f"node {node.name!r}: the cluster file says {node.device} but Ray reports "
+                              f"{live.device_type}")
+        kept.append(live)
+    cluster = replace(base, nodes=tuple(replace(n, count=by_name[n.name].num_gpus) for n in base.nodes))
+    return cluster, tuple(kept)
+
+
+def discover(base: Cluster | None = None, raw_nodes: list[dict] | None = None) -> Discovered:
+    """The live cluster; with `base` (a cluster file), its links and custom devices, checked against Ray."""
+    nodes = live_nodes(raw_nodes)
+    if not nodes:
+        raise ConfigError("the Ray cluster has no GPU nodes (no node offers a GPU resource); start nodes with "
+                          "GPUs, or use --emulate to emulate the cluster file on this machine")
+    if base is not None:
+        cluster, kept = _match_file(base, nodes)
+        return Discovered(cluster=cluster, nodes=kept)
+    cluster = Cluster(name="ray", inter_node_gbps=DEFAULT_INTER_NODE_GBPS,
+                      nodes=tuple(Node(name=n.name, device=n.device_type, count=n.num_gpus,
+                                       nic_gbps=DEFAULT_INTER_NODE_GBPS) for n in nodes))
+    for n in nodes:
+        cluster.device(n.device_type)        # a ConfigError naming the known devices if unknown
+    return Discovered(cluster=cluster, nodes=tuple(nodes))
+
+
+def check_plan_fits(plan: Plan, found: Discovered) -> None:
+    """ConfigError when the plan needs GPUs (node, type, index) the live cluster lacks."""
+    nodes = {n.name: n for n in found.nodes}
+    for k, pipeline in enumerate(plan.pipelines):
+        for j, stage in enumerate(pipeline.stages):
+            where = f"pipeline {k} stage {j}"
+            live = nodes.get(stage.node)
+            if live is None:
+                have = ", ".join(f"{n.name} ({n.num_gpus}x {n.device_type})" for n in found.nodes)
+                raise ConfigError(f"the plan needs {stage.tp}x {stage.device_type} on node {stage.node!r} for "
+                                  f"{where}, but the Ray cluster has no such node; it has: {have}")
+            if live.device_type != stage.device_type:
+                raise ConfigError(f"the plan puts {where} on {stage.node!r} as {stage.device_type}, but that node "
+                                  f"has {live.device_type} GPUs")
+            if max(stage.devices) >= live.num_gpus:
+                raise ConfigError(f"the plan needs GPU {max(stage.devices)} of node {stage.node!r} for {where}, "
+                                  f"but that node has only {live.num_gpus} {live.device_type} GPUs")

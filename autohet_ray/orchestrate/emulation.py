@@ -1,0 +1,56 @@
+"""Emulated heterogeneous clusters on one machine: one Ray node per cluster-file node, offering fake GPUs
+(the `GPU` resource) labelled with the node's GPU type, so discovery, placement and stage actors take the
+same path as on real GPU nodes. Only the stage actors' clock differs (see `pacer.py`).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+
+from autohet_ray.cluster.spec import Cluster, Node
+from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource, label_value
+
+
+def node_args(node: Node, *, num_cpus: float = 0) -> dict:
+    """Ray node options standing for `node`: fake GPUs, a per-type custom resource and labels."""
+    return {"num_cpus": num_cpus, "num_gpus": node.count, "resources": {gpu_resource(node.device): node.count},
+            "labels": {ACCELERATOR_LABEL: label_value(node.device), NODE_NAME_LABEL: node.name,
+                       EMULATED_LABEL: "true"}}
+
+
+def ray_start_commands(cluster: Cluster, head_address: str = "HEAD_IP:6379") -> list[str]:
+    """`ray start` lines that emulate `cluster` on real machines without GPUs (one line per node)."""
+    lines = []
+    for i, node in enumerate(cluster.nodes):
+        args = node_args(node, num_cpus=1 if i == 0 else 0)
+        where = "--head" if i == 0 else f"--address={head_address}"
+        lines.append(f"ray start {where} --num-cpus={args['num_cpus']} --num-gpus={args['num_gpus']} "
+                     f"--resources={shlex.quote(json.dumps(args['resources']))} "
+                     f"--labels={shlex.quote(json.dumps(args['labels']))}")
+    return lines
+
+
+@contextlib.contextmanager
+def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, connect: bool = True, system_config=None):
+    """Start one local Ray node per node of `cluster` (the first is the head); yields the Ray test cluster
+    (connected with `ray.init` when `connect`). Everything is shut down on exit."""
+    first, *rest = cluster.nodes
+    head = node_args(first, num_cpus=head_cpus) | {"include_dashboard": False}
+    if system_config:
+        head["_system_config"] = system_config
+    test_cluster = RayTestCluster(initialize_head=True, head_node_args=head)
+    try:
+        for node in rest:
+            test_cluster.add_node(**node_args(node))
+        test_cluster.wait_for_nodes()
+        if connect:
+            ray.init(address=test_cluster.address)
+        yield test_cluster
+    finally:
+        if connect and ray.is_initialized():
+            ray.shutdown()
+        test_cluster.shutdown()

@@ -1,0 +1,78 @@
+"""Device emulation clock: stretch each runtime op to the duration the cost model predicts for the emulated
+device or link, times a time-scale factor. Only the clock differs from a real run; everything it paces
+(compute, gloo p2p and collectives) really runs.
+
+Targets per op (seconds at time scale 1), the same figures `cost.evaluate_plan` prices a plan with:
+forward / backward: this stage's per-micro-batch time split by the layer forward fraction; send_activation /
+send_grad: the link to the next / previous stage (the sender is held for it: the cost model overlaps it with
+compute, an error of link/stage time); grad_sync and optimizer: the plan's sync and optimizer times.
+Receives are not paced: waiting for a peer is real.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
+from autohet_ray.cost.terms import GroupCostTable
+from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.rankmap import build_rank_map
+from autohet_ray.plan.schema import Plan
+from autohet_ray.profile.db import ProfileDB
+
+PACED_OPS = ("forward", "backward", "send_activation", "send_grad", "grad_sync", "optimizer")
+UNPACED_OPS = ("recv_activation", "recv_grad")
+
+
+def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+                      evaluation: Evaluation | None = None) -> list[dict[str, float]]:
+    """Per plan rank, op name -> predicted seconds (time scale 1). Plain data, for the stage actors."""
+    ev = evaluation or evaluate_plan(plan, cluster, model, profile)
+    table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=plan.micro_batch,
+                           seq_len=plan.seq_len)
+    out = []
+    for info in build_rank_map(plan, model.num_layers).ranks:
+        k, j = info.pipeline, info.stage
+        stage = plan.pipelines[k].stages[j]
+        total = ev.stage_times_s[k][j]
+        fwd = total * table.get(stage.device_type, stage.tp).layer_fwd_fraction
+        links = ev.link_times_s[k]
+        out.append({"forward": fwd, "backward": total - fwd,
+                    "send_activation": links[j] if j < len(links) else 0.0,
+                    "send_grad": links[j - 1] if j > 0 else 0.0,
+                    "grad_sync": ev.sync_time_s, "optimizer": ev.optimizer_time_s})
+    return out
+
+
+@dataclass(kw_only=True)
+class EmulationPacer:
+    """`pace(op, elapsed_s)` sleeps until the op has lasted targets[op] * time_scale."""
+    targets: dict[str, float]
+    time_scale: float
+    overruns: dict[str, int] = field(default_factory=dict)    # ops whose real run exceeded their target
+    overrun_s: float = 0.0
+
+    def __post_init__(self):
+        assert self.time_scale > 0, self.time_scale
+        missing = set(PACED_OPS) - set(self.targets)
+        assert not missing, f"emulation targets lack {sorted(missing)}"
+
+    def pace(self, op: str, elapsed_s: float, **info) -> None:
+        if op in UNPACED_OPS:
+            return
+        assert op in self.targets, f"unknown runtime op {op!r}; known: {PACED_OPS + UNPACED_OPS}"
+        if self.targets[op] <= 0:
+            return
+        left = self.targets[op] * self.time_scale - elapsed_s
+        if left > 0:
+            time.sleep(left)
+        else:
+            self.overruns[op] = self.overruns.get(op, 0) + 1
+            self.overrun_s -= left
+
+    def report(self) -> dict:
+        """Overruns since the last report (an overrun makes the emulated clock run slow)."""
+        out = {"overruns": dict(self.overruns), "overrun_s": self.overrun_s}
+        self.overruns, self.overrun_s = {}, 0.0
+        return out

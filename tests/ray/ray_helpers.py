@@ -1,0 +1,18 @@
+"""Shared data for the Ray tests: a 3-node cluster file and an asymmetric tiny-gpt plan on it."""
+from __future__ import annotations
+
+THREE_NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
+                                                {"name": "b", "device": "H800", "count": 1},
+                                                {"name": "c", "device": "H20", "count": 2}]}
+
+
+def stage(layers, tp, device, node, devices) -> dict:
+    return {"layers": list(layers), "tp": tp, "device_type": device, "node": node, "devices": list(devices)}
+
+
+def asymmetric_plan(global_batch: int = 4) -> dict:
+    """Pipeline 0: H20 TP2 [0,2) -> H800 [2,4); pipeline 1: one H800 stage [0,4). tiny-gpt, seq 16."""
+    return {"schema_version": 1, "model": "tiny-gpt", "global_batch": global_batch, "micro_batch": 1, "seq_len": 16,
+            "pipelines": [{"num_microbatches": global_batch // 2,
+                           "stages": [stage((0, 2), 2, "H20", "c", (0, 1)), stage((2, 4), 1, "H800", "a", (0,))]},
+                          {"num_microbatches": global_batch // 2, "stages": [stage((0, 4), 1, "H800", "b", (0,))]}]}

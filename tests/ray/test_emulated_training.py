@@ -1,0 +1,96 @@
+"""Training on a 3-node emulated Ray cluster with two GPU types, through the driver actor and stage actors,
+matches the single-process reference; clear errors for missing GPUs, unschedulable placement, dead actors."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+from autohet_ray import ConfigError
+from autohet_ray.model.spec import load_model
+from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray.orchestrate.discovery import discover
+from autohet_ray.orchestrate.driver import Driver, DriverActor
+from autohet_ray.orchestrate.placement import PlacementError
+from autohet_ray.orchestrate.stage_group import StageActorDied
+from autohet_ray.runtime.reference import Reference
+
+from ray_helpers import THREE_NODES, asymmetric_plan
+
+pytestmark = pytest.mark.timeout(300)
+SPEC = load_model("tiny-gpt")
+
+
+def job(**kw) -> dict:
+    base = {"model": SPEC.to_dict(), "global_batch": 4, "steps": 3, "cluster": THREE_NODES, "plan": asymmetric_plan(),
+            "dtype": "float64", "placement_timeout_s": 30}
+    return base | kw
+
+
+def reference_losses(steps: int, dtype) -> list[float]:
+    ref = Reference(model_spec=SPEC, dtype=dtype)
+    return [ref.train_step(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0,
+                                           step=i))["loss"] for i in range(steps)]
+
+
+def test_discovery_reads_labels(three_node_cluster):
+    found = discover()
+    assert [(n.name, n.device_type, n.num_gpus) for n in found.nodes] == [("a", "H800", 1), ("b", "H800", 1),
+                                                                         ("c", "H20", 2)]
+    assert found.emulated and found.single_host
+
+
+def test_emulated_asymmetric_training_matches_reference(three_node_cluster, tmp_path):
+    import torch
+    driver = DriverActor.remote(job(emulate=True, time_scale=1.0, storage=str(tmp_path)))
+    try:
+        phases = [ray.get(driver.advance.remote()) for _ in range(4)]
+        assert [p["state"] for p in phases] == ["discovered", "profiled", "planned", "placed"]
+        nodes = {loc["rank"]: loc["labels"]["autohet.io/node"] for loc in phases[-1]["locations"]}
+        assert nodes == {0: "c", 1: "c", 2: "a", 3: "b"}        # every rank on the node its stage names
+        metrics = [ray.get(driver.step.remote()) for _ in range(3)]
+        assert ray.get(driver.get_state.remote()) == "done"
+    finally:
+        ray.get(driver.close.remote())
+    losses = [m["loss"] for m in metrics]
+    assert losses == pytest.approx(reference_losses(3, torch.float64), rel=1e-4)
+    assert all(m["emulated"] and m["predicted_iteration_s"] > 0 for m in metrics)
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3 and (tmp_path / "plan.json").exists()
+
+
+def test_plan_needing_missing_gpus_is_a_clear_error(three_node_cluster):
+    plan = asymmetric_plan()
+    plan["pipelines"][0]["stages"][0] = {"layers": [0, 2], "tp": 4, "device_type": "H20", "node": "c",
+                                         "devices": [0, 1, 2, 3]}
+    driver = Driver(job(plan=plan))
+    driver.advance(), driver.advance()
+    with pytest.raises(ConfigError, match="node 'c'.* only 2 H20"):
+        driver.advance()
+    assert driver.get_state() == "failed"
+    bigger = THREE_NODES | {"nodes": THREE_NODES["nodes"] + [{"name": "d", "device": "A100-80GB", "count": 8}]}
+    with pytest.raises(ConfigError, match="node 'd' of the cluster file is not in the Ray cluster"):
+        Driver(job(cluster=bigger)).advance()
+
+
+def test_placement_timeout_and_dead_stage_actor(three_node_cluster):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    hog = placement_group([{"GPU": 1}], bundle_label_selector=[{"autohet.io/node": "a"}])
+    ray.get(hog.ready(), timeout=30)
+    driver = Driver(job(placement_timeout_s=3))
+    for _ in range(3):
+        driver.advance()
+    start = time.perf_counter()
+    with pytest.raises(PlacementError, match="pipeline 0 stage 1 .*H800 STRICT_PACK on node a"):
+        driver.advance()
+    assert time.perf_counter() - start < 20
+    remove_placement_group(hog)
+
+    driver = Driver(job(collective_timeout_s=30))
+    for _ in range(4):
+        driver.advance()
+    driver.step()
+    ray.kill(driver.group.actors[2])
+    with pytest.raises(StageActorDied, match=r"rank 2 \(pipeline 0 stage 1, H800 on node a\) died"):
+        driver.step()
+    assert driver.get_state() == "failed" and driver.group is None
