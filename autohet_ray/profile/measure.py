@@ -1,26 +1,27 @@
 """Measured profiles: time the real torch layers of `autohet_ray.nn` on the local device.
 
-For each TP degree, one rank's shard (TP rank 0) is built with the runtime's TP modules and run locally: the
-TP collectives go to a one-rank process group, so they cost next to nothing here; the cost model prices them
-from the links. Forward and backward are timed separately (a few warm-up reps, then the median of the timed
+For each TP degree, one TP rank's shard is built from the plain modules with the split linears (and token
+table) at their shard shapes and run locally, without the TP collectives: the cost model prices those from
+the links. Forward and backward are timed separately (a few warm-up reps, then the median of the timed
 reps). Memory: parameter bytes of the shard, and the bytes autograd saves for backward during the forward
 (counted through `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded).
 """
 from __future__ import annotations
 
-import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
 from autohet_ray import ConfigError
 from autohet_ray.model.costs import LAYER_KINDS
 from autohet_ray.model.spec import ModelSpec, load_model
+from autohet_ray.nn import Embedding, Head, materialize
+from autohet_ray.nn.layers import Block
 from autohet_ray.profile.db import LayerProfile, ProfileDB
 
 WARMUP_REPS = 2
@@ -93,55 +94,51 @@ def _param_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def _measure_entry(spec: ModelSpec, tp: int, micro_batch: int, seq_len: int, device: torch.device,
-                   dtype: torch.dtype, group) -> dict[str, LayerProfile]:
-    from autohet_ray.runtime.parallelize import build_stage_model
-    from autohet_ray.runtime.tp import TPContext
-    from autohet_ray.runtime.vocab_ce import vocab_parallel_cross_entropy
+COLUMN_PARALLEL = ("attn.qkv", "mlp.fc1", "mlp.gate_up", "out")     # output features split by TP
+ROW_PARALLEL = ("attn.proj", "mlp.fc2", "mlp.down")                  # input features split by TP
 
-    ctx = TPContext(size=tp, rank=0, group=group if tp > 1 else None)
-    first, _ = build_stage_model(spec, layers=(0, 1), first=True, last=False, tp=ctx, seed=0, device=device,
-                                 dtype=dtype)
-    last, _ = build_stage_model(spec, layers=(spec.num_layers - 1, spec.num_layers), first=False, last=True,
-                                tp=ctx, seed=0, device=device, dtype=dtype)
+
+def _shard(module: nn.Module, tp: int) -> nn.Module:
+    """Replace the module's TP-split linears (and token table) by this rank's shard shapes, on meta.
+    The row-parallel all-reduces are left out: the cost model prices them from the links."""
+    for name, sub in list(module.named_modules()):
+        parent, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(parent) if parent else module
+        if isinstance(sub, nn.Linear) and name.endswith(COLUMN_PARALLEL):
+            setattr(owner, leaf, nn.Linear(sub.in_features, sub.out_features // tp, bias=sub.bias is not None))
+        elif isinstance(sub, nn.Linear) and name.endswith(ROW_PARALLEL):
+            setattr(owner, leaf, nn.Linear(sub.in_features // tp, sub.out_features, bias=sub.bias is not None))
+        elif isinstance(sub, nn.Embedding) and name == "tok":
+            setattr(owner, leaf, nn.Embedding(sub.num_embeddings // tp, sub.embedding_dim))
+    return module
+
+
+def _build(make, tp: int, device: torch.device, dtype: torch.dtype, num_layers: int) -> nn.Module:
+    with torch.device("meta"):
+        module = _shard(make(), tp)
+    materialize(module, seed=0, num_layers=num_layers, device=device, dtype=dtype)
+    return module
+
+
+def _measure_entry(spec: ModelSpec, tp: int, micro_batch: int, seq_len: int, device: torch.device,
+                   dtype: torch.dtype) -> dict[str, LayerProfile]:
+    embedding = _build(lambda: Embedding(spec), tp, device, dtype, spec.num_layers)
+    block = _build(lambda: Block(spec), tp, device, dtype, spec.num_layers)
+    head = _build(lambda: Head(spec), tp, device, dtype, spec.num_layers)
+    local_vocab = spec.vocab_size // tp
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, spec.vocab_size, (micro_batch, seq_len), generator=gen).to(device)
+    ids = torch.randint(0, local_vocab, (micro_batch, seq_len), generator=gen).to(device)
     hidden = lambda: torch.randn(micro_batch, seq_len, spec.hidden, generator=gen).to(device, dtype).requires_grad_()  # noqa: E731
-    block = first.layers["0"]
-    head_loss = lambda x: vocab_parallel_cross_entropy(last.head(x), ids, tp=ctx).sum()  # noqa: E731
-    modules = {"embedding": (first.embedding, lambda: ids, first.embedding),
-               "layer": (block, hidden, block), "head": (head_loss, hidden, last.head)}
+    head_loss = lambda x: F.cross_entropy(head(x).flatten(0, 1).float(), ids.flatten(), reduction="sum")  # noqa: E731
+    runs = {"embedding": (embedding, lambda: ids, embedding), "layer": (block, hidden, block),
+            "head": (head_loss, hidden, head)}
     out = {}
     for kind in LAYER_KINDS:
-        run, inputs, owner = modules[kind]
+        run, inputs, owner = runs[kind]
         t = _time_module(run, inputs, device, list(owner.parameters()))
         out[kind] = LayerProfile(fwd_s=t.fwd_s, bwd_s=t.bwd_s, param_bytes=_param_bytes(owner),
                                  activation_bytes=t.activation_bytes)
     return out
-
-
-class _LocalGroup:
-    """A one-rank process group for the shard's TP collectives (created only if none exists)."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.owned, self.tmp = device, False, None
-
-    def __enter__(self):
-        if not dist.is_initialized():
-            self.tmp = tempfile.mkdtemp(prefix="autohet-measure-")
-            store = dist.FileStore(os.path.join(self.tmp, "store"), 1)
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, store=store, rank=0, world_size=1)
-            self.owned = True
-        if dist.get_world_size() != 1:
-            raise ConfigError("measure_profile runs one TP shard in one process; call it outside a "
-                              f"{dist.get_world_size()}-rank process group")
-        return dist.group.WORLD
-
-    def __exit__(self, *exc):
-        if self.owned:
-            dist.destroy_process_group()
-        return False
 
 
 def measure_profile(model_spec: ModelSpec, device_type: str, tps, micro_batches, seq_len: int,
@@ -159,12 +156,10 @@ def measure_profile(model_spec: ModelSpec, device_type: str, tps, micro_batches,
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     start = time.perf_counter()
     db = ProfileDB(kind="measured", model=model_spec.name, seq_len=seq_len)
-    with _LocalGroup(device) as group:
-        for tp in tps:
-            for mb in micro_batches:
-                db.entries[(device_type, tp, mb)] = _measure_entry(model_spec, tp, mb, seq_len, device, dtype,
-                                                                   group)
-    db.meta = {"source": f"measured on {device.type} ({name}), {dtype}, TP shard of rank 0 run locally",
+    for tp in tps:
+        for mb in micro_batches:
+            db.entries[(device_type, tp, mb)] = _measure_entry(model_spec, tp, mb, seq_len, device, dtype)
+    db.meta = {"source": f"measured on {device.type} ({name}), {dtype}, one TP rank's shard, without TP collectives",
                "device_name": name, "dtype": str(dtype), "versions": software_versions(),
                "profile_time_s": time.perf_counter() - start}
     return db
