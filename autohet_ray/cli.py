@@ -28,15 +28,44 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="draw a plan: pipeline timeline and memory per device")
     s.add_argument("plan")
     s.add_argument("--png")
-    pr = sub.add_parser("profile", help="profile the local device's real torch layers")
-    pr.add_argument("--local", action="store_true", required=True)
+    pr = sub.add_parser("profile", help="profile the real torch layers: on this device (--local), or once per GPU "
+                                        "type of a Ray cluster (--cluster)")
+    pr.add_argument("--local", action="store_true", help="profile this machine's device, without Ray")
+    pr.add_argument("--cluster", help="cluster file; profile each of its GPU types on the Ray cluster")
+    pr.add_argument("--emulate", action="store_true", help="start an emulated Ray cluster from --cluster")
+    pr.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
+    pr.add_argument("--cache", help="directory caching per-GPU-type profiles")
     pr.add_argument("--model", required=True)
     pr.add_argument("--device-type", default="CPU", help="name to file the local device under")
     pr.add_argument("--tp", default="1", help="comma-separated TP degrees to emulate on one device")
     pr.add_argument("--micro-batch", default="1", help="comma-separated micro-batch sizes")
     pr.add_argument("--seq-len", type=int)
     pr.add_argument("--out", required=True)
+    _train_parser(sub)
     return ap
+
+
+def _train_parser(sub) -> None:
+    t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train")
+    t.add_argument("--cluster", required=True, help="cluster file (nodes, GPU types, links)")
+    t.add_argument("--model", required=True, help="preset name or model YAML")
+    t.add_argument("--global-batch", type=int, required=True)
+    t.add_argument("--steps", type=int, required=True)
+    t.add_argument("--plan", help="plan JSON to run (default: plan now)")
+    t.add_argument("--emulate", action="store_true",
+                   help="emulated GPUs: pace each op to the profile's prediction (starts a local emulated "
+                        "cluster unless --address or RAY_ADDRESS is given)")
+    t.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated second")
+    t.add_argument("--storage", help="directory for the plan and per-step metrics")
+    t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
+    t.add_argument("--seq-len", type=int)
+    t.add_argument("--micro-batch", type=int)
+    t.add_argument("--profile", default="analytic", help="analytic, measured (profile on Ray), or a profile JSON")
+    t.add_argument("--profile-cache", help="directory caching measured profiles")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--plan-time-limit", type=float, default=20.0)
+    t.add_argument("--placement-timeout", type=float, default=120.0)
+    t.add_argument("--json", action="store_true", help="end with one JSON line of the run's figures")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,8 +81,16 @@ def main(argv: list[str] | None = None) -> int:
             from autohet_ray.cli_plan import cmd_show
             return cmd_show(args)
         if args.command == "profile":
+            if args.local == bool(args.cluster):
+                raise ConfigError("profile needs exactly one of --local (this device) or --cluster FILE (Ray)")
+            if args.cluster:
+                from autohet_ray.cli_train import cmd_profile_ray
+                return cmd_profile_ray(args)
             from autohet_ray.profile.measure import cmd_profile_local
             return cmd_profile_local(args)
+        if args.command == "train":
+            from autohet_ray.cli_train import cmd_train
+            return cmd_train(args)
     except ConfigError as exc:
         print(f"autohet {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,124 @@
+"""`autohet train` and `autohet profile` through Ray: console UI over the orchestrate driver actor."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+from autohet_ray.cluster.spec import load_cluster
+from autohet_ray.model.spec import load_model
+from autohet_ray.plan.schema import load_plan
+
+BAR_WIDTH = 20
+
+
+@contextlib.contextmanager
+def ray_cluster(cluster, *, address: str | None, emulate: bool):
+    """Connect to a running Ray cluster (--address, or RAY_ADDRESS as under `ray job submit`); with --emulate
+    and none given, start an emulated cluster from the cluster file on this machine."""
+    import ray
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address is None and emulate:
+        from autohet_ray.orchestrate.emulation import emulated_cluster
+        print(f"starting an emulated Ray cluster: {', '.join(f'{n.name} ({n.count}x {n.device})' for n in cluster.nodes)}",
+              flush=True)
+        with emulated_cluster(cluster) as started:
+            yield started
+        return
+    ray.init(address=address or "auto")
+    try:
+        yield None
+    finally:
+        ray.shutdown()
+
+
+def _bar(done: int, total: int) -> str:
+    filled = BAR_WIDTH * done // total
+    return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {done}/{total}"
+
+
+def _job(args, cluster, model) -> dict:
+    return {"model": model.to_dict(), "global_batch": args.global_batch, "steps": args.steps,
+            "cluster": cluster.to_dict(), "plan": load_plan(args.plan).to_dict() if args.plan else None,
+            "seq_len": args.seq_len, "micro_batch": args.micro_batch, "emulate": args.emulate,
+            "time_scale": args.time_scale, "profile": args.profile, "profile_cache": args.profile_cache,
+            "storage": args.storage, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit,
+            "placement_timeout_s": args.placement_timeout}
+
+
+def _print_phase(report: dict, tag: str) -> None:
+    phase, secs = report["phase"], report["seconds"]
+    if phase == "discover":
+        nodes = ", ".join(f"{n['name']} {n['gpus']}x {n['device']}" for n in report["nodes"])
+        print(f"discover: {nodes}{' (emulated GPUs)' if report['emulated'] else ''}  [{secs:.1f} s]")
+    elif phase == "profile":
+        print(f"profile: {report['entries']} entries, {report['profile_kind']}  [{secs:.1f} s]")
+    elif phase == "plan":
+        plan = report["plan"]
+        shape = " | ".join("+".join(f"{s['device_type']}x{s['tp']}[{s['layers'][0]},{s['layers'][1]})"
+                                    for s in p["stages"]) + f" m={p['num_microbatches']}" for p in plan["pipelines"])
+        print(f"plan: {shape}")
+        print(f"  predicted {report['predicted_iteration_s']:.4f} s/iteration, "
+              f"{report['predicted_samples_per_s']:.1f} samples/s{tag}  [{secs:.1f} s]")
+        for name, t in report["baselines_iteration_s"].items():
+            print(f"  vs {name}: predicted {t:.4f} s/iteration -> gain {t / report['predicted_iteration_s']:.2f}x")
+    elif phase == "place":
+        print(f"place: {report['ranks']} stage actors placed and joined  [{secs:.1f} s]")
+
+
+def cmd_train(args) -> int:
+    import ray
+
+    from autohet_ray.orchestrate.driver import DriverActor
+    cluster, model = load_cluster(args.cluster), load_model(args.model)
+    tag = f" (emulated, time scale {args.time_scale:g})" if args.emulate else ""
+    with ray_cluster(cluster, address=args.address, emulate=args.emulate):
+        driver = DriverActor.remote(_job(args, cluster, model))
+        try:
+            for _ in range(4):
+                _print_phase(ray.get(driver.advance.remote()), tag)
+            history = []
+            for i in range(args.steps):
+                m = ray.get(driver.step.remote())
+                history.append(m)
+                print(f"{_bar(i + 1, args.steps)} step {m['step']} loss {m['loss']:.4f}  "
+                      f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} predicted"
+                      f"{tag}", flush=True)
+        finally:
+            ray.get(driver.close.remote())
+    summary = _summary(history, args.emulate, args.global_batch)
+    print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}; iteration "
+          f"{summary['measured_iteration_s']:.4f} s measured (steady state) vs {summary['predicted_iteration_s']:.4f} s "
+          f"predicted{tag}")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _summary(history: list[dict], emulated: bool, global_batch: int) -> dict:
+    steady = history[1:] or history          # the first step includes warm-up
+    measured = sorted(m["iteration_s"] for m in steady)[len(steady) // 2]
+    return {"steps": len(history), "losses": [m["loss"] for m in history], "final_loss": history[-1]["loss"],
+            "measured_iteration_s": measured, "predicted_iteration_s": history[-1]["predicted_iteration_s"],
+            "measured_samples_per_s": global_batch / measured,
+            "predicted_samples_per_s": history[-1]["predicted_samples_per_s"], "emulated": emulated}
+
+
+def cmd_profile_ray(args) -> int:
+    """`autohet profile --cluster FILE --model M --out F [--emulate]`: one profile per GPU type on Ray."""
+    from autohet_ray.orchestrate.discovery import discover
+    from autohet_ray.orchestrate.profiling import profile_cluster
+    cluster, model = load_cluster(args.cluster), load_model(args.model)
+    seq_len = args.seq_len or model.max_seq_len
+    start = time.perf_counter()
+    with ray_cluster(cluster, address=args.address, emulate=args.emulate):
+        db = profile_cluster(discover(cluster), model, seq_len, cache_dir=args.cache)
+    db.save(args.out)
+    for name, info in db.meta["types"].items():
+        print(f"{name}: node {info['node']} ({info['device_name']}), {info['seconds']:.1f} s"
+              f"{' (cached)' if info['cached'] else ''}")
+    print(f"wrote {args.out}: {len(db.entries)} entries, measured; profiling {db.meta['profile_time_s']:.1f} s, "
+          f"total {time.perf_counter() - start:.1f} s", file=sys.stdout)
+    return 0

@@ -1,0 +1,157 @@
+"""Profiling as Ray work: once per GPU *type* (not per GPU), on actors in a STRICT_PACK placement group on one
+node of that type, pinned with bundle label selectors. Layer times come from `profile.measure` (one TP rank's
+shard per TP degree, so the cost does not grow with the number of GPUs of a type); with two GPUs in the group,
+a gloo ping-pong between them measures the intra-node link; one more between two nodes measures the
+inter-node link. Results are cached on disk keyed by device type, model, sequence length, the TP degrees and
+micro-batches, and software versions.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import time
+
+import ray
+
+from autohet_ray.model.spec import ModelSpec, model_from_dict
+from autohet_ray.orchestrate.discovery import Discovered, LiveNode
+from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_ID_LABEL, label_value
+from autohet_ray.orchestrate.placement import PlacementError
+from autohet_ray.profile.db import LinkProfile, ProfileDB, profile_from_dict
+from autohet_ray.profile.measure import software_versions
+
+TP_DEGREES = (1, 2, 4, 8)
+MICRO_BATCHES = (1, 2, 4)
+LINK_BYTES = 4 << 20
+
+
+class ProfileActor:
+    def __init__(self):
+        import torch
+        torch.set_num_threads(1)
+
+    def device_name(self) -> str:
+        import platform
+
+        import torch
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else (platform.processor() or "cpu")
+
+    def measure(self, spec: dict, device_type: str, tps: tuple, micro_batches: tuple, seq_len: int) -> dict:
+        from autohet_ray.profile.measure import measure_profile
+        return measure_profile(model_from_dict(spec), device_type, tps, micro_batches, seq_len).to_dict()
+
+    def free_port(self) -> tuple[str, int]:
+        import socket
+        addr = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((addr, 0))
+            return addr, s.getsockname()[1]
+
+    def ping_pong(self, rank: int, addr: str, port: int, num_bytes: int, reps: int = 5) -> dict:
+        """Rank 0 sends, rank 1 echoes; bandwidth from `num_bytes` messages, latency from 4-byte ones."""
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=60))
+        try:
+            def round_trip(n: int) -> float:
+                buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
+                best = float("inf")
+                for _ in range(reps):
+                    start = time.perf_counter()
+                    if rank == 0:
+                        dist.send(buf, 1), dist.recv(buf, 1)
+                    else:
+                        dist.recv(buf, 0), dist.send(buf, 0)
+                    best = min(best, time.perf_counter() - start)
+                return best / 2
+            latency = round_trip(4)
+            big = round_trip(num_bytes)
+            return {"bandwidth_Bps": num_bytes / max(big - latency, 1e-9), "latency_s": latency}
+        finally:
+            dist.destroy_process_group()
+
+
+def _remote(group, index: int):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    cls = ray.remote(num_cpus=0, num_gpus=1)(ProfileActor)
+    return cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, index)).remote()
+
+
+def _group(node: LiveNode, size: int, timeout_s: float):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    selector = {ACCELERATOR_LABEL: label_value(node.device_type), NODE_ID_LABEL: node.node_id}
+    group = placement_group([{"GPU": 1}] * size, strategy="STRICT_PACK", bundle_label_selector=[selector] * size)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise PlacementError(f"profiling: {size}x {node.device_type} on node {node.name} could not be scheduled in "
+                             f"{timeout_s:.0f} s (GPUs busy?)")
+    return group
+
+
+def _link(a, b) -> LinkProfile:
+    addr, port = ray.get(a.free_port.remote())
+    r0, _ = ray.get([a.ping_pong.remote(0, addr, port, LINK_BYTES), b.ping_pong.remote(1, addr, port, LINK_BYTES)])
+    return LinkProfile(**r0)
+
+
+def cache_key(device_type: str, spec: ModelSpec, seq_len: int, tps, micro_batches) -> str:
+    raw = json.dumps([device_type, spec.to_dict(), seq_len, list(tps), list(micro_batches), software_versions()],
+                     sort_keys=True)
+    return f"{label_value(device_type)}-{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+
+
+def _profile_type(node: LiveNode, spec: ModelSpec, seq_len: int, micro_batches, timeout_s: float) -> tuple[dict, dict]:
+    """(profile dict of this type's entries, {"intra": LinkProfile or None, "device_name": ...})."""
+    tps = tuple(t for t in TP_DEGREES if t <= node.num_gpus and spec.valid_tp(t))
+    group = _group(node, min(2, node.num_gpus), timeout_s)
+    try:
+        actors = [_remote(group, i) for i in range(min(2, node.num_gpus))]
+        name = ray.get(actors[0].device_name.remote())
+        raw = ray.get(actors[0].measure.remote(spec.to_dict(), node.device_type, tps, tuple(micro_batches), seq_len))
+        intra = _link(*actors) if len(actors) == 2 else None
+        for a in actors:
+            ray.kill(a)
+        return raw, {"intra": intra, "device_name": name}
+    finally:
+        from ray.util.placement_group import remove_placement_group
+        remove_placement_group(group)
+
+
+def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_batches=MICRO_BATCHES,
+                    cache_dir: str | None = None, timeout_s: float = 60.0) -> ProfileDB:
+    """A measured ProfileDB for every GPU type of the live cluster (one node of each type is profiled)."""
+    start = time.perf_counter()
+    db = ProfileDB(kind="measured", model=spec.name, seq_len=seq_len,
+                   meta={"versions": software_versions(), "types": {}})
+    for device_type in dict.fromkeys(n.device_type for n in found.nodes):
+        node = max((n for n in found.nodes if n.device_type == device_type), key=lambda n: n.num_gpus)
+        tps = tuple(t for t in TP_DEGREES if t <= node.num_gpus and spec.valid_tp(t))
+        path = os.path.join(cache_dir, cache_key(device_type, spec, seq_len, tps, micro_batches) + ".json") \
+            if cache_dir else None
+        t0 = time.perf_counter()
+        if path and os.path.exists(path):
+            with open(path) as f:
+                cached = json.load(f)
+            part, info = profile_from_dict(cached["profile"]), cached["info"]
+            info["cached"] = True
+        else:
+            raw, links = _profile_type(node, spec, seq_len, micro_batches, timeout_s)
+            part = profile_from_dict(raw)
+            if links["intra"] is not None:
+                part.links[f"intra:{device_type}"] = links["intra"]
+            info = {"node": node.name, "device_name": links["device_name"], "cached": False}
+            if path:
+                os.makedirs(cache_dir, exist_ok=True)
+                with open(path, "w") as f:
+                    json.dump({"profile": part.to_dict(), "info": info}, f)
+        info["seconds"] = time.perf_counter() - t0
+        db.entries.update(part.entries)
+        db.links.update(part.links)
+        db.meta["types"][device_type] = info
+    db.meta["profile_time_s"] = time.perf_counter() - start
+    db.meta["source"] = "measured on Ray placement-group actors, one node per GPU type"
+    return db
