@@ -61,7 +61,9 @@ class Engine:
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
         self.executor = StageExecutor(model=self.model, bridge=self.bridge, tp=self.tp, first=self.first,
-                                      last=self.last, clock=self.clock)
+                                      last=self.last, clock=self.clock, before_last_backward=self.grad_sync.arm)
+        for name, p in self.params.items():
+            p.register_post_accumulate_grad_hook(lambda _, name=name: self.grad_sync.on_grad(name))
         self.actions = SCHEDULES[schedule](len(stages), info.stage, plan.pipelines[info.pipeline].num_microbatches)
         self.sample_offset = plan.micro_batch * sum(p.num_microbatches for p in plan.pipelines[:info.pipeline])
         self.step = 0
@@ -101,7 +103,7 @@ class Engine:
             p.grad = None
         loss = self.executor.run(self.actions, self._microbatches(ids, labels))
         self.bridge.flush()
-        loss, norm = self.clock.run("grad_sync", lambda: self._sync(loss))
+        loss, norm = self.clock.run("grad_sync", lambda: self._sync(loss), num_bytes=self.grad_sync.num_bytes)
         self.clock.run("optimizer", lambda: self._optimizer_step(norm))
         self.step += 1
         timings = self.clock.reset()

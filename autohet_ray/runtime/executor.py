@@ -46,21 +46,25 @@ class MicroBatches:
 
 class StageExecutor:
     def __init__(self, *, model: torch.nn.Module, bridge: Bridge, tp: TPContext, first: bool, last: bool,
-                 clock: Clock):
+                 clock: Clock, before_last_backward=None):
         self.model, self.bridge, self.tp, self.clock = model, bridge, tp, clock
         self.first, self.last = first, last
+        self.before_last_backward = before_last_backward     # called once per step (e.g. arm grad sync)
 
     def run(self, actions: tuple[Action, ...], data: MicroBatches) -> torch.Tensor:
         """Run every action; returns this stage's summed loss contribution (0 unless last stage)."""
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         total = torch.zeros((), dtype=torch.float64, device=next(self.model.parameters()).device)
-        for action in actions:
+        last_backward = max(n for n, a in enumerate(actions) if a.kind != FORWARD)
+        for n, action in enumerate(actions):
             i = action.microbatch
             if action.kind == FORWARD:
                 saved[i] = self._forward(i, data)
                 if self.last:
                     total += saved[i][1].detach().double()
             else:
+                if n == last_backward and self.before_last_backward is not None:
+                    self.before_last_backward()
                 self._backward(i, *saved.pop(i))
         assert not saved, f"micro-batches {sorted(saved)} never ran backward"
         return total

@@ -98,13 +98,28 @@ def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], i
 
 
 class GradSync:
-    """Runs this rank's share of a sync plan on the gradients of its parameters."""
+    """Runs this rank's share of a sync plan on the gradients of its parameters.
+
+    Overlap with backward: `arm()` before the step's last backward on this stage; then `on_grad(name)` (a
+    post-accumulate-grad hook) marks parameters final, and each bucket is posted once all its parameters
+    are final and every bucket before it in the plan's order has been posted (the same order on every rank,
+    which NCCL needs). `start()` posts whatever is left, `finish()` waits and writes the sums back.
+    """
 
     def __init__(self, *, ops: tuple[SyncOp, ...], me: int, params: dict[str, torch.nn.Parameter],
                  chunks: dict[str, Chunk], groups: dict[tuple[int, ...], object]):
         self.ops = [op for op in ops if me in op.ranks]
         self.me, self.params, self.chunks, self.groups = me, params, chunks, groups
+        self._needs = [frozenset(s.name for s in op.segments) for op in self.ops]
+        self._armed = False
+        self._final: set[str] = set()
+        self._posted = 0                      # ops[:_posted] are in flight
         self._inflight: list[tuple[SyncOp, torch.Tensor, dist.Work]] = []
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes this rank all-reduces per step."""
+        return sum(s.region.numel * self.params[s.name].element_size() for op in self.ops for s in op.segments)
 
     def _view(self, seg: Segment) -> torch.Tensor:
         return self.params[seg.name].grad[to_local(seg.region, self.chunks[seg.name])]
@@ -114,14 +129,27 @@ class GradSync:
                  self._view(s).new_zeros(s.region.numel) for s in op.segments]
         return torch.cat(parts)
 
-    def start(self) -> int:
-        """Post every all-reduce of this rank; returns the bytes sent in."""
-        total = 0
-        for op in self.ops:
-            buf = self._pack(op)
-            total += buf.numel() * buf.element_size()
-            self._inflight.append((op, buf, dist.all_reduce(buf, group=self.groups[op.ranks], async_op=True)))
-        return total
+    def _post_next(self) -> None:
+        op = self.ops[self._posted]
+        buf = self._pack(op)
+        self._inflight.append((op, buf, dist.all_reduce(buf, group=self.groups[op.ranks], async_op=True)))
+        self._posted += 1
+
+    def arm(self) -> None:
+        """The next backward is this step's last on this stage: post buckets as their gradients become final."""
+        self._armed = True
+
+    def on_grad(self, name: str) -> None:
+        if not self._armed:
+            return
+        self._final.add(name)
+        while self._posted < len(self.ops) and self._needs[self._posted] <= self._final:
+            self._post_next()
+
+    def start(self) -> None:
+        """Post every bucket not yet posted."""
+        while self._posted < len(self.ops):
+            self._post_next()
 
     def finish(self) -> None:
         for op, buf, work in self._inflight:
@@ -132,3 +160,4 @@ class GradSync:
                 view.copy_(buf[pos: pos + s.region.numel].view(view.shape))
                 pos += s.region.numel
         self._inflight.clear()
+        self._armed, self._final, self._posted = False, set(), 0

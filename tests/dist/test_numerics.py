@@ -38,6 +38,8 @@ CASES += [
     Case(name="layerwise_2x2-gpt-gpipe", spec=FAMILY_SPECS["gpt"], pipelines=SHAPES["layerwise_2x2"][2],
          schedule="gpipe"),
     Case(name="tp2_tp2-llama-resume", spec=FAMILY_SPECS["llama"], pipelines=SHAPES["tp2_tp2"][2], resume_after=1),
+    Case(name="tp_2_1_2-gpt-pacer", spec=FAMILY_SPECS["gpt"], pipelines=SHAPES["tp_2_1_2"][2], steps=2,
+         record_pacer=True),
     Case(name="mixed_3stage_vs_1stage-gpt-resume", spec=FAMILY_SPECS["gpt"],
          pipelines=SHAPES["mixed_3stage_vs_1stage"][2], resume_after=2),
 ]
@@ -62,3 +64,24 @@ def test_matches_single_process(case, worlds):
     report = compare(case, per_rank, reference_run(case))
     assert not report.problems, "\n".join(report.problems[:20])
     assert report.worst_grad <= 1e-5 and report.worst_param <= 1e-4
+
+
+def test_pacer_sees_every_operation(worlds):
+    case = next(c for c in CASES if c.record_pacer)
+    per_rank = [r[case.name]["pace"] for r in worlds(WORLD[case.name])]
+    m, steps, stages = case.plan.pipelines[0].num_microbatches, case.steps, case.plan.pipelines[0].stages
+    ops = {"forward", "backward", "send_activation", "recv_activation", "send_grad", "recv_grad", "grad_sync",
+           "optimizer"}
+    assert {op for calls in per_rank for op, _ in calls} == ops
+    rank = 0
+    for j, stage in enumerate(stages):
+        for _ in range(stage.tp):
+            count = lambda op: sum(1 for o, _ in per_rank[rank] if o == op)  # noqa: E731
+            assert count("forward") == count("backward") == m * steps
+            assert count("optimizer") == count("grad_sync") == steps
+            assert count("recv_activation") == (0 if j == 0 else m * steps)
+            assert count("send_grad") == (0 if j == 0 else m * steps)
+            assert count("send_activation") == (0 if j == len(stages) - 1 else m * steps)
+            assert sorted({i["microbatch"] for o, i in per_rank[rank] if o == "forward"}) == list(range(m))
+            assert all(i["num_bytes"] > 0 for o, i in per_rank[rank] if o.startswith(("send", "recv")))
+            rank += 1

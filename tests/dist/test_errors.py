@@ -1,0 +1,56 @@
+"""Clear ConfigErrors for bad input to the Engine."""
+import pytest
+import torch
+
+from _harness import FAMILY_SPECS, make_batch, make_plan, pipeline
+from autohet_ray import ConfigError
+from autohet_ray.runtime import Engine, run_world
+
+SPEC = FAMILY_SPECS["gpt"]
+
+
+def _errors(rank: int, world_size: int) -> list[str]:
+    """Each bad input in turn; returns the messages (every rank hits the same ones, so nobody hangs)."""
+    messages = []
+    good = make_plan(SPEC, pipeline(2, (0, 2, 1), (2, 4, 1)))
+    too_big = make_plan(SPEC, pipeline(2, (0, 2, 2), (2, 4, 1)))
+    attempts = [
+        lambda: Engine(plan=too_big, model_spec=SPEC, rank=rank),
+        lambda: Engine(plan=good, model_spec=SPEC, rank=rank, dtype=torch.bfloat16),
+        lambda: Engine(plan=good, model_spec=SPEC, rank=rank, schedule="zigzag"),
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+            messages.append("no error")
+        except ConfigError as exc:
+            messages.append(str(exc))
+    engine = Engine(plan=good, model_spec=SPEC, rank=rank)
+    batch = make_batch(SPEC, good, 0)
+    for bad in ({"input_ids": batch["input_ids"][:2], "labels": batch["labels"][:2]},
+                {"input_ids": batch["input_ids"][:, :4], "labels": batch["labels"][:, :4]},
+                {"input_ids": batch["input_ids"]}):
+        try:
+            engine.train_step(bad)
+            messages.append("no error")
+        except ConfigError as exc:
+            messages.append(str(exc))
+    messages.append(f"ok {engine.train_step(batch)['loss']:.6f}")     # still usable after rejected batches
+    return messages
+
+
+def test_engine_rejects_bad_input():
+    per_rank = run_world(_errors, 2)
+    assert per_rank[0][:-1] == per_rank[1][:-1] and per_rank[0][-1] == per_rank[1][-1]
+    world, dtype, schedule, rows, cols, missing, ok = per_rank[0]
+    assert "plan uses 3 devices but the process group has 2" in world
+    assert "bfloat16" in dtype and "zigzag" in schedule
+    assert "shape (2, 8)" in rows and "(4, 8)" in rows
+    assert "shape (4, 4)" in cols
+    assert "'labels'" in missing
+    assert ok.startswith("ok ")
+
+
+def test_engine_needs_an_initialized_process_group():
+    with pytest.raises(ConfigError, match="init_process_group"):
+        Engine(plan=make_plan(SPEC, pipeline(2, (0, 4, 1))), model_spec=SPEC, rank=0)
