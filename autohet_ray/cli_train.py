@@ -1,9 +1,7 @@
 """`autohet train` and `autohet profile` through Ray: console UI over the orchestrate driver actor."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 import time
 
@@ -12,26 +10,6 @@ from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
 
 BAR_WIDTH = 20
-
-
-@contextlib.contextmanager
-def ray_cluster(cluster, *, address: str | None, emulate: bool):
-    """Connect to a running Ray cluster (--address, or RAY_ADDRESS as under `ray job submit`); with --emulate
-    and none given, start an emulated cluster from the cluster file on this machine."""
-    import ray
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address is None and emulate:
-        from autohet_ray.orchestrate.emulation import emulated_cluster
-        print(f"starting an emulated Ray cluster: {', '.join(f'{n.name} ({n.count}x {n.device})' for n in cluster.nodes)}",
-              flush=True)
-        with emulated_cluster(cluster) as started:
-            yield started
-        return
-    ray.init(address=address or "auto")
-    try:
-        yield None
-    finally:
-        ray.shutdown()
 
 
 def _bar(done: int, total: int) -> str:
@@ -68,26 +46,23 @@ def _print_phase(report: dict, tag: str) -> None:
         print(f"place: {report['ranks']} stage actors placed and joined  [{secs:.1f} s]")
 
 
-def cmd_train(args) -> int:
-    import ray
+def _starting(cluster) -> None:
+    print(f"starting an emulated Ray cluster: {', '.join(f'{n.name} ({n.count}x {n.device})' for n in cluster.nodes)}",
+          flush=True)
 
-    from autohet_ray.orchestrate.driver import DriverActor
+
+def cmd_train(args) -> int:
+    from autohet_ray.orchestrate.session import ray_session, run_job
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     tag = f" (emulated, time scale {args.time_scale:g})" if args.emulate else ""
-    with ray_cluster(cluster, address=args.address, emulate=args.emulate):
-        driver = DriverActor.remote(_job(args, cluster, model))
-        try:
-            for _ in range(4):
-                _print_phase(ray.get(driver.advance.remote()), tag)
-            history = []
-            for i in range(args.steps):
-                m = ray.get(driver.step.remote())
-                history.append(m)
-                print(f"{_bar(i + 1, args.steps)} step {m['step']} loss {m['loss']:.4f}  "
-                      f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} predicted"
-                      f"{tag}", flush=True)
-        finally:
-            ray.get(driver.close.remote())
+
+    def on_step(m: dict) -> None:
+        print(f"{_bar(m['step'], args.steps)} step {m['step']} loss {m['loss']:.4f}  "
+              f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} predicted{tag}",
+              flush=True)
+
+    with ray_session(cluster, address=args.address, emulate=args.emulate, on_start=_starting):
+        history = run_job(_job(args, cluster, model), on_phase=lambda r: _print_phase(r, tag), on_step=on_step)
     summary = _summary(history, args.emulate, args.global_batch)
     print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}; iteration "
           f"{summary['measured_iteration_s']:.4f} s measured (steady state) vs {summary['predicted_iteration_s']:.4f} s "
@@ -108,13 +83,12 @@ def _summary(history: list[dict], emulated: bool, global_batch: int) -> dict:
 
 def cmd_profile_ray(args) -> int:
     """`autohet profile --cluster FILE --model M --out F [--emulate]`: one profile per GPU type on Ray."""
-    from autohet_ray.orchestrate.discovery import discover
-    from autohet_ray.orchestrate.profiling import profile_cluster
+    from autohet_ray.orchestrate.session import profile_on_ray, ray_session
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     seq_len = args.seq_len or model.max_seq_len
     start = time.perf_counter()
-    with ray_cluster(cluster, address=args.address, emulate=args.emulate):
-        db = profile_cluster(discover(cluster), model, seq_len, cache_dir=args.cache)
+    with ray_session(cluster, address=args.address, emulate=args.emulate, on_start=_starting):
+        db = profile_on_ray(cluster, model, seq_len, args.cache)
     db.save(args.out)
     for name, info in db.meta["types"].items():
         print(f"{name}: node {info['node']} ({info['device_name']}), {info['seconds']:.1f} s"

@@ -30,7 +30,7 @@ def ray_start_commands(cluster: Cluster, head_address: str = "HEAD_IP:6379") -> 
         where = "--head" if i == 0 else f"--address={head_address}"
         lines.append(f"ray start {where} --num-cpus={args['num_cpus']} --num-gpus={args['num_gpus']} "
                      f"--resources={shlex.quote(json.dumps(args['resources']))} "
-                     f"--labels={shlex.quote(json.dumps(args['labels']))}")
+                     f"--labels={shlex.quote(','.join(f'{k}={v}' for k, v in args['labels'].items()))}")
     return lines
 
 

@@ -1,0 +1,55 @@
+"""Run a training job on Ray from a plain caller (the CLI, jobs/train.py, a benchmark): connect to or start a
+Ray cluster, drive the driver actor through its phases and steps, and hand back plain dicts."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import ray
+
+from autohet_ray.cluster.spec import Cluster
+
+
+@contextlib.contextmanager
+def ray_session(cluster: Cluster, *, address: str | None, emulate: bool, on_start=None):
+    """Connect to a running Ray cluster (`address`, or RAY_ADDRESS as under `ray job submit`); with `emulate`
+    and neither given, start an emulated cluster from the cluster file on this machine (shut down on exit)."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address is None and emulate:
+        from autohet_ray.orchestrate.emulation import emulated_cluster
+        if on_start:
+            on_start(cluster)
+        with emulated_cluster(cluster) as started:
+            yield started
+        return
+    ray.init(address=address or "auto")
+    try:
+        yield None
+    finally:
+        ray.shutdown()
+
+
+def run_job(job: dict, *, on_phase=None, on_step=None) -> list[dict]:
+    """Run `job` (TrainJob fields) on the connected cluster through a driver actor; per-step metrics."""
+    from autohet_ray.orchestrate.driver import DriverActor
+    driver = DriverActor.remote(job)
+    history = []
+    try:
+        for _ in range(4):
+            report = ray.get(driver.advance.remote())
+            if on_phase:
+                on_phase(report)
+        for _ in range(job["steps"]):
+            history.append(ray.get(driver.step.remote()))
+            if on_step:
+                on_step(history[-1])
+    finally:
+        ray.get(driver.close.remote())
+        ray.kill(driver)
+    return history
+
+
+def profile_on_ray(cluster: Cluster, model, seq_len: int, cache_dir: str | None):
+    from autohet_ray.orchestrate.discovery import discover
+    from autohet_ray.orchestrate.profiling import profile_cluster
+    return profile_cluster(discover(cluster), model, seq_len, cache_dir=cache_dir)

@@ -1,0 +1,85 @@
+"""`ray start --head` (an emulated GPU node) + `ray job submit --working-dir . -- python jobs/train.py` end to end.
+
+The head runs with `--block` and is stopped by SIGTERM to that process (it drains and stops its own processes)
+rather than `ray stop`, which would stop every Ray cluster of this user on the machine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+LABELS = "ray.io/accelerator-type=H800,autohet.io/node=a,autohet.io/emulated=true"
+
+
+def _free_port() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port > 20000:          # Ray's worker ports default to 10002-19999
+            return port
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, "ray start --head exited early"
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"{url} did not answer in {timeout_s} s")
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    dash, client, agent = _free_port(), _free_port(), _free_port()
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")     # `python` in the job = this venv's python
+    env.pop("RAY_ADDRESS", None)
+    log = open(tmp_path / "head.log", "w")
+    proc = subprocess.Popen([f"{BIN}/ray", "start", "--head", "--port=0", "--num-cpus=1", "--num-gpus=2",
+                             f"--labels={LABELS}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                             f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                             f"--dashboard-agent-listen-port={agent}", "--block"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        _wait_http(f"{address}/api/version", proc, 90)
+        yield address, env
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_ray_job_submit_train_end_to_end(ray_head):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    address, env = ray_head
+    cmd = [f"{BIN}/ray", "job", "submit", "--address", address, "--submission-id", "autohet-e2e", "--no-wait",
+           "--working-dir", ".", "--", "python", "jobs/train.py", "--cluster", "jobs/local-1.yaml", "--model",
+           "tiny-gpt", "--global-batch", "4", "--steps", "2", "--micro-batch", "1", "--emulate",
+           "--plan-time-limit", "5", "--json"]
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
+    client = JobSubmissionClient(address)
+    deadline = time.time() + 180
+    while (status := client.get_job_status("autohet-e2e")) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
+                                                                   JobStatus.STOPPED):
+        assert time.time() < deadline, "the job did not finish in 180 s"
+        time.sleep(2)
+    logs = client.get_job_logs("autohet-e2e")
+    assert status == JobStatus.SUCCEEDED, logs[-3000:]
+    assert "step 2 loss" in logs and "(emulated" in logs and '"emulated": true' in logs
