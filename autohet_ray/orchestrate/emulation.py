@@ -15,9 +15,10 @@ from autohet_ray.cluster.spec import Cluster, Node
 from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource, label_value
 
 
-def node_args(node: Node, *, num_cpus: float = 0) -> dict:
-    """Ray node options standing for `node`: fake GPUs, a per-type custom resource and labels."""
-    return {"num_cpus": num_cpus, "num_gpus": node.count, "resources": {gpu_resource(node.device): node.count},
+def node_args(node: Node, *, num_cpus: float = 0, cpus_per_gpu: float = 0) -> dict:
+    """Ray node options standing for `node`: fake GPUs, a per-type custom resource and labels (and logical CPUs,
+    `cpus_per_gpu` per GPU, for frameworks such as Ray Train's CPU workers that ask for CPUs)."""
+    return {"num_cpus": num_cpus + cpus_per_gpu * node.count, "num_gpus": node.count, "resources": {gpu_resource(node.device): node.count},
             "labels": {ACCELERATOR_LABEL: label_value(node.device), NODE_NAME_LABEL: node.name,
                        EMULATED_LABEL: "true"}}
 
@@ -35,17 +36,18 @@ def ray_start_commands(cluster: Cluster, head_address: str = "HEAD_IP:6379") -> 
 
 
 @contextlib.contextmanager
-def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, connect: bool = True, system_config=None):
+def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: float = 0, connect: bool = True,
+                     system_config=None):
     """Start one local Ray node per node of `cluster` (the first is the head); yields the Ray test cluster
     (connected with `ray.init` when `connect`). Everything is shut down on exit."""
     first, *rest = cluster.nodes
-    head = node_args(first, num_cpus=head_cpus) | {"include_dashboard": False}
+    head = node_args(first, num_cpus=head_cpus, cpus_per_gpu=cpus_per_gpu) | {"include_dashboard": False}
     if system_config:
         head["_system_config"] = system_config
     test_cluster = RayTestCluster(initialize_head=True, head_node_args=head)
     try:
         for node in rest:
-            test_cluster.add_node(**node_args(node))
+            test_cluster.add_node(**node_args(node, cpus_per_gpu=cpus_per_gpu))
         test_cluster.wait_for_nodes()
         if connect:
             ray.init(address=test_cluster.address)

@@ -1,0 +1,117 @@
+"""Ray Train glue: run a plan inside a `TorchTrainer`'s `train_loop_per_worker`.
+
+`plan_scaling_config(plan)` asks for one worker per GPU of the plan, each with a label selector for its GPU
+type (and node). Ray Train sorts worker ranks by node and GPU id, so `engine_for_worker(plan, spec)` assigns
+each worker its plan role by where the worker actually is (its node, then its GPU id), not by its rank; it
+then re-forms the torch process group so that the process rank equals the plan rank (torch sorts the ranks
+of a sub-group, so a permuted sub-group is not possible), and returns this worker's Engine.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import ray
+import torch.distributed as dist
+from ray.train import ScalingConfig
+
+from autohet_ray import ConfigError
+from autohet_ray.model.spec import ModelSpec
+from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_NAME_LABEL, label_value
+from autohet_ray.plan.rankmap import build_rank_map
+from autohet_ray.plan.schema import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerPlace:
+    train_rank: int
+    node: str               # autohet.io/node label, else node-<id prefix> (as discovery names nodes)
+    device_type: str | None
+    gpu: str                # GPU id on the node ("" without GPUs)
+    ip: str
+
+
+def plan_scaling_config(plan: Plan, *, use_gpu: bool = True, resources_per_worker: dict | None = None,
+                        pin_nodes: bool = True) -> ScalingConfig:
+    """One worker per plan GPU; per-worker label selectors for its GPU type (and, with `pin_nodes`, its node)."""
+    selectors = []
+    for pipeline in plan.pipelines:
+        for stage in pipeline.stages:
+            for _ in stage.devices:
+                selector = {ACCELERATOR_LABEL: label_value(stage.device_type)}
+                if pin_nodes:
+                    selector[NODE_NAME_LABEL] = stage.node
+                selectors.append(selector)
+    return ScalingConfig(num_workers=plan.num_devices, use_gpu=use_gpu, resources_per_worker=resources_per_worker,
+                         label_selector=selectors)
+
+
+def assign_roles(plan: Plan, places: list[WorkerPlace], num_layers: int) -> list[int]:
+    """Plan rank of each train rank: on each node, the plan's ranks there (by GPU index) go to the workers
+    there (by GPU id, then train rank). ConfigError when workers and plan disagree on a node."""
+    wanted: dict[str, list] = {}
+    for info in build_rank_map(plan, num_layers).ranks:
+        wanted.setdefault(info.node, []).append(info)
+    got: dict[str, list[WorkerPlace]] = {}
+    for place in places:
+        got.setdefault(place.node, []).append(place)
+    roles = [-1] * len(places)
+    for node in sorted(set(wanted) | set(got)):
+        need, have = wanted.get(node, []), got.get(node, [])
+        if len(need) != len(have) or any(p.device_type not in (None, i.device_type) for p in have for i in need):
+            raise ConfigError(f"node {node!r}: the plan puts {len(need)} ranks "
+                              f"({', '.join(sorted({i.device_type for i in need})) or 'none'}) there but Ray Train "
+                              f"placed {len(have)} workers ({', '.join(sorted({str(p.device_type) for p in have})) or 'none'}); "
+                              f"build the ScalingConfig with plan_scaling_config(plan)")
+        for info, place in zip(sorted(need, key=lambda i: i.device),
+                               sorted(have, key=lambda p: (_gpu_key(p.gpu), p.train_rank))):
+            roles[place.train_rank] = info.rank
+    assert sorted(roles) == list(range(len(places))), roles
+    return roles
+
+
+def _gpu_key(gpu: str):
+    return (0, int(gpu)) if gpu.isdigit() else (1, gpu)
+
+
+def _my_place(rank: int) -> WorkerPlace:
+    ctx = ray.get_runtime_context()
+    labels = ctx.get_node_labels()
+    gpus = [str(g) for g in ray.get_gpu_ids()]
+    return WorkerPlace(train_rank=rank, node=labels.get(NODE_NAME_LABEL, f"node-{ctx.get_node_id()[:8]}"),
+                       device_type=labels.get(ACCELERATOR_LABEL), gpu=gpus[0] if gpus else "",
+                       ip=ray.util.get_node_ip_address())
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def engine_for_worker(plan: Plan, model_spec: ModelSpec, *, seed: int = 0, lr: float = 1e-3, dtype=None,
+                      pacer=None, timeout_s: float = 300.0):
+    """Inside `train_loop_per_worker`: this worker's Engine for its role in `plan` (collective: every worker
+    calls it). After it returns, the default process group's ranks are plan ranks."""
+    from autohet_ray.runtime.engine import Engine
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size != plan.num_devices:
+        raise ConfigError(f"the plan uses {plan.num_devices} GPUs but Ray Train started {size} workers")
+    me = _my_place(rank)
+    places: list = [None] * size
+    dist.all_gather_object(places, me)
+    single_host = len({p.ip for p in places}) == 1
+    addr = "127.0.0.1" if single_host else places[0].ip
+    port = [_free_port(addr) if rank == 0 else 0]
+    dist.broadcast_object_list(port, src=0)
+    plan_rank = assign_roles(plan, places, model_spec.num_layers)[rank]
+    backend = dist.get_backend()
+    dist.barrier()
+    dist.destroy_process_group()
+    if single_host:
+        os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port[0]}", rank=plan_rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return Engine(plan=plan, model_spec=model_spec, rank=plan_rank, seed=seed, lr=lr, dtype=dtype, pacer=pacer)
