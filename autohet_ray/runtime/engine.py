@@ -75,6 +75,9 @@ class Engine:
         if not dist.is_initialized():
             raise ConfigError("torch.distributed must be initialized (init_process_group) before creating an Engine")
         size = dist.get_world_size(self.world_group)
+        if size != dist.get_world_size():
+            raise ConfigError(f"world_group has {size} of the default group's {dist.get_world_size()} ranks; "
+                              "the Engine needs a group spanning every rank (it creates subgroups collectively)")
         if size != self.rank_map.world_size:
             raise ConfigError(f"the plan uses {self.rank_map.world_size} devices but the process group has {size} ranks")
         if not 0 <= rank < size:

@@ -27,7 +27,9 @@ def all_group_ranks(rank_map: RankMap, ops: tuple[SyncOp, ...]) -> list[tuple[in
 
 def create_groups(rank_map: RankMap, ops: tuple[SyncOp, ...], *, me: int,
                   to_global: Callable[[int], int]) -> dict[tuple[int, ...], object]:
-    """Create all groups (collective: every rank calls this); returns the ones `me` belongs to."""
+    """Create all groups (collective over the default group: every rank calls this); returns the ones `me`
+    belongs to. (new_group(use_local_synchronization=True) would let a plan run on a strict subgroup, but
+    with gloo in torch 2.13 it hung creating a second group that shares a rank with the first.)"""
     mine = {}
     for ranks in all_group_ranks(rank_map, ops):
         group = dist.new_group([to_global(r) for r in ranks])

@@ -35,6 +35,7 @@ def _worker(rank: int, fn, world_size: int, port: int, backend: str, threads: in
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+        dist.barrier()          # rank 0 hosts the store: nobody leaves while others may still need it
     finally:
         dist.destroy_process_group()
 

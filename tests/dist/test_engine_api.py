@@ -1,4 +1,4 @@
-"""Clear ConfigErrors for bad input to the Engine."""
+"""Engine API: clear ConfigErrors for bad input."""
 import pytest
 import torch
 
@@ -54,3 +54,4 @@ def test_engine_rejects_bad_input():
 def test_engine_needs_an_initialized_process_group():
     with pytest.raises(ConfigError, match="init_process_group"):
         Engine(plan=make_plan(SPEC, pipeline(2, (0, 4, 1))), model_spec=SPEC, rank=0)
+
