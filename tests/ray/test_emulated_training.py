@@ -94,3 +94,23 @@ def test_placement_timeout_and_dead_stage_actor(three_node_cluster):
     with pytest.raises(StageActorDied, match=r"rank 2 \(pipeline 0 stage 1, H800 on node a\) died"):
         driver.step()
     assert driver.get_state() == "failed" and driver.group is None
+
+
+def test_profiling_on_ray_once_per_gpu_type_cached_and_plannable(three_node_cluster, tmp_path):
+    from autohet_ray.cluster.spec import cluster_from_dict
+    from autohet_ray.orchestrate.profiling import profile_cluster
+    from autohet_ray.planner import plan_with_baselines
+    from autohet_ray.profile.db import load_profile
+    found = discover(cluster_from_dict(THREE_NODES))
+    db = profile_cluster(found, SPEC, 16, micro_batches=(1, 2), cache_dir=str(tmp_path))
+    assert db.kind == "measured"
+    assert sorted(db.entries) == [("H20", 1, 1), ("H20", 1, 2), ("H20", 2, 1), ("H20", 2, 2), ("H800", 1, 1),
+                                  ("H800", 1, 2)]
+    assert db.links["intra:H20"].bandwidth_Bps > 0                 # two H20s on node c: a gloo ping-pong
+    assert set(db.meta["types"]) == {"H800", "H20"} and not db.meta["types"]["H20"]["cached"]
+    again = profile_cluster(found, SPEC, 16, micro_batches=(1, 2), cache_dir=str(tmp_path))
+    assert all(info["cached"] for info in again.meta["types"].values()) and again.entries == db.entries
+    db.save(str(tmp_path / "prof.json"))
+    result, _ = plan_with_baselines(cluster=found.cluster, model=SPEC, profile=load_profile(str(tmp_path / "prof.json")),
+                                    global_batch=4, seq_len=16, micro_batch=1, time_limit_s=5)
+    assert result.plan.predicted.profile_kind == "measured"
