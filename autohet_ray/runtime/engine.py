@@ -26,6 +26,17 @@ from autohet_ray.runtime.tp import TPContext
 
 
 class Engine:
+    """One rank of a plan. torch.distributed must be initialized with one rank per device of the plan (plan
+    rank r = rank r of `world_group`, default the whole world); the constructor creates the plan's subgroups
+    collectively, so every rank must construct its Engine at the same time.
+
+    train_step returns {"loss", "grad_norm" (before clipping), "step", "timings"}; timings are this rank's
+    seconds per op name summed over the step ("forward", "backward", "send_activation", "recv_activation",
+    "send_grad", "recv_grad", "grad_sync", "optimizer") plus "step" (wall time of the whole step).
+    state_dict: name -> (CPU tensor, global shape, Chunk) for parameters ("layers.3.mlp.fc1.weight"), AdamW
+    state ("optim.<param>.exp_avg", "optim.<param>.exp_avg_sq") and "optim.step" (0-dim, whole chunk).
+    """
+
     def __init__(self, *, plan: Plan, model_spec: ModelSpec, rank: int, world_group=None, seed: int = 0,
                  lr: float = 1e-3, weight_decay: float = 0.0, max_grad_norm: float | None = 1.0, device=None,
                  dtype=None, pacer=None, schedule: str = "1f1b"):
