@@ -1,18 +1,27 @@
-"""1F1B time of one pipeline from its stage times and inter-stage link times."""
+"""Closed-form 1F1B time of one pipeline from its stage times and inter-stage link times (the planner's fast
+estimate; the evaluator simulates the schedule exactly, see timeline.py)."""
 from __future__ import annotations
 
 
+def steady_period(stage_s: list[float], link_s: list[float]) -> float:
+    """Time per micro-batch in steady state: the slowest stage or link direction, or the round trip from a
+    stage through the rest of the pipeline and back divided by the micro-batches it has in flight (p - j)."""
+    p = len(stage_s)
+    period = max(max(stage_s), max(link_s, default=0.0))
+    tail = 0.0
+    for j in range(p - 1, -1, -1):
+        tail += stage_s[j] + (2 * link_s[j] if j < p - 1 else 0.0)
+        period = max(period, tail / (p - j))
+    return period
+
+
 def one_f_one_b_time(stage_s: list[float], link_s: list[float], num_microbatches: int) -> float:
-    """(m - 1) * bottleneck + one micro-batch's forward and backward through every stage and link.
+    """(m - 1) * steady period + one micro-batch's forward and backward through every stage and link.
 
     `stage_s[j]` is stage j's fwd+bwd per micro-batch; `link_s[l]` is one activation (or gradient) transfer
-    between stage l and l+1, each direction. In steady state every stage, and every link direction, is busy
-    once per micro-batch, so the slowest of them sets the pace; the first micro-batch's forward and the last
-    one's backward cross every stage and link once (warm-up and cool-down).
-    """
+    between stage l and l+1, each direction."""
     assert num_microbatches >= 1 and len(link_s) == len(stage_s) - 1
-    bottleneck = max(max(stage_s), max(link_s, default=0.0))
-    return (num_microbatches - 1) * bottleneck + sum(stage_s) + 2 * sum(link_s)
+    return (num_microbatches - 1) * steady_period(stage_s, link_s) + sum(stage_s) + 2 * sum(link_s)
 
 
 def in_flight(stage: int, num_stages: int, num_microbatches: int) -> int:

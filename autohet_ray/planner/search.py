@@ -108,8 +108,9 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
                         clock: _Deadline) -> list[TemplateEval]:
     """Best stage order per GPU usage, for pipelines of up to `max_stages` stages (raised until one fits).
 
-    Small clusters: every distinct stage order, mixed TP degrees of one type, up to 3 types per pipeline.
-    Larger ones: the slow-first order, and every order of same-type blocks when memory binds (only then can
+    Small clusters: every order of same-kind blocks (which kind holds the embedding and which the head), and
+    every distinct stage order when memory binds; mixed TP degrees of one type; up to 3 types per pipeline.
+    Larger ones: the slow-first order, and every order of same-kind blocks when memory binds (only then can
     the order change the split); one TP degree per type and up to 3 types per pipeline."""
     model = table.model
     kinds = group_kinds(cluster, model)
@@ -125,10 +126,13 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
             if clock.over():
                 break
             first = slow_first(usage, speed)
-            evals = [evaluate_template(first, cluster, table, total_microbatches)]
-            if small or (evals[0] is not None and evals[0].split.memory_bound) or evals[0] is None:
+            evals = [evaluate_template(o, cluster, table, total_microbatches) for o in orderings(usage, False)] \
+                if small else [evaluate_template(first, cluster, table, total_microbatches)]
+            if any(e is None or e.split.memory_bound for e in evals):
+                # the order can only change the split through memory: then try the other orders too
+                tried = {e.kinds for e in evals if e is not None} | {first}
                 evals += [evaluate_template(o, cluster, table, total_microbatches)
-                          for o in orderings(usage, exhaustive=small) if o != first]
+                          for o in orderings(usage, exhaustive=small) if o not in tried]
             evals = [e for e in evals if e is not None]
             if evals:
                 found[tuple(sorted(usage.items()))] = min(evals, key=score)

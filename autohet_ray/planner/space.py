@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import (GRAD_SYNC_BYTES, GroupCostTable, activation_message_bytes, inter_link,
                                     intra_link, p2p_time)
+from autohet_ray.cost.pipeline import steady_period
 from autohet_ray.planner.split import Split, best_split
 
 Kind = tuple[str, int]           # (device type, TP degree)
@@ -28,7 +29,7 @@ class TemplateEval:
 
     @property
     def bottleneck_s(self) -> float:
-        return max(self.split.bottleneck_s, max(self.link_s, default=0.0))
+        return steady_period(list(self.split.stage_s), list(self.link_s))
 
     @property
     def fixed_s(self) -> float:

@@ -4,13 +4,14 @@ Because stage j's time is affine in its layer count (a_j + n_j * b_j), any vecto
 sum L is a valid contiguous split. For a bottleneck bound B each stage can take at most cap_j(B) layers
 (time <= B and memory); the smallest sum of stage times under that bound puts the surplus layers on the
 stages with the smallest per-layer time first. Trying every distinct bound B (each stage time value) gives
-the exact minimum of (m - 1) * max(bottleneck, slowest link) + sum of stage times.
+the exact minimum of (m - 1) * max(bottleneck, slowest link) + sum of stage times; candidates are then priced
+with the round-trip-aware period of `cost.pipeline.steady_period`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autohet_ray.cost.pipeline import in_flight
+from autohet_ray.cost.pipeline import in_flight, steady_period
 from autohet_ray.cost.terms import GroupCost
 
 
@@ -38,7 +39,7 @@ def best_split(groups: list[GroupCost], num_layers: int, num_microbatches: int,
     p = len(groups)
     if p > num_layers:
         return None
-    caps = memory_caps(groups, num_microbatches)
+    caps = [min(c, num_layers - p + 1) for c in memory_caps(groups, num_microbatches)]
     if min(caps) < 1 or sum(caps) < num_layers:
         return None
     fixed = [g.stage_time(0, j == 0, j == p - 1) for j, g in enumerate(groups)]
@@ -57,7 +58,7 @@ def best_split(groups: list[GroupCost], num_layers: int, num_microbatches: int,
             continue
         counts, total = _fill(fixed, per, bcaps, order, num_layers)
         stage_s = tuple(fixed[j] + counts[j] * per[j] for j in range(p))
-        t = (num_microbatches - 1) * max(max(stage_s), link_max) + total + links_total
+        t = (num_microbatches - 1) * steady_period(list(stage_s), link_s) + total + links_total
         if best is None or t < best.time_s - 1e-15:
             best = Split(tuple(counts), stage_s, t, any(c == cap for c, cap in zip(counts, caps)))
     return best

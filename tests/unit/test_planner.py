@@ -1,0 +1,97 @@
+"""The planner against exhaustive search on tiny clusters, and against its baselines."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autohet_ray.cluster import cluster_from_dict, load_cluster
+from autohet_ray.cost import evaluate_plan
+from autohet_ray.model import PRESETS
+from autohet_ray.plan import validate_plan
+from autohet_ray.planner import plan_with_baselines
+from autohet_ray.profile import analytic_profile
+from exhaustive import exhaustive_best
+
+
+def _cluster(*nodes, gbps=200):
+    return cluster_from_dict({"name": "tiny", "network": {"inter_node_gbps": gbps},
+                              "nodes": [{"name": f"n{i}", "device": d, "count": c} for i, (d, c) in enumerate(nodes)]})
+
+
+
+
+@pytest.mark.parametrize("nodes, model, batch", [
+    ((("H800", 2), ("H20", 2)), "gpt3-1.3b", 32),
+    ((("A100-40GB", 2), ("H20", 2)), "llama-7b", 16),
+    ((("H800", 1), ("A100-80GB", 1), ("H20", 2)), "bert-large", 64),
+])
+def test_planner_matches_exhaustive_search(nodes, model, batch):
+    cluster, spec = _cluster(*nodes), PRESETS[model]
+    profile = analytic_profile(spec, cluster, spec.max_seq_len, micro_batches=(1, 2))
+    result, _ = plan_with_baselines(cluster=cluster, model=spec, profile=profile, global_batch=batch,
+                                    seq_len=spec.max_seq_len)
+    _, best = exhaustive_best(cluster, spec, profile, batch, spec.max_seq_len, [1, 2])
+    assert result.evaluation.iteration_time_s <= best.iteration_time_s * 1.01
+    validate_plan(result.plan, cluster, spec)
+
+
+@pytest.mark.parametrize("cluster_file", ["paper-24", "uneven-4-4-16"])
+def test_plan_never_worse_than_baselines_and_prediction_is_consistent(cluster_file):
+    cluster, spec = load_cluster(f"jobs/clusters/{cluster_file}.yaml"), PRESETS["bert-large"]
+    profile = analytic_profile(spec, cluster, 512)
+    result, baselines = plan_with_baselines(cluster=cluster, model=spec, profile=profile, global_batch=384,
+                                            seq_len=512, time_limit_s=60)
+    for b in baselines.values():
+        assert b.evaluation is not None
+        assert result.evaluation.iteration_time_s <= b.evaluation.iteration_time_s + 1e-12
+        validate_plan(b.plan, cluster, spec)
+    again = evaluate_plan(result.plan, cluster, spec, profile)
+    assert again.iteration_time_s == pytest.approx(result.plan.predicted.iteration_time_s)
+    assert again.feasible and result.plan.predicted.profile_kind == "analytic"
+
+
+def test_homogeneous_cluster_matches_megatron_or_better():
+    cluster, spec = _cluster(("H800", 8), ("H800", 8)), PRESETS["gpt3-2.7b"]
+    profile = analytic_profile(spec, cluster, 2048)
+    result, baselines = plan_with_baselines(cluster=cluster, model=spec, profile=profile, global_batch=64,
+                                            seq_len=2048)
+    assert result.evaluation.iteration_time_s <= baselines["megatron"].evaluation.iteration_time_s + 1e-12
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "autohet_ray.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "gpt5", "--global-batch", "8"],
+     "unknown model 'gpt5'"),
+    (["plan", "--cluster", "nope.yaml", "--model", "gpt3-1.3b", "--global-batch", "8"], "does not exist"),
+    (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "gpt3-1.3b", "--global-batch", "10",
+      "--micro-batch", "4"], "not divisible by micro-batch 4"),
+    (["plan", "--cluster", "{small}", "--model", "llama2-70b", "--global-batch", "8"], "missing 1145.6 GB"),
+    (["plan", "--cluster", "{bad}", "--model", "llama2-70b", "--global-batch", "8"], "not valid YAML"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args, fragment, tmp_path):
+    (tmp_path / "small.yaml").write_text("name: small\nnodes: [{name: a, device: A10, count: 4}]\n")
+    (tmp_path / "bad.yaml").write_text("name: [\n")
+    out = _cli(*(a.format(small=tmp_path / "small.yaml", bad=tmp_path / "bad.yaml") for a in args))
+    assert out.returncode == 2, out.stderr
+    assert fragment in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_plan_json_evaluate_and_show(tmp_path):
+    plan_file = tmp_path / "plan.json"
+    out = _cli("plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "bert-large", "--global-batch",
+               "96", "--micro-batch", "2", "--json", "--out", str(plan_file))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) >= {"plan", "predicted", "baselines", "solve_time_s"}
+    assert doc["predicted"]["iteration_time_s"] <= doc["baselines"]["megatron"]["iteration_time_s"]
+    ev = _cli("evaluate", "--plan", str(plan_file), "--cluster", "jobs/clusters/paper-24.yaml", "--json")
+    assert ev.returncode == 0 and json.loads(ev.stdout)["feasible"] is True
+    assert json.loads(ev.stdout)["predicted"]["iteration_time_s"] == pytest.approx(
+        doc["predicted"]["iteration_time_s"])
+    png = tmp_path / "plan.png"
+    shown = _cli("show", str(plan_file), "--png", str(png))
+    assert shown.returncode == 0 and png.stat().st_size > 1000 and "p0 s0" in shown.stdout
