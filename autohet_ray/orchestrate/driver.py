@@ -181,6 +181,12 @@ class Driver:
         if job.emulate:
             m["overruns"] = sum(sum(o["emulation"]["overruns"].values()) for o in outs)
             m["overrun_s"] = max(o["emulation"]["overrun_s"] for o in outs)
+            by_op: dict[str, int] = {}
+            for o in outs:
+                for op, n in o["emulation"]["overruns"].items():
+                    by_op[op] = by_op.get(op, 0) + n
+            m["overruns_by_op"] = by_op
+            m["op_seconds_max"] = {op: max(o["timings"].get(op, 0.0) for o in outs) for op in outs[0]["timings"]}
         return m
 
     def _save_history(self) -> None:

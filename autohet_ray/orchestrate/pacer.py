@@ -7,6 +7,12 @@ forward / backward: this stage's per-micro-batch time split by the layer forward
 send_grad: the link to the next / previous stage (the sender is held for it: the cost model overlaps it with
 compute, an error of link/stage time); grad_sync and optimizer: the plan's sync and optimizer times.
 Receives are not paced: waiting for a peer is real.
+
+Jitter of the real CPU work (other processes share the cores) is absorbed by carrying debt: when an op's real
+run exceeds its target, the excess is taken off the following ops' sleeps within the same step (reset after
+the optimizer), so each emulated device keeps its predicted pace on average; time spent waiting in a receive
+pays the debt off too (the emulated device would have waited as well). Ops that overran are counted
+(grad_sync's count includes waiting for slower pipelines).
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ class EmulationPacer:
     time_scale: float
     overruns: dict[str, int] = field(default_factory=dict)    # ops whose real run exceeded their target
     overrun_s: float = 0.0
+    debt_s: float = 0.0          # real time this rank is behind its emulated schedule in the current step
 
     def __post_init__(self):
         assert self.time_scale > 0, self.time_scale
@@ -59,17 +66,20 @@ class EmulationPacer:
         assert not missing, f"emulation targets lack {sorted(missing)}"
 
     def pace(self, op: str, elapsed_s: float, **info) -> None:
-        if op in UNPACED_OPS:
+        if op in UNPACED_OPS:          # waiting for a peer catches this rank up with its emulated schedule
+            self.debt_s = max(0.0, self.debt_s - elapsed_s)
             return
         assert op in self.targets, f"unknown runtime op {op!r}; known: {PACED_OPS + UNPACED_OPS}"
-        if self.targets[op] <= 0:
-            return
-        left = self.targets[op] * self.time_scale - elapsed_s
+        target = self.targets[op] * self.time_scale
+        if target > 0 and elapsed_s > target:
+            self.overruns[op] = self.overruns.get(op, 0) + 1
+            self.overrun_s += elapsed_s - target
+        left = target - elapsed_s - self.debt_s
         if left > 0:
             time.sleep(left)
-        else:
-            self.overruns[op] = self.overruns.get(op, 0) + 1
-            self.overrun_s -= left
+        self.debt_s = max(0.0, -left)
+        if op == "optimizer":
+            self.debt_s = 0.0
 
     def report(self) -> dict:
         """Overruns since the last report (an overrun makes the emulated clock run slow)."""

@@ -1,0 +1,48 @@
+"""The emulation pacer (no Ray): ops last their target x time scale; overruns are counted and their excess is
+taken off later ops of the step; waiting in a receive pays the debt."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autohet_ray.cost.evaluate import evaluate_plan
+from autohet_ray.model.spec import load_model
+from autohet_ray.orchestrate.pacer import PACED_OPS, EmulationPacer, emulation_targets
+from autohet_ray.plan.schema import plan_from_dict
+from autohet_ray.profile.analytic import analytic_profile
+from ray_helpers import THREE_NODES, asymmetric_plan
+
+
+def _pacer(**targets) -> EmulationPacer:
+    return EmulationPacer(targets={op: 0.0 for op in PACED_OPS} | targets, time_scale=0.5)
+
+
+def test_pacer_stretches_and_carries_debt():
+    pacer = _pacer(forward=0.04, backward=0.04)
+    start = time.perf_counter()
+    pacer.pace("forward", 0.0)
+    assert time.perf_counter() - start == pytest.approx(0.02, abs=0.01)
+    pacer.pace("forward", 0.03)                         # 10 ms over its 20 ms budget
+    assert pacer.debt_s == pytest.approx(0.01) and pacer.report()["overruns"] == {"forward": 1}
+    start = time.perf_counter()
+    pacer.pace("backward", 0.0)                         # 20 ms budget, 10 ms of debt
+    assert time.perf_counter() - start == pytest.approx(0.01, abs=0.008) and pacer.debt_s == 0
+    pacer.pace("forward", 0.05)
+    pacer.pace("recv_grad", 0.02)                       # waiting pays 20 of the 30 ms debt
+    assert pacer.debt_s == pytest.approx(0.01)
+    pacer.pace("optimizer", 0.0)
+    assert pacer.debt_s == 0
+
+
+def test_targets_are_the_cost_model_figures():
+    from autohet_ray.cluster.spec import cluster_from_dict
+    cluster, spec = cluster_from_dict(THREE_NODES), load_model("tiny-gpt")
+    plan = plan_from_dict(asymmetric_plan())
+    profile = analytic_profile(spec, cluster, 16)
+    ev = evaluate_plan(plan, cluster, spec, profile)
+    targets = emulation_targets(plan, cluster, spec, profile, ev)
+    assert len(targets) == 4
+    assert targets[0]["forward"] + targets[0]["backward"] == pytest.approx(ev.stage_times_s[0][0])
+    assert targets[2]["send_grad"] == pytest.approx(ev.link_times_s[0][0]) and targets[2]["send_activation"] == 0
+    assert {t["grad_sync"] for t in targets} == {ev.sync_time_s}
