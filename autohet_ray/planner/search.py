@@ -13,6 +13,7 @@ from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
 from autohet_ray.planner.batch import allocate_microbatches
+from autohet_ray.planner.polish import polish
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
 from autohet_ray.planner.space import (TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first)
@@ -86,6 +87,10 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
         _plan_for_micro_batch(table, cluster, global_batch, clock, best)
     if best.plan is None:
         raise ConfigError(_no_fit_message(cluster, model, profile, seq_len))
+    table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
+                           seq_len=seq_len)
+    best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
+                                        exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS)
     plan = best.plan.with_predicted(best.evaluation.predicted())
     return PlanResult(plan=plan, evaluation=best.evaluation, solve_time_s=time.perf_counter() - clock.start,
                       num_templates=best.templates, hit_time_limit=clock.hit)

@@ -1,0 +1,157 @@
+"""Planner benchmark: optimality vs exhaustive search, solve time vs cluster size, gains over Megatron-LM
+and Whale on the paper's 24-GPU mixes, and efficiency vs each GPU type's sub-cluster alone.
+
+All figures use the analytic profile (derived from the device catalog), so they are predictions of the cost
+model, not measurements on GPUs. Ends with one JSON line.
+
+    .venv/bin/python benchmarks/planner_bench.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+from autohet_ray.cluster import cluster_from_dict, load_cluster  # noqa: E402
+from autohet_ray.model import PRESETS  # noqa: E402
+from autohet_ray.planner import plan_with_baselines  # noqa: E402
+from autohet_ray.planner.search import plan_training  # noqa: E402
+from autohet_ray.profile import analytic_profile  # noqa: E402
+from exhaustive import exhaustive_best  # noqa: E402
+
+CLUSTERS = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "clusters"
+PAPER = {("bert-large", "megatron"): 1.38, ("gpt3-1.3b", "megatron"): 1.53, ("gpt3-1.3b", "whale"): 1.27,
+         ("llama-7b", "megatron"): 1.79, ("llama-7b", "whale"): 1.51}
+
+# (nodes as (device, GPUs), model, global batch): 2-3 types, 3-6 GPUs, so that exhaustive search finishes
+SMALL = [
+    ((("H800", 2), ("H20", 2)), "gpt3-1.3b", 32), ((("H800", 2), ("H20", 2)), "llama-7b", 16),
+    ((("H800", 2), ("H20", 2)), "bert-large", 64), ((("A100-80GB", 2), ("H20", 2)), "gpt3-2.7b", 16),
+    ((("A100-40GB", 2), ("H20", 2)), "llama-7b", 16), ((("H800", 1), ("A100-80GB", 2)), "gpt3-1.3b", 24),
+    ((("H800", 1), ("H20", 1), ("A100-80GB", 1)), "gpt3-1.3b", 24),
+    ((("H800", 1), ("H20", 1), ("A100-80GB", 1)), "llama-7b", 12),
+    ((("H800", 1), ("H20", 1), ("A100-80GB", 1)), "bert-large", 48),
+    ((("H100", 2), ("L40S", 2)), "gpt3-1.3b", 16), ((("H100", 2), ("L40S", 2)), "bert-large", 32),
+    ((("A100-40GB", 2), ("V100", 2)), "bert-large", 32), ((("A100-40GB", 2), ("V100", 2)), "gpt3-1.3b", 16),
+    ((("H200", 1), ("RTX-4090", 2)), "gpt3-1.3b", 16), ((("H20", 2), ("L20", 2)), "gpt3-2.7b", 16),
+    ((("H800", 2), ("A10", 2)), "bert-large", 32), ((("H800", 1), ("H20", 2), ("L40S", 1)), "gpt3-1.3b", 16),
+    ((("A100-80GB", 1), ("H20", 1), ("L40S", 2)), "bert-large", 32),
+    ((("H800", 2), ("H20", 1), ("A100-40GB", 1)), "llama-7b", 8),
+    ((("H100", 1), ("A100-80GB", 1), ("H20", 1)), "gpt3-6.7b", 8),
+]
+SCALE = [("three-type-64", "gpt3-13b", 1024), ("four-type-256", "gpt3-13b", 2048), ("mixed-1024", "llama-13b", 4096)]
+MIXES = ["paper-24", "uneven-4-4-16", "uneven-16-4-4"]
+MODELS = ["bert-large", "gpt3-1.3b", "llama-7b"]
+GAIN_BATCH = 768
+
+
+def _tiny(nodes):
+    return cluster_from_dict({"name": "small", "network": {"inter_node_gbps": 200},
+                              "nodes": [{"name": f"n{i}", "device": d, "count": c} for i, (d, c) in enumerate(nodes)]})
+
+
+def optimality(quick: bool) -> list[dict]:
+    rows = []
+    for nodes, model_name, batch in SMALL[:4] if quick else SMALL:
+        cluster, model = _tiny(nodes), PRESETS[model_name]
+        profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=(1, 2))
+        t0 = time.perf_counter()
+        result, _ = plan_with_baselines(cluster=cluster, model=model, profile=profile, global_batch=batch,
+                                        seq_len=model.max_seq_len)
+        solve = time.perf_counter() - t0
+        found = exhaustive_best(cluster, model, profile, batch, model.max_seq_len, [1, 2])
+        best = found[1].iteration_time_s
+        gap = result.evaluation.iteration_time_s / best - 1
+        rows.append({"cluster": "+".join(f"{c}x{d}" for d, c in nodes), "model": model_name, "batch": batch,
+                     "planner_s": result.evaluation.iteration_time_s, "exhaustive_s": best, "gap": gap,
+                     "solve_time_s": solve})
+        print(f"  {rows[-1]['cluster']:<34} {model_name:<11} B={batch:<3} planner {rows[-1]['planner_s']:.4f} s "
+              f"exhaustive {best:.4f} s gap {100 * gap:+.3f}%  ({solve:.1f} s)", flush=True)
+    return rows
+
+
+def scaling(quick: bool) -> list[dict]:
+    rows = []
+    for name, model_name, batch in SCALE[:1] if quick else SCALE:
+        cluster, model = load_cluster(str(CLUSTERS / f"{name}.yaml")), PRESETS[model_name]
+        profile = analytic_profile(model, cluster, model.max_seq_len)
+        t0 = time.perf_counter()
+        result = plan_training(cluster=cluster, model=model, profile=profile, global_batch=batch,
+                               seq_len=model.max_seq_len, time_limit_s=300)
+        solve = time.perf_counter() - t0
+        rows.append({"cluster": name, "gpus": cluster.num_gpus, "model": model_name, "solve_time_s": solve,
+                     "hit_time_limit": result.hit_time_limit, "templates": result.num_templates,
+                     "samples_per_s": result.evaluation.samples_per_s})
+        print(f"  {name:<15} {cluster.num_gpus:>5} GPUs {model_name:<10} solved in {solve:6.1f} s "
+              f"({result.num_templates} templates, {result.evaluation.samples_per_s:.1f} samples/s)", flush=True)
+    return rows
+
+
+def _sub_cluster(cluster, device):
+    raw = cluster.to_dict()
+    raw["nodes"] = [n for n in raw["nodes"] if n["device"] == device]
+    return cluster_from_dict(raw)
+
+
+def _best_alone(cluster, model, batch):
+    total = 0.0
+    for device in cluster.device_types():
+        sub = _sub_cluster(cluster, device)
+        try:
+            r = plan_training(cluster=sub, model=model, profile=analytic_profile(model, sub, model.max_seq_len),
+                              global_batch=batch, seq_len=model.max_seq_len, time_limit_s=60)
+            total += r.evaluation.samples_per_s
+        except ValueError:
+            pass                       # this type cannot hold the model on its own
+    return total
+
+
+def gains(quick: bool) -> list[dict]:
+    rows = []
+    for mix in MIXES[:1] if quick else MIXES:
+        cluster = load_cluster(str(CLUSTERS / f"{mix}.yaml"))
+        for model_name in MODELS:
+            model = PRESETS[model_name]
+            profile = analytic_profile(model, cluster, model.max_seq_len)
+            result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
+                                                    global_batch=GAIN_BATCH, seq_len=model.max_seq_len)
+            row = {"cluster": mix, "model": model_name, "samples_per_s": result.evaluation.samples_per_s,
+                   "solve_time_s": result.solve_time_s}
+            for name, b in baselines.items():
+                row[f"gain_{name}"] = (b.evaluation.iteration_time_s / result.evaluation.iteration_time_s
+                                       if b.evaluation else None)
+            row["efficiency"] = result.evaluation.samples_per_s / _best_alone(cluster, model, GAIN_BATCH)
+            rows.append(row)
+            fmt = lambda g: "  n/a " if g is None else f"{g:5.2f}x"  # noqa: E731
+            print(f"  {mix:<14} {model_name:<11} {row['samples_per_s']:8.1f} samples/s  vs Megatron "
+                  f"{fmt(row['gain_megatron'])} (paper {PAPER.get((model_name, 'megatron'), '-')})  vs Whale "
+                  f"{fmt(row['gain_whale'])} (paper {PAPER.get((model_name, 'whale'), '-')})  efficiency "
+                  f"{row['efficiency']:.2f}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a few rows of each table")
+    args = ap.parse_args()
+    print("[analytic profile: predictions of the cost model]\nOptimality vs exhaustive search:")
+    opt = optimality(args.quick)
+    print("Solve time vs cluster size:")
+    scale = scaling(args.quick)
+    print(f"Gains over baselines (global batch {GAIN_BATCH}):")
+    gain = gains(args.quick)
+    print(json.dumps({
+        "profile": "analytic",
+        "optimality": {"instances": len(opt), "max_gap": max(r["gap"] for r in opt),
+                       "within_1pct": sum(r["gap"] <= 0.01 for r in opt)},
+        "solve_time_s": {r["cluster"]: round(r["solve_time_s"], 2) for r in scale},
+        "gains": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in gain],
+    }))
+
+
+if __name__ == "__main__":
+    main()
