@@ -56,8 +56,8 @@ def cmd_plan(args) -> int:
           f"micro-batch {result.plan.micro_batch}, seq {seq_len}  [{profile.kind} profile]")
     print(plan_table(result.plan, ev.memory_bytes))
     print(f"predicted: {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
-          f"(pipelines {max(ev.pipeline_times_s):.3f} s + grad sync {ev.sync_time_s:.3f} s + optimizer "
-          f"{ev.optimizer_time_s:.3f} s); solved in {result.solve_time_s:.1f} s"
+          f"(slowest pipeline {max(ev.pipeline_times_s):.3f} s; grad sync {ev.sync_time_s:.3f} s, overlapping "
+          f"the cool-down; optimizer {ev.optimizer_time_s:.3f} s); solved in {result.solve_time_s:.1f} s"
           f"{' (time limit hit: best so far)' if result.hit_time_limit else ''}")
     for name, b in baselines.items():
         if b.evaluation is None:

@@ -1,7 +1,8 @@
 """Iteration time and per-device peak memory of any plan (pure and deterministic).
 
-iteration = max over pipelines of its 1F1B time (event-simulated) + layer-wise gradient sync across pipelines
-+ optimizer step.
+Each stage's iteration = its last backward in the (event-simulated) 1F1B timeline of its pipeline, then its
+layer-wise gradient all-reduces across pipelines (each starting once all holders are done, so later stages
+sync while earlier ones cool down), then its optimizer step; the iteration ends with the slowest stage.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.pipeline import in_flight
 from autohet_ray.cost.timeline import simulate
-from autohet_ray.cost.sync import gradient_sync_times
+from autohet_ray.cost.sync import gradient_sync_times, sync_buckets, sync_end_times
 from autohet_ray.cost.terms import (OPTIMIZER_BYTES_PER_PARAM, GroupCostTable, activation_message_bytes,
                                     inter_link, intra_link, p2p_time)
 from autohet_ray.model.spec import ModelSpec
@@ -57,7 +58,8 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                                     seq_len=plan.seq_len)
     stage_times, link_times, pipe_times = [], [], []
     memory, capacity, opt_time = {}, {}, 0.0
-    for pipeline in plan.pipelines:
+    backward_done, opt_s = {}, {}
+    for k, pipeline in enumerate(plan.pipelines):
         p, m = len(pipeline.stages), pipeline.num_microbatches
         times = []
         for j, stage in enumerate(pipeline.stages):
@@ -66,7 +68,8 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
             times.append(gc.stage_time(stage.num_layers, first, last))
             mem = gc.stage_memory(stage.num_layers, first, last, in_flight(j, p, m))
             params = gc.stage_params(stage.num_layers, first, last)
-            opt_time = max(opt_time, params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps)
+            opt_s[(k, j)] = params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps
+            opt_time = max(opt_time, opt_s[(k, j)])
             for d in stage.devices:
                 memory[f"{stage.node}:{d}"] = mem
                 capacity[f"{stage.node}:{d}"] = gc.capacity_bytes
@@ -77,8 +80,11 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
         fwd = [t * table.get(s.device_type, s.tp).layer_fwd_fraction for t, s in zip(times, pipeline.stages)]
         slots = simulate(fwd, [t - f for t, f in zip(times, fwd)], links, m)
         pipe_times.append(max(slot.end_s for slot in slots))
+        for slot in slots:
+            backward_done[(k, slot.stage)] = max(backward_done.get((k, slot.stage), 0.0), slot.end_s)
     sync = max(gradient_sync_times(plan, cluster, model, profile).values(), default=0.0)
-    iteration = max(pipe_times) + sync + opt_time
+    synced = sync_end_times(sync_buckets(plan, cluster, model, profile), backward_done)
+    iteration = max(synced[key] + opt_s[key] for key in synced)
     over = {d: memory[d] - capacity[d] for d in memory if memory[d] > capacity[d]}
     reason = ""
     if over:

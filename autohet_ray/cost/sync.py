@@ -37,20 +37,24 @@ def _holder_sets(plan: Plan, num_layers: int) -> dict[tuple[int, int], dict[tupl
     return buckets
 
 
-def gradient_sync_times(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> dict[str, float]:
-    """Seconds each device ("node:gpu") spends in cross-pipeline gradient all-reduces per iteration."""
-    if len(plan.pipelines) == 1:
-        return {}
+Bucket = tuple[tuple[tuple[int, int], ...], float]      # (holder stages, all-reduce seconds)
+
+
+def sync_buckets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> dict[tuple[int, int],
+                                                                                              list[Bucket]]:
+    """Per stage (pipeline, stage): its all-reduce buckets with the stages they wait for and their duration."""
     stages = {(k, j): s for k, p in enumerate(plan.pipelines) for j, s in enumerate(p.stages)}
+    if len(plan.pipelines) == 1:
+        return {key: [] for key in stages}
     buckets = _holder_sets(plan, model.num_layers)
     cross_gpus: dict[str, int] = defaultdict(int)
     for (k, j), bucket in buckets.items():
         if any(len({stages[h].node for h in holders}) > 1 for _, holders in bucket):
             cross_gpus[stages[(k, j)].node] += stages[(k, j)].tp
     params = {kind: layer_params(model, kind) for kind in ("layer", "embedding", "head")}
-    times: dict[str, float] = {}
+    out: dict[tuple[int, int], list[Bucket]] = {}
     for (k, j), bucket in buckets.items():
-        stage, total = stages[(k, j)], 0.0
+        stage, items = stages[(k, j)], []
         for (kind, holders), count in bucket.items():
             members = [stages[h] for h in holders]
             degrees = {s.tp for s in members}
@@ -61,7 +65,32 @@ def gradient_sync_times(plan: Plan, cluster: Cluster, model: ModelSpec, profile:
             else:
                 link = min((inter_link(profile, cluster, a, b, share=max(cross_gpus[a], cross_gpus[b]))
                             for a in nodes for b in nodes if a < b), key=lambda x: x.bandwidth_Bps)
-            total += allreduce_time(num_bytes, len(members), link)
+            items.append((holders, allreduce_time(num_bytes, len(members), link)))
+        out[(k, j)] = items
+    return out
+
+
+def gradient_sync_times(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> dict[str, float]:
+    """Seconds each device ("node:gpu") spends in cross-pipeline gradient all-reduces per iteration."""
+    times: dict[str, float] = {}
+    for (k, j), items in sync_buckets(plan, cluster, model, profile).items():
+        if not items:
+            continue
+        stage = plan.pipelines[k].stages[j]
         for d in stage.devices:
-            times[f"{stage.node}:{d}"] = total
+            times[f"{stage.node}:{d}"] = sum(duration for _, duration in items)
     return times
+
+
+def sync_end_times(buckets: dict[tuple[int, int], list[Bucket]],
+                   backward_done: dict[tuple[int, int], float]) -> dict[tuple[int, int], float]:
+    """When each stage's gradients are synchronized: a bucket starts once every holder has finished its last
+    backward (the runtime launches all-reduces from gradient hooks, so later stages' sync overlaps the
+    earlier stages' cool-down), and a stage runs its buckets one after another."""
+    ends = {}
+    for key, items in buckets.items():
+        t = backward_done[key]
+        for start, duration in sorted((max(backward_done[h] for h in holders), d) for holders, d in items):
+            t = max(t, start) + duration
+        ends[key] = t
+    return ends

@@ -137,3 +137,26 @@ def test_tp_stage_adds_allreduces_and_out_of_memory_is_reported():
     plan = _plan([Pipeline(num_microbatches=1, stages=(_stage((0, 4)),))])
     ev = evaluate_plan(plan, cluster, MODEL, _profile())
     assert not ev.feasible and "out of memory on n0:0" in ev.reason and "missing" in ev.reason
+
+
+def test_later_stages_sync_while_earlier_stages_cool_down():
+    cluster = _cluster((("n0", 2), ("n1", 2)))
+    pipes = [Pipeline(num_microbatches=4, stages=(_stage((0, 2), node="n0", devices=(k,)),
+                                                  _stage((2, 4), node="n1", devices=(k,)))) for k in range(2)]
+    ev = evaluate_plan(_plan(pipes), cluster, MODEL, _profile(intra_latency=3 * MS))
+    # stage 1 finishes its backward b0 + link = 5.5 ms before stage 0; its all-reduces (2 buckets x 6 ms latency)
+    # start then; stage 0's (2 x 6 ms) start when stage 0 is done, so the iteration ends 12 ms after the pipeline
+    assert ev.sync_time_s == pytest.approx(12 * MS, rel=1e-3)
+    assert ev.iteration_time_s == pytest.approx(max(ev.pipeline_times_s) + 12 * MS + ev.optimizer_time_s, rel=1e-3)
+    # now the last stages sync across nodes (10 ms latency: 2 buckets x 20 ms) while the first stages still
+    # cool down: stage 1 is done 4.5 ms (stage 0's last backward) + 10 ms (the link) before the pipeline ends
+    cluster3 = _cluster((("n0", 2), ("n1", 1), ("n2", 1)))
+    late = _plan([Pipeline(num_microbatches=4, stages=(_stage((0, 2), node="n0", devices=(k,)),
+                                                        _stage((2, 4), node=f"n{k + 1}", devices=(0,))))
+                  for k in range(2)])
+    ev2 = evaluate_plan(late, cluster3, MODEL, _profile(intra_latency=3 * MS, inter_latency=10 * MS))
+    end = max(ev2.pipeline_times_s)
+    assert ev2.sync_time_s == pytest.approx(40 * MS, rel=1e-3)
+    # (bytes over the shared NIC add ~0.2 ms to the 40 ms of latency)
+    assert ev2.iteration_time_s == pytest.approx(end - 14.5 * MS + 40 * MS + ev2.optimizer_time_s, rel=5e-3)
+    assert ev2.iteration_time_s < end + ev2.sync_time_s - 10 * MS
