@@ -1,0 +1,136 @@
+"""The elastic stage actor: one per plan rank, hosting the runtime Engine, snapshotting its shards into the
+node keeper (every step), a peer node's keeper (every step) and the cloud tier (every N steps), and restoring
+its chunks of a saved step from the cheapest tier that holds them.
+
+A threaded actor (max_concurrency=3): `fast_records(step)` answers while the next `train_step` computes, so
+the driver commits a step's manifest without stalling compute, and `where()` answers health pings.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+
+import ray
+import torch
+
+from autohet_ray.layout import Chunk
+from autohet_ray.orchestrate.elastic_tiers import build_tier
+
+STEP_KEY = "optim.step"
+
+
+def needs_of_layout(layout: dict) -> dict:
+    """What a rank must load: its parameters, their AdamW moments and the optimizer step counter."""
+    needs = {}
+    for name, (shape, chunk) in layout.items():
+        needs[name] = (tuple(shape), chunk)
+        for moment in ("exp_avg", "exp_avg_sq"):
+            needs[f"optim.{name}.{moment}"] = (tuple(shape), chunk)
+    needs[STEP_KEY] = ((), Chunk.whole(()))
+    return needs
+
+
+class ElasticWorker:
+    def __init__(self, rank: int):
+        self.rank, self.engine, self.snapshotter = rank, None, None
+        self.handles: dict = {}
+        torch.set_num_threads(1)
+
+    def where(self) -> dict:
+        ctx = ray.get_runtime_context()
+        return {"rank": self.rank, "node_id": ctx.get_node_id(), "pid": os.getpid(),
+                "labels": dict(ctx.get_node_labels())}
+
+    def free_port(self) -> tuple[str, int]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return "127.0.0.1", s.getsockname()[1]
+
+    def setup(self, *, master_addr: str, master_port: int, world_size: int, plan: dict, model_spec: dict,
+              seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str = "lo") -> dict:
+        """Join the process group (gloo over `socket_ifname`) and build this rank's Engine."""
+        import torch.distributed as dist
+
+        from autohet_ray.model.spec import model_from_dict
+        from autohet_ray.plan.schema import plan_from_dict
+        from autohet_ray.runtime.engine import Engine
+
+        start = time.perf_counter()
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK="0", GLOO_SOCKET_IFNAME=socket_ifname)
+        dist.init_process_group("gloo", rank=self.rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
+                             seed=seed, lr=lr, dtype=getattr(torch, dtype))
+        return {"rank": self.rank, "setup_s": time.perf_counter() - start}
+
+    def holdings(self) -> list[tuple[str, Chunk, int]]:
+        """(name, chunk, bytes) of everything this rank would save (for assign_writers)."""
+        item = torch.empty((), dtype=self.engine.dtype).element_size()
+        return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
+                for name, (_, chunk) in self.needs().items()]
+
+    def needs(self) -> dict:
+        return needs_of_layout(self.engine.layout)
+
+    def configure_snapshots(self, *, owned: list, local: dict, peers: list[dict], cloud: dict | None,
+                            cloud_every: int, num_threads: int = 2) -> None:
+        from autohet_ray.checkpoint import AsyncSnapshotter, SnapshotPolicy
+        self.close_snapshots()
+        self.snapshotter = AsyncSnapshotter(
+            local=build_tier(local), peers=[build_tier(p) for p in peers],
+            cloud=build_tier(cloud) if cloud else None,
+            policy=SnapshotPolicy(cloud_every=cloud_every if cloud else 0, num_threads=num_threads))
+        self.owned = set(owned)
+
+    def train_step(self, batch: dict, snapshot: bool) -> dict:
+        """One step; then (when `snapshot`) copy the shards and write them in the background."""
+        out = self.engine.train_step(batch)
+        out["rank"] = self.rank
+        if snapshot:
+            assert self.snapshotter is not None, "configure_snapshots first"
+            state = self.engine.state_dict()
+            handle = self.snapshotter.snapshot(self.engine.step, state, owned=self.owned)
+            self.handles[self.engine.step] = handle
+            out["snapshot_copy_s"] = handle.copy_seconds
+            out["snapshot_wait_s"] = handle.wait_seconds
+        return out
+
+    def fast_records(self, step: int, timeout_s: float = 120.0) -> list:
+        """The node+peer records of `step` once its fast lane has written them."""
+        return self.handles[step].fast_result(timeout_s).records
+
+    def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
+        result = self.handles[step].cloud_result(timeout_s)
+        for old in [s for s in self.handles if s < step]:
+            self.handles.pop(old)
+        return None if result is None else result.records
+
+    def restore(self, *, manifest_json: bytes, tiers: list[dict], num_threads: int = 4) -> dict:
+        """Fetch this rank's chunks of the manifest's step (tiers cheapest first), verify, load."""
+        from autohet_ray.checkpoint import Manifest, restore
+
+        manifest = Manifest.from_json(manifest_json, where="sent by the recovery controller")
+        built = [build_tier(spec) for spec in tiers]
+        start = time.perf_counter()
+        state, report = restore(manifest, self.needs(), built, num_threads=num_threads)
+        fetch_s = time.perf_counter() - start
+        start = time.perf_counter()
+        self.engine.load_state_dict(state)
+        load_s = time.perf_counter() - start
+        return {"rank": self.rank, "step": manifest.step, "fetch_s": fetch_s, "load_s": load_s,
+                "bytes_by_tier": report.bytes_by_tier(), "fallbacks": report.fallbacks[:5],
+                "tier_read_s": {t.name: t.read_seconds() for t in built}}
+
+    def close_snapshots(self) -> None:
+        if self.snapshotter is not None:
+            self.snapshotter.close()
+            self.snapshotter = None
+
+    def close(self) -> None:
+        import torch.distributed as dist
+        self.close_snapshots()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,98 @@
+"""A group of elastic stage actors for one plan: one actor per plan rank pinned to the node its stage names
+(hard node affinity, one fake/real GPU each), a gloo rendezvous on loopback through rank 0, lock-step calls,
+and failures reported with the dead rank's node, pipeline and stage."""
+from __future__ import annotations
+
+import time
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from autohet_ray.orchestrate.elastic_actor import ElasticWorker
+from autohet_ray.plan.schema import Plan
+
+
+class GroupFailure(RuntimeError):
+    """A call on the group failed: an actor died or a rank raised (e.g. a gloo peer vanished)."""
+
+    def __init__(self, message: str, *, rank: int, dead: bool):
+        super().__init__(message)
+        self.rank, self.dead = rank, dead
+
+
+def rank_slots(plan: Plan) -> list[dict]:
+    """Plan rank -> {pipeline, stage, node, device_type}, in plan rank order."""
+    slots = []
+    for k, pipeline in enumerate(plan.pipelines):
+        for j, stage in enumerate(pipeline.stages):
+            slots += [{"pipeline": k, "stage": j, "node": stage.node, "device_type": stage.device_type}
+                      for _ in range(stage.tp)]
+    return slots
+
+
+class ElasticGroup:
+    def __init__(self, plan: Plan, node_ids: dict[str, str], *, gpus_per_actor: float = 1.0):
+        self.plan, self.slots = plan, rank_slots(plan)
+        remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3)(ElasticWorker)
+        self.actors = [remote_cls.options(
+            num_gpus=gpus_per_actor,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_ids[slot["node"]], soft=False),
+        ).remote(rank) for rank, slot in enumerate(self.slots)]
+
+    def describe(self, rank: int) -> str:
+        s = self.slots[rank]
+        return f"rank {rank} (pipeline {s['pipeline']} stage {s['stage']}, {s['device_type']} on node {s['node']})"
+
+    def gather(self, refs: list, timeout_s: float | None = None) -> list:
+        """Results in order; GroupFailure naming the first rank whose call failed."""
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+            if not ready:
+                raise GetTimeoutError(f"ranks {sorted(index[r] for r in pending)} did not answer in {timeout_s} s")
+            try:
+                ray.get(ready[0])
+            except RayActorError as exc:
+                rank = index[ready[0]]
+                raise GroupFailure(f"stage actor {self.describe(rank)} died: {str(exc).splitlines()[0]}",
+                                   rank=rank, dead=True) from None
+            except RayTaskError as exc:
+                rank = index[ready[0]]
+                raise GroupFailure(f"stage actor {self.describe(rank)} failed: {str(exc).splitlines()[0]}",
+                                   rank=rank, dead=False) from exc
+        return ray.get(refs)
+
+    def call(self, method: str, *args, timeout_s: float | None = None, **kwargs) -> list:
+        return self.gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], timeout_s)
+
+    def setup(self, *, model_spec: dict, seed: int, lr: float, dtype: str, collective_timeout_s: float,
+              timeout_s: float = 120.0) -> dict:
+        """Rendezvous through rank 0's free port and build every Engine (concurrently: init blocks until all
+        ranks join). Returns the setup seconds."""
+        start = time.perf_counter()
+        addr, port = self.gather([self.actors[0].free_port.remote()], timeout_s)[0]
+        self.call("setup", master_addr=addr, master_port=port, world_size=len(self.actors),
+                  plan=self.plan.to_dict(), model_spec=model_spec, seed=seed, lr=lr, dtype=dtype,
+                  collective_timeout_s=collective_timeout_s, timeout_s=timeout_s)
+        return {"setup_s": time.perf_counter() - start}
+
+    def dead_ranks(self, timeout_s: float = 1.0) -> list[int]:
+        """Ranks whose actor Ray reports dead when pinged (a busy or slow actor is not counted)."""
+        refs = [a.where.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for rank, ref in enumerate(refs):
+            if ref not in ready:
+                continue
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.append(rank)
+        return dead
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []

@@ -1,0 +1,105 @@
+"""Checkpoint tiers as plain data, so they travel to stage actors and are built where they are used.
+
+    {"kind": "keeper", "name": "keeper-a", "node_id": "..."}       a node keeper actor (node / peer tier)
+    {"kind": "dir", "name": "cloud", "path": "/ckpt/run-7"}         a local directory ("cloud" default)
+    {"kind": "s3", "name": "cloud", "bucket": "b", "prefix": "run-7/", "endpoint_url": None}
+Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic cloud link).
+`storage_spec("s3://bucket/prefix")` or `storage_spec("/dir")` turns a storage URL into a spec.
+Every built tier is wrapped in a TimedTier that records how long reads from it took (wall span and bytes).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from autohet_ray import ConfigError
+
+KINDS = ("keeper", "dir", "s3")
+
+
+def storage_spec(url: str, *, name: str = "cloud", endpoint_url: str | None = None,
+                 rate_bytes_per_s: float | None = None) -> dict:
+    """The tier spec of a storage URL: `s3://bucket[/prefix]` or a local directory path."""
+    if not url:
+        raise ConfigError("storage must be a directory or s3://bucket/prefix, got an empty string")
+    if url.startswith("s3://"):
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not bucket:
+            raise ConfigError(f"storage {url!r} names no bucket; use s3://bucket/prefix")
+        prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        spec = {"kind": "s3", "name": name, "bucket": bucket, "prefix": prefix, "endpoint_url": endpoint_url}
+    elif "://" in url:
+        raise ConfigError(f"storage {url!r}: unknown scheme; use a directory path or s3://bucket/prefix")
+    else:
+        spec = {"kind": "dir", "name": name, "path": url}
+    if rate_bytes_per_s is not None:
+        spec["rate_bytes_per_s"] = float(rate_bytes_per_s)
+    return spec
+
+
+def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
+    """The Tier object of a spec (inside whichever process will use it)."""
+    kind = spec.get("kind")
+    if kind == "keeper":
+        from autohet_ray.orchestrate.keeper import KeeperTier, get_keeper
+        try:
+            handle = get_keeper(spec["node_id"])
+        except ValueError:                         # the keeper (or its node) is gone: unavailable, not fatal
+            handle = None
+        tier = KeeperTier(handle, spec["name"], timeout_s=keeper_timeout_s) if handle else _GoneTier(spec["name"])
+    elif kind == "dir":
+        from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
+        tier = LocalDirTier(spec["path"], name=spec["name"], fsync=spec.get("fsync", False))
+    elif kind == "s3":
+        from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
+        tier = S3Tier(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),
+                               endpoint_url=spec.get("endpoint_url")), name=spec["name"])
+    else:
+        raise ConfigError(f"tier spec kind {kind!r}; valid: {', '.join(KINDS)}")
+    if spec.get("rate_bytes_per_s"):
+        from autohet_ray.checkpoint.tiers.throttle import ThrottledTier
+        tier = ThrottledTier(tier, spec["rate_bytes_per_s"])
+    return TimedTier(tier)
+
+
+class _GoneTier:
+    """A keeper that no longer exists: every call is TierUnavailableError (reported by the restore)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attr):
+        from autohet_ray.checkpoint.errors import TierUnavailableError
+
+        def gone(*_args, **_kw):
+            raise TierUnavailableError(self.name, f"{attr}: keeper actor not found")
+        return gone
+
+
+class TimedTier:
+    """Delegates to `inner`; records the wall span of its chunk reads (first start to last end) and bytes."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self._lock = threading.Lock()
+        self.first_start = self.last_end = None
+        self.read_bytes = 0
+
+    def get_chunk(self, key: str) -> bytes:
+        start = time.perf_counter()
+        try:
+            blob = self.inner.get_chunk(key)
+        finally:
+            end = time.perf_counter()
+            with self._lock:
+                self.first_start = start if self.first_start is None else min(self.first_start, start)
+                self.last_end = end if self.last_end is None else max(self.last_end, end)
+        with self._lock:
+            self.read_bytes += len(blob)
+        return blob
+
+    def read_seconds(self) -> float:
+        return 0.0 if self.first_start is None else self.last_end - self.first_start
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)

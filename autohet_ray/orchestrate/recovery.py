@@ -1,0 +1,301 @@
+"""The elastic controller: train with tiered snapshots, and on a lost node or stage actor re-plan on what is
+left and resume from the cheapest copies of the newest committed step.
+
+States: new -> running -> recovering (detect) -> replanning (plan, restart, fetch, load) -> running ... -> closed.
+
+    ctl = ElasticController(job)               # job: ElasticJob (plain data)
+    ctl.start()                                # discover, profile (analytic, once), plan, keepers, actors
+    for _ in range(n): ctl.step()              # a failure inside step() recovers and returns the first step
+    ctl.recoveries[-1]                         # phases: detect, replan, restart, fetch (per tier), load, first step
+    ctl.close()
+
+Snapshots: every rank writes its unique chunks (assign_writers) to its node keeper and `num_peers` peer keepers
+(choose_peers: another GPU type first) after every step, and to the cloud tier every `cloud_every` steps. The
+driver commits a step while the next one computes, so a node loss costs at most the step in flight plus one.
+"""
+from __future__ import annotations
+
+import time
+
+import ray
+
+from autohet_ray.checkpoint import assign_writers, choose_peers, find_manifest
+from autohet_ray.cluster.spec import cluster_from_dict
+from autohet_ray.model.spec import model_from_dict
+from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray.orchestrate.discovery import check_plan_fits, discover
+from autohet_ray.orchestrate.elastic_commit import Committer
+from autohet_ray.orchestrate.elastic_config import (ElasticJob, merge_restores, plan_summary, tier_order,
+                                                    tiling_holdings, without_nodes)
+from autohet_ray.orchestrate.elastic_group import ElasticGroup, GroupFailure
+from autohet_ray.orchestrate.keeper import start_keeper, stop_keeper
+
+
+class RecoveryFailed(RuntimeError):
+    """Recovery could not name the failure, or no committed step could be restored."""
+
+
+class ElasticController:
+    def __init__(self, job: ElasticJob):
+        self.job = job
+        self.model = model_from_dict(job.model)
+        self.seq_len = job.seq_len or self.model.max_seq_len
+        self.base_cluster = cluster_from_dict(job.cluster)
+        self.state = "new"
+        self.found = self.profile = self.plan = self.group = self.committer = None
+        self.keeper_specs: dict[str, dict] = {}
+        self.lost: list[str] = []
+        self.step_index = 0                  # completed optimizer steps of the live group
+        self.history: list[dict] = []
+        self.recoveries: list[dict] = []
+        self.fault_at: float | None = None
+        self.group_start = 0                 # the step the live group started from
+
+    # -- setup ---------------------------------------------------------------------------------------------
+    def start(self, *, restore: str | None = None) -> dict:
+        """Discover, profile once, start keepers, plan, place and (with restore='cloud_only'/'local_first')
+        load the newest committed step. Returns the launch report."""
+        from autohet_ray.profile.analytic import analytic_profile
+        assert self.state == "new", self.state
+        self.found = discover(self.base_cluster)
+        self.profile = analytic_profile(self.model, self.found.cluster, self.seq_len)
+        for node in self.found.nodes:
+            start_keeper(node.node_id, label=f"keeper-{node.name}")
+            self.keeper_specs[node.name] = {"kind": "keeper", "name": f"keeper-{node.name}", "node_id": node.node_id}
+        self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
+                                   extra={"job": self.job.to_dict()}, gc_every=self.job.gc_every)
+        report = self._launch(restore)
+        self.state = "running"
+        return report
+
+    def _launch(self, restore: str | None) -> dict:
+        """Plan on self.found, start the group, optionally restore, configure snapshots; phase seconds."""
+        from autohet_ray.planner import plan_training
+        from autohet_ray.plan.schema import plan_from_dict
+        t0 = time.perf_counter()
+        if self.job.plan is not None and self.plan is None:
+            self.plan = plan_from_dict(self.job.plan)
+        else:
+            self.plan = plan_training(cluster=self.found.cluster, model=self.model, profile=self.profile,
+                                      global_batch=self.job.global_batch, seq_len=self.seq_len,
+                                      micro_batch=self.job.micro_batch,
+                                      time_limit_s=self.job.plan_time_limit_s).plan
+        check_plan_fits(self.plan, self.found)
+        t1 = time.perf_counter()
+        self.group = ElasticGroup(self.plan, self.found.node_ids)
+        self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr, dtype=self.job.dtype,
+                         collective_timeout_s=self.job.collective_timeout_s, timeout_s=self.job.setup_timeout_s)
+        t2 = time.perf_counter()
+        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": plan_summary(self.plan),
+                  "num_ranks": len(self.group.actors)}
+        self.step_index = 0
+        if restore:
+            report |= self._restore(restore)
+        self.group_start = self.step_index
+        if self.job.checkpoint:
+            self._configure_snapshots()
+        return report
+
+    def _configure_snapshots(self) -> None:
+        holdings = dict(enumerate(self.group.call("holdings", timeout_s=60)))
+        pipeline_of = {rank: slot["pipeline"] for rank, slot in enumerate(self.group.slots)}
+        owned = assign_writers(tiling_holdings(holdings, pipeline_of))
+        rank_nodes = {rank: slot["node"] for rank, slot in enumerate(self.group.slots)}
+        node_gpu = {n.name: n.device_type for n in self.found.nodes}
+        peers = choose_peers(rank_nodes, node_gpu, num_peers=min(self.job.num_peers, len(node_gpu) - 1))
+        refs = [actor.configure_snapshots.remote(
+            owned=sorted(owned[rank], key=lambda item: (item[0], item[1].offsets)),
+            local=self.keeper_specs[rank_nodes[rank]], peers=[self.keeper_specs[p] for p in peers[rank]],
+            cloud=self.job.storage if self.job.cloud_every else None, cloud_every=self.job.cloud_every)
+            for rank, actor in enumerate(self.group.actors)]
+        self.group.gather(refs, 60)
+
+    def _restore(self, mode: str) -> dict:
+        """Load the newest committed step whose chunks some tier still holds into every rank."""
+        steps = self.committer.committed_steps(mode)
+        if not steps:
+            raise RecoveryFailed(f"no committed step in the {mode} tiers; nothing to resume from")
+        rank_nodes = [slot["node"] for slot in self.group.slots]
+        errors = []
+        for step in steps:
+            manifest = find_manifest(self.committer.manifest_tiers(mode), step)
+            body = manifest.to_json()
+            refs = [actor.restore.remote(manifest_json=body,
+                                         tiers=tier_order(rank_nodes[r], self.keeper_specs, self.job.storage, mode))
+                    for r, actor in enumerate(self.group.actors)]
+            try:
+                outs = self.group.gather(refs, self.job.setup_timeout_s)
+            except GroupFailure as err:            # e.g. a chunk no tier holds: try the previous step
+                errors.append(f"step {step}: {err}")
+                continue
+            self.step_index = step
+            return {"restored_step": step, "mode": mode, "skipped_steps": errors, **merge_restores(outs)}
+        raise RecoveryFailed("no committed step could be restored: " + "; ".join(errors))
+
+    # -- training --------------------------------------------------------------------------------------------
+    def step(self, fault_hook=None) -> dict:
+        """One training step (and the commit of the previous snapshot meanwhile). On a failure: recover,
+        and return the metrics of the first step after recovery (with "recovery" attached)."""
+        assert self.state == "running", self.state
+        try:
+            return self._step_once(fault_hook)
+        except GroupFailure as failure:
+            return self.recover(failure)
+
+    def _step_once(self, fault_hook=None) -> dict:
+        job, group = self.job, self.group
+        batch = ray.put(synthetic_batch(vocab_size=self.model.vocab_size, global_batch=job.global_batch,
+                                        seq_len=self.seq_len, seed=job.seed, step=self.step_index))
+        start = time.perf_counter()
+        refs = [a.train_step.remote(batch, snapshot=job.checkpoint) for a in group.actors]
+        prev = self.step_index
+        fast = [a.fast_records.remote(prev) for a in group.actors] if self._snapshotted(prev) else []
+        if fault_hook is not None:
+            fault_hook(self)
+        if fast:
+            self.committer.commit_fast(prev, group.gather(fast, 120))
+            if self._is_cloud_step(prev):
+                self.committer.add_cloud(prev, [a.cloud_records.remote(prev) for a in group.actors])
+            self.committer.poll_cloud()
+            self.committer.maybe_collect(prev)
+        outs = group.gather(refs)
+        wall = time.perf_counter() - start
+        self.step_index += 1
+        metrics = {"step": self.step_index, "loss": outs[0]["loss"], "grad_norm": outs[0]["grad_norm"],
+                   "wall_s": wall, "snapshot_copy_s": max(o.get("snapshot_copy_s", 0.0) for o in outs),
+                   "compute_s": max(o["timings"]["step"] for o in outs)}
+        self.history.append(metrics)
+        return metrics
+
+    def _snapshotted(self, step: int) -> bool:
+        """Whether the live group took a snapshot of `step` (it snapshots every step it computed)."""
+        return self.job.checkpoint and step > self.group_start
+
+    def _is_cloud_step(self, step: int) -> bool:
+        return bool(self.job.cloud_every) and step % self.job.cloud_every == 0
+
+    def flush(self, timeout_s: float = 600.0) -> dict:
+        """Commit the last snapshot everywhere (a spot notice, or before stopping): the fast lane, then the
+        cloud upload of every pending step (and of the last step, uploaded now if it was not a cloud step)."""
+        step = self.step_index
+        if self._snapshotted(step) and step not in self.committer.committed:
+            self.committer.commit_fast(step, self.group.call("fast_records", step, timeout_s=timeout_s))
+            if self._is_cloud_step(step):
+                self.committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
+        self.committer.poll_cloud(wait=True, timeout_s=timeout_s)
+        return {"committed": self.committer.committed[-1:], "cloud_committed": self.committer.cloud_committed[-1:]}
+
+    # -- recovery --------------------------------------------------------------------------------------------
+    def mark_fault(self) -> None:
+        """Tests and benchmarks note when they inject a failure (detection is timed from here)."""
+        self.fault_at = time.perf_counter()
+
+    def recover(self, failure: GroupFailure, *, mode: str = "local_first") -> dict:
+        seen_at = time.perf_counter()
+        self.state = "recovering"
+        t0 = self.fault_at or seen_at
+        lost = self._detect(failure)
+        detect_s = time.perf_counter() - t0
+        completed = self.step_index
+        self.group.kill()
+        self.committer.forget_pending()
+        for node in lost["lost_nodes"]:
+            self.committer.drop_keeper(node)
+            self.keeper_specs.pop(node, None)
+        self.lost += lost["lost_nodes"]
+        report = self.replan(mode=mode, reason=lost["message"])
+        report |= {"detect_s": detect_s, **lost, "lost_steps": completed - report["restored_step"]}
+        report["total_s"] = detect_s + sum(report[k] for k in ("replan_s", "restart_s", "fetch_s", "load_s",
+                                                               "first_step_s"))
+        self.recoveries[-1] = report
+        self.fault_at = None
+        return {**self.history[-1], "recovery": report}
+
+    def replan(self, *, mode: str = "local_first", reason: str = "requested") -> dict:
+        """Re-plan on the live nodes of the cluster file (also when nodes rejoined), restart, restore, step."""
+        self.state = "replanning"
+        if self.group is not None and self.group.actors:
+            self.flush()
+            self.group.kill()
+        self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
+        for node in self.found.nodes:
+            if node.name not in self.keeper_specs:          # a replacement node: a keeper of its own
+                start_keeper(node.node_id, label=f"keeper-{node.name}")
+                self.keeper_specs[node.name] = {"kind": "keeper", "name": f"keeper-{node.name}",
+                                                "node_id": node.node_id}
+                self.committer.keepers[node.name] = _build(self.keeper_specs[node.name])
+        report = {"reason": reason, **self._launch(mode)}
+        self.recoveries.append(report)
+        self.state = "running"
+        start = time.perf_counter()
+        self._step_once()
+        report["first_step_s"] = time.perf_counter() - start
+        return report
+
+    def _dead_nodes(self) -> list[str]:
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return [n.name for n in self.base_cluster.nodes
+                if self._node_id(n.name) is None or self._node_id(n.name) not in alive]
+
+    def _node_id(self, name: str) -> str | None:
+        for raw in ray.nodes():
+            if raw["Alive"] and (raw.get("Labels") or {}).get("autohet.io/node") == name:
+                return raw["NodeID"]
+        return None
+
+    def _detect(self, failure: GroupFailure) -> dict:
+        """Wait until Ray names the cause: a lost node of the plan (Ray marks it dead, or its keeper died
+        with it), or a dead stage actor on a node whose keeper still answers."""
+        deadline = time.perf_counter() + self.job.detect_timeout_s
+        ids = self.found.node_ids
+        while time.perf_counter() < deadline:
+            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            lost = {s["node"] for s in self.group.slots if ids[s["node"]] not in alive}
+            dead = self.group.dead_ranks(timeout_s=1.0)
+            for node in sorted({self.group.slots[r]["node"] for r in dead} - lost):
+                verdict = _keeper_alive(ids[node])
+                if verdict is None:                 # undecided: ask again
+                    dead = []
+                elif not verdict:
+                    lost.add(node)
+            if lost or dead:
+                lost_nodes = sorted(lost)
+                ranks = [r for r, s in enumerate(self.group.slots) if s["node"] in lost] or dead
+                named = "; ".join(self.group.describe(r) for r in ranks)
+                what = f"lost node(s) {lost_nodes}" if lost_nodes else "dead stage actor(s)"
+                return {"lost_nodes": lost_nodes, "dead_ranks": ranks,
+                        "message": f"{what}: {named} (first error: {failure})"}
+            time.sleep(0.2)
+        raise RecoveryFailed(f"a step failed but Ray reports no lost node or dead actor within "
+                             f"{self.job.detect_timeout_s:g} s: {failure}")
+
+    def close(self) -> None:
+        if self.committer is not None:
+            self.committer.close()
+        if self.group is not None:
+            self.group.kill()
+            self.group = None
+        for spec in self.keeper_specs.values():
+            stop_keeper(spec["node_id"])
+        self.state = "closed"
+
+
+def _build(spec: dict):
+    from autohet_ray.orchestrate.elastic_tiers import build_tier
+    return build_tier(spec, keeper_timeout_s=10.0)
+
+
+
+def _keeper_alive(node_id: str) -> bool | None:
+    """True when the node's keeper answers (the node lives), False when it died, None when unsure."""
+    from autohet_ray.orchestrate.keeper import get_keeper
+    try:
+        ref = get_keeper(node_id).node_id.remote()
+        ray.get(ref, timeout=1.0)
+        return True
+    except ValueError:
+        return False
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return None
