@@ -13,9 +13,9 @@ from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
 from autohet_ray.planner.batch import allocate_microbatches
-from autohet_ray.planner.polish import polish
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
-from autohet_ray.planner.space import (TemplateEval, evaluate_template, group_kinds, multisets, orderings,
+from autohet_ray.planner.polish import polish
+from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first)
 from autohet_ray.planner.split import best_split
 from autohet_ray.profile.db import ProfileDB
@@ -125,18 +125,20 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
     max_stages = min(model.num_layers, 8 if small else 6)
     share = lambda t: max(1, total_microbatches * sum(k[1] for k in t.kinds) // cluster.num_gpus)  # noqa: E731
     score = lambda t: t.estimate_s(share(t), replicated=False)  # noqa: E731
+    links = LinkCache(cluster, table)
     while True:
         found: dict[tuple, TemplateEval] = {}
         for usage in multisets(kinds, available, max_stages, 3, mixed_tp=small):
             if clock.over():
                 break
             first = slow_first(usage, speed)
-            evals = [evaluate_template(o, cluster, table, total_microbatches) for o in orderings(usage, False)] \
-                if small else [evaluate_template(first, cluster, table, total_microbatches)]
+            evals = [evaluate_template(o, cluster, table, total_microbatches, links)
+                     for o in orderings(usage, False)] if small else \
+                [evaluate_template(first, cluster, table, total_microbatches, links)]
             if any(e is None or e.split.memory_bound for e in evals):
                 # the order can only change the split through memory: then try the other orders too
                 tried = {e.kinds for e in evals if e is not None} | {first}
-                evals += [evaluate_template(o, cluster, table, total_microbatches)
+                evals += [evaluate_template(o, cluster, table, total_microbatches, links)
                           for o in orderings(usage, exhaustive=small) if o not in tried]
             evals = [e for e in evals if e is not None]
             if evals:

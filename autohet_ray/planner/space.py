@@ -63,24 +63,51 @@ def group_kinds(cluster: Cluster, model) -> list[Kind]:
     return kinds
 
 
-def template_links(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable) -> list[float]:
-    """Estimated p2p time between consecutive stages: same type and room on one node -> intra, else NIC."""
-    msg = activation_message_bytes(table.model, table.micro_batch, table.seq_len)
-    out = []
-    for (da, ta), (db, tb) in zip(kinds, kinds[1:]):
-        node_a = _widest_node(cluster, da)
-        if da == db and ta + tb <= node_a.count:
-            out.append(p2p_time(msg, intra_link(table.profile, cluster, da)))
-        else:
-            out.append(p2p_time(msg, inter_link(table.profile, cluster, node_a.name, _widest_node(cluster, db).name)))
-    return out
+class LinkCache:
+    """Per-table link prices the template search asks for thousands of times."""
+
+    def __init__(self, cluster: Cluster, table: GroupCostTable):
+        self.cluster, self.table = cluster, table
+        self.msg = activation_message_bytes(table.model, table.micro_batch, table.seq_len)
+        self._p2p: dict[tuple, float] = {}
+        self._sync_bw: dict[tuple[str, bool], float] = {}
+
+    def p2p(self, a: Kind, b: Kind) -> float:
+        """Estimated transfer between consecutive stages: same type with room on one node -> intra, else NIC."""
+        key = (a, b)
+        if key not in self._p2p:
+            (da, ta), (db, tb) = a, b
+            node_a = _widest_node(self.cluster, da)
+            if da == db and ta + tb <= node_a.count:
+                link = intra_link(self.table.profile, self.cluster, da)
+            else:
+                link = inter_link(self.table.profile, self.cluster, node_a.name, _widest_node(self.cluster, db).name)
+            self._p2p[key] = p2p_time(self.msg, link)
+        return self._p2p[key]
+
+    def sync_bandwidth(self, device: str, over_nic: bool) -> float:
+        key = (device, over_nic)
+        if key not in self._sync_bw:
+            if over_nic and len(self.cluster.nodes) > 1:
+                node = _widest_node(self.cluster, device)
+                link = inter_link(self.table.profile, self.cluster, node.name, node.name, share=node.count)
+            else:
+                link = intra_link(self.table.profile, self.cluster, device)
+            self._sync_bw[key] = link.bandwidth_Bps
+        return self._sync_bw[key]
+
+
+def template_links(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable,
+                   links: LinkCache | None = None) -> list[float]:
+    links = links or LinkCache(cluster, table)
+    return [links.p2p(a, b) for a, b in zip(kinds, kinds[1:])]
 
 
 def _widest_node(cluster: Cluster, device: str):
     return max((n for n in cluster.nodes if n.device == device), key=lambda n: (n.count, -n.nic_gbps))
 
 
-def sync_estimate(kinds: tuple[Kind, ...], split: Split, cluster: Cluster, table: GroupCostTable,
+def sync_estimate(kinds: tuple[Kind, ...], split: Split, table: GroupCostTable, links: LinkCache,
                   over_nic: bool) -> float:
     """Busiest device's all-reduce time: over NVLink/PCIe when copies of this pipeline keep each stage on one
     node (the placer co-locates the same stage of identical pipelines), or over its node's NIC shared by the
@@ -88,24 +115,20 @@ def sync_estimate(kinds: tuple[Kind, ...], split: Split, cluster: Cluster, table
     worst, p = 0.0, len(kinds)
     for j, ((device, tp), n) in enumerate(zip(kinds, split.counts)):
         num_bytes = table.get(device, tp).stage_params(n, j == 0, j == p - 1) * GRAD_SYNC_BYTES
-        if over_nic and len(cluster.nodes) > 1:
-            node = _widest_node(cluster, device)
-            link = inter_link(table.profile, cluster, node.name, node.name, share=node.count)
-        else:
-            link = intra_link(table.profile, cluster, device)
-        worst = max(worst, 2 * num_bytes / link.bandwidth_Bps)
+        worst = max(worst, 2 * num_bytes / links.sync_bandwidth(device, over_nic))
     return worst
 
 
 def evaluate_template(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable,
-                      reference_microbatches: int) -> TemplateEval | None:
+                      reference_microbatches: int, links: LinkCache | None = None) -> TemplateEval | None:
+    links = links or LinkCache(cluster, table)
     groups = [table.get(d, t) for d, t in kinds]
-    links = template_links(kinds, cluster, table)
-    split = best_split(groups, table.model.num_layers, reference_microbatches, links)
+    link_s = template_links(kinds, cluster, table, links)
+    split = best_split(groups, table.model.num_layers, reference_microbatches, link_s)
     if split is None:
         return None
-    return TemplateEval(kinds, split, tuple(links), sync_estimate(kinds, split, cluster, table, False),
-                        sync_estimate(kinds, split, cluster, table, True))
+    return TemplateEval(kinds, split, tuple(link_s), sync_estimate(kinds, split, table, links, False),
+                        sync_estimate(kinds, split, table, links, True))
 
 
 def multisets(kinds: list[Kind], available: dict[Kind, int], max_stages: int, max_types: int,
