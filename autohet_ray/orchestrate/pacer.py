@@ -4,8 +4,10 @@ device or link, times a time-scale factor. Only the clock differs from a real ru
 
 Targets per op (seconds at time scale 1), the same figures `cost.evaluate_plan` prices a plan with:
 forward / backward: this stage's per-micro-batch time split by the layer forward fraction; send_activation /
-send_grad: the link to the next / previous stage (the sender is held for it: the cost model overlaps it with
-compute, an error of link/stage time); grad_sync and optimizer: the plan's sync and optimizer times.
+send_grad: the link to the next / previous stage; grad_sync and optimizer: the plan's sync and optimizer times.
+A send is held for its link time (so the peer receives it that much later) and the sender is credited with
+that time on its next ops (the cost model overlaps links with compute, so the link must not lengthen the
+sender's own schedule).
 Receives are not paced: waiting for a peer is real.
 
 Jitter of the real CPU work (other processes share the cores) is absorbed by carrying debt: when an op's real
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
@@ -29,6 +32,7 @@ from autohet_ray.profile.db import ProfileDB
 
 PACED_OPS = ("forward", "backward", "send_activation", "send_grad", "grad_sync", "optimizer")
 UNPACED_OPS = ("recv_activation", "recv_grad")
+SEND_OPS = ("send_activation", "send_grad")
 
 
 def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
@@ -59,6 +63,7 @@ class EmulationPacer:
     overruns: dict[str, int] = field(default_factory=dict)    # ops whose real run exceeded their target
     overrun_s: float = 0.0
     debt_s: float = 0.0          # real time this rank is behind its emulated schedule in the current step
+    sleep: Callable[[float], None] = time.sleep
 
     def __post_init__(self):
         assert self.time_scale > 0, self.time_scale
@@ -71,12 +76,17 @@ class EmulationPacer:
             return
         assert op in self.targets, f"unknown runtime op {op!r}; known: {PACED_OPS + UNPACED_OPS}"
         target = self.targets[op] * self.time_scale
+        if op in SEND_OPS:               # hold the message for the link time, then credit the sender with it
+            if target > elapsed_s:
+                self.sleep(target - elapsed_s)
+            self.debt_s += max(target, elapsed_s)
+            return
         if target > 0 and elapsed_s > target:
             self.overruns[op] = self.overruns.get(op, 0) + 1
             self.overrun_s += elapsed_s - target
         left = target - elapsed_s - self.debt_s
         if left > 0:
-            time.sleep(left)
+            self.sleep(left)
         self.debt_s = max(0.0, -left)
         if op == "optimizer":
             self.debt_s = 0.0

@@ -1,8 +1,8 @@
 """Profiling as Ray work: once per GPU *type* (not per GPU), on actors in a STRICT_PACK placement group on one
 node of that type, pinned with bundle label selectors. Layer times come from `profile.measure` (one TP rank's
 shard per TP degree, so the cost does not grow with the number of GPUs of a type); with two GPUs in the group,
-a gloo ping-pong between them measures the intra-node link; one more between two nodes measures the
-inter-node link. Results are cached on disk keyed by device type, model, sequence length, the TP degrees and
+a gloo ping-pong between them measures the intra-node link; one more between GPUs on two nodes measures the
+inter-node link (not cached: it depends on the nodes, not on a GPU type). Results are cached on disk keyed by device type, model, sequence length, the TP degrees and
 micro-batches, and software versions.
 """
 from __future__ import annotations
@@ -98,6 +98,28 @@ def _link(a, b) -> LinkProfile:
     return LinkProfile(**r0)
 
 
+def _inter_link(found: Discovered, timeout_s: float) -> LinkProfile | None:
+    """A gloo ping-pong between GPUs on the first two nodes (None on a one-node cluster)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+    if len(found.nodes) < 2:
+        return None
+    a, b = found.nodes[:2]
+    selectors = [{NODE_ID_LABEL: n.node_id} for n in (a, b)]
+    group = placement_group([{"GPU": 1}, {"GPU": 1}], strategy="STRICT_SPREAD", bundle_label_selector=selectors)
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if not ready:
+            raise PlacementError(f"profiling: one GPU on each of nodes {a.name} and {b.name} could not be scheduled "
+                                 f"in {timeout_s:.0f} s (GPUs busy?)")
+        actors = [_remote(group, i) for i in range(2)]
+        link = _link(*actors)
+        for actor in actors:
+            ray.kill(actor)
+        return link
+    finally:
+        remove_placement_group(group)
+
+
 def cache_key(device_type: str, spec: ModelSpec, seq_len: int, tps, micro_batches) -> str:
     raw = json.dumps([device_type, spec.to_dict(), seq_len, list(tps), list(micro_batches), software_versions()],
                      sort_keys=True)
@@ -152,6 +174,11 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
         db.entries.update(part.entries)
         db.links.update(part.links)
         db.meta["types"][device_type] = info
+    t0 = time.perf_counter()
+    inter = _inter_link(found, timeout_s)
+    if inter is not None:
+        db.links["inter"] = inter
+        db.meta["inter_link"] = {"nodes": [n.name for n in found.nodes[:2]], "seconds": time.perf_counter() - t0}
     db.meta["profile_time_s"] = time.perf_counter() - start
     db.meta["source"] = "measured on Ray placement-group actors, one node per GPU type"
     return db

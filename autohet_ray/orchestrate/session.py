@@ -13,7 +13,11 @@ from autohet_ray.cluster.spec import Cluster
 @contextlib.contextmanager
 def ray_session(cluster: Cluster, *, address: str | None, emulate: bool, on_start=None):
     """Connect to a running Ray cluster (`address`, or RAY_ADDRESS as under `ray job submit`); with `emulate`
-    and neither given, start an emulated cluster from the cluster file on this machine (shut down on exit)."""
+    and neither given, start an emulated cluster from the cluster file on this machine (shut down on exit).
+    A caller already connected to Ray keeps its connection."""
+    if ray.is_initialized():            # embedded in a program that is already connected: use its cluster
+        yield None
+        return
     address = address or os.environ.get("RAY_ADDRESS")
     if address is None and emulate:
         from autohet_ray.orchestrate.emulation import emulated_cluster

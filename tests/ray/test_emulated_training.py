@@ -107,6 +107,7 @@ def test_profiling_on_ray_once_per_gpu_type_cached_and_plannable(three_node_clus
     assert sorted(db.entries) == [("H20", 1, 1), ("H20", 1, 2), ("H20", 2, 1), ("H20", 2, 2), ("H800", 1, 1),
                                   ("H800", 1, 2)]
     assert db.links["intra:H20"].bandwidth_Bps > 0                 # two H20s on node c: a gloo ping-pong
+    assert db.links["inter"].bandwidth_Bps > 0 and db.meta["inter_link"]["nodes"] == ["a", "b"]
     assert set(db.meta["types"]) == {"H800", "H20"} and not db.meta["types"]["H20"]["cached"]
     again = profile_cluster(found, SPEC, 16, micro_batches=(1, 2), cache_dir=str(tmp_path))
     assert all(info["cached"] for info in again.meta["types"].values()) and again.entries == db.entries
@@ -114,3 +115,17 @@ def test_profiling_on_ray_once_per_gpu_type_cached_and_plannable(three_node_clus
     result, _ = plan_with_baselines(cluster=found.cluster, model=SPEC, profile=load_profile(str(tmp_path / "prof.json")),
                                     global_batch=4, seq_len=16, micro_batch=1, time_limit_s=5)
     assert result.plan.predicted.profile_kind == "measured"
+
+
+def test_cli_profile_through_ray(three_node_cluster, tmp_path, capsys):
+    from autohet_ray.cli import main
+    from autohet_ray.profile.db import load_profile
+    cluster_file = tmp_path / "cluster.yaml"
+    import yaml
+    cluster_file.write_text(yaml.safe_dump(THREE_NODES))
+    out = tmp_path / "prof.json"
+    assert main(["profile", "--cluster", str(cluster_file), "--model", "tiny-gpt", "--out", str(out)]) == 0
+    assert "H20: node c" in capsys.readouterr().out
+    db = load_profile(str(out))
+    assert db.kind == "measured" and {d for d, _, _ in db.entries} == {"H800", "H20"}
+    assert ray.is_initialized()          # the CLI reused this process's connection and left it open
