@@ -4,7 +4,8 @@ device or link, times a time-scale factor. Only the clock differs from a real ru
 
 Targets per op (seconds at time scale 1), the same figures `cost.evaluate_plan` prices a plan with:
 forward / backward: this stage's per-micro-batch time split by the layer forward fraction; send_activation /
-send_grad: the link to the next / previous stage; grad_sync and optimizer: the plan's sync and optimizer times.
+send_grad: the link to the next / previous stage; grad_sync: this device's cross-pipeline all-reduce seconds;
+optimizer: this stage's optimizer step (the cost model ends each stage with its own sync and optimizer).
 A send is held for its link time (so the peer receives it that much later) and the sender is credited with
 that time on its next ops (the cost model overlaps links with compute, so the link must not lengthen the
 sender's own schedule).
@@ -24,7 +25,8 @@ from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
-from autohet_ray.cost.terms import GroupCostTable
+from autohet_ray.cost.sync import gradient_sync_times
+from autohet_ray.cost.terms import OPTIMIZER_BYTES_PER_PARAM, GroupCostTable
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan
@@ -41,17 +43,21 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
     ev = evaluation or evaluate_plan(plan, cluster, model, profile)
     table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=plan.micro_batch,
                            seq_len=plan.seq_len)
+    sync = gradient_sync_times(plan, cluster, model, profile)
     out = []
     for info in build_rank_map(plan, model.num_layers).ranks:
         k, j = info.pipeline, info.stage
-        stage = plan.pipelines[k].stages[j]
+        stages = plan.pipelines[k].stages
+        gc = table.get(stages[j].device_type, stages[j].tp)
         total = ev.stage_times_s[k][j]
-        fwd = total * table.get(stage.device_type, stage.tp).layer_fwd_fraction
+        fwd = total * gc.layer_fwd_fraction
         links = ev.link_times_s[k]
+        params = gc.stage_params(stages[j].num_layers, j == 0, j == len(stages) - 1)
         out.append({"forward": fwd, "backward": total - fwd,
                     "send_activation": links[j] if j < len(links) else 0.0,
                     "send_grad": links[j - 1] if j > 0 else 0.0,
-                    "grad_sync": ev.sync_time_s, "optimizer": ev.optimizer_time_s})
+                    "grad_sync": sync.get(f"{info.node}:{info.device}", 0.0),
+                    "optimizer": params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps})
     return out
 
 
@@ -88,7 +94,7 @@ class EmulationPacer:
         if left > 0:
             self.sleep(left)
         self.debt_s = max(0.0, -left)
-        if op == "optimizer":
+        if op in ("grad_sync", "optimizer"):     # grad_sync waits for the other pipelines: that pays the debt
             self.debt_s = 0.0
 
     def report(self) -> dict:
