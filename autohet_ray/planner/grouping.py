@@ -37,10 +37,10 @@ def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microb
     model.setParam("limits/time", max(0.1, time_limit_s))
     n = {i: model.addVar(vtype="I", lb=0, name=f"n_{i}") for i in usable}
     degrees = sorted({k[1] for t in templates for k in t.kinds})
+    usage = {i: templates[i].usage().items() for i in usable}
     for device in cluster.device_types():
         for tp in degrees:
-            terms = [c * k[1] * n[i] for i in usable for k, c in templates[i].usage().items()
-                     if k[0] == device and k[1] >= tp]
+            terms = [c * k[1] * n[i] for i in usable for k, c in usage[i] if k[0] == device and k[1] >= tp]
             if terms:
                 model.addCons(quicksum(terms) <= _room(cluster, device, tp), name=f"room_{device}_{tp}")
     model.addCons(quicksum(n.values()) <= total_microbatches, name="one_microbatch_per_pipeline")
@@ -49,7 +49,7 @@ def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microb
         sol = model.createSol()
         for i, var in n.items():
             model.setSolVal(sol, var, warm_start.get(i, 0))
-        model.trySol(sol)
+        model.addSol(sol)          # stored before presolve: SCIP starts from it (trySol needs a later stage)
     model.optimize()
     if model.getNSols() == 0:
         return Grouping({}, 0, deadline_s)

@@ -103,7 +103,10 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
     best.templates += len(templates)
     if not templates:
         return
-    for grouping in _replicated(templates, cluster, total) + _groupings(_shortlist(templates), cluster, total, clock):
+    replicated = _replicated(templates, cluster, total)
+    shortlist = _shortlist(templates)
+    warm = _warm_start(replicated[0], templates, shortlist) if replicated else None
+    for grouping in replicated + _groupings(shortlist, cluster, total, clock, warm):
         plan = _realize(grouping, templates, table, cluster, global_batch)
         if plan is not None:
             best.offer(plan, evaluate_plan(plan, cluster, table.model, table.profile, table))
@@ -175,7 +178,14 @@ def _shortlist(templates: list[TemplateEval]) -> list[TemplateEval]:
     return ranked[:SHORTLIST] + single
 
 
-def _groupings(templates, cluster, total, clock):
+def _warm_start(grouping: Grouping, templates: list[TemplateEval], shortlist: list[TemplateEval]) -> dict | None:
+    """The best copies-of-one-shape grouping, as a starting solution for SCIP (when its shape is shortlisted)."""
+    (i, copies), = grouping.counts.items()
+    index = {id(t): n for n, t in enumerate(shortlist)}
+    return {index[id(templates[i])]: copies} if id(templates[i]) in index else None
+
+
+def _groupings(templates, cluster, total, clock, warm_start=None):
     """Groupings at the smallest deadlines that finish the batch, best first."""
     hi = min(t.sync_s + t.fixed_s + (total - 1) * t.bottleneck_s for t in templates)
     lo = min(t.fixed_s for t in templates)
@@ -184,14 +194,14 @@ def _groupings(templates, cluster, total, clock):
         if clock.over() or hi - lo <= 2e-3 * hi:
             break
         mid = (lo + hi) / 2
-        g = solve_grouping(templates, cluster, total, mid, min(10.0, max(0.1, clock.left() / 4)))
+        g = solve_grouping(templates, cluster, total, mid, min(10.0, max(0.1, clock.left() / 4)), warm_start)
         if g.capacity >= total:
             hi = mid
             feasible.append(g)
         else:
             lo = mid
     if not feasible or feasible[-1].deadline_s > hi:
-        g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())))
+        g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())), warm_start)
         if g.capacity >= total:
             feasible.append(g)
     seen, out = set(), []

@@ -95,3 +95,29 @@ def test_cli_plan_json_evaluate_and_show(tmp_path):
     png = tmp_path / "plan.png"
     shown = _cli("show", str(plan_file), "--png", str(png))
     assert shown.returncode == 0 and png.stat().st_size > 1000 and "p0 s0" in shown.stdout
+
+
+def test_slow_gpus_go_to_early_stages_when_memory_binds():
+    # llama-13b on the paper's mix is memory-bound: early 1F1B stages hold the most activations, and the
+    # optimizer (not a rule) puts the memory-rich, compute-poor H20 first and the fast H800 last
+    cluster, spec = load_cluster("jobs/clusters/paper-24.yaml"), PRESETS["llama-13b"]
+    profile = analytic_profile(spec, cluster, 2048, micro_batches=(2,))
+    result, _ = plan_with_baselines(cluster=cluster, model=spec, profile=profile, global_batch=768, seq_len=2048)
+    for pipeline in result.plan.pipelines:
+        speeds = [cluster.device(s.device_type).bf16_tflops for s in pipeline.stages]
+        assert speeds == sorted(speeds), [s.device_type for s in pipeline.stages]
+
+
+def test_grouping_program_accepts_a_warm_start_and_respects_node_room():
+    from autohet_ray.cost.terms import GroupCostTable
+    from autohet_ray.planner.grouping import solve_grouping
+    from autohet_ray.planner.space import evaluate_template
+    cluster, spec = _cluster(("H800", 4), ("H20", 4)), PRESETS["gpt3-1.3b"]
+    table = GroupCostTable(model=spec, cluster=cluster, profile=analytic_profile(spec, cluster, 2048),
+                           micro_batch=1, seq_len=2048)
+    templates = [evaluate_template(k, cluster, table, 32) for k in
+                 [(("H800", 2),), (("H20", 4),), (("H20", 1), ("H800", 1))]]
+    g = solve_grouping(templates, cluster, 32, deadline_s=100.0, time_limit_s=5, warm_start={0: 1})
+    used = {d: sum(c * tp * n for i, n in g.counts.items() for (dd, tp), c in templates[i].usage().items() if dd == d)
+            for d in ("H800", "H20")}
+    assert used["H800"] <= 4 and used["H20"] <= 4 and g.capacity >= 32
