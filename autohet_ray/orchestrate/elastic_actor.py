@@ -100,10 +100,16 @@ class ElasticWorker:
 
     def fast_records(self, step: int, timeout_s: float = 120.0) -> list:
         """The node+peer records of `step` once its fast lane has written them."""
-        return self.handles[step].fast_result(timeout_s).records
+        try:
+            return self.handles[step].fast_result(timeout_s).records
+        except Exception as err:             # checkpoint errors do not survive Ray's pickling: plain text
+            raise RuntimeError(f"rank {self.rank}: snapshot of step {step} failed: {type(err).__name__}: {err}") from None
 
     def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
-        result = self.handles[step].cloud_result(timeout_s)
+        try:
+            result = self.handles[step].cloud_result(timeout_s)
+        except Exception as err:
+            raise RuntimeError(f"rank {self.rank}: upload of step {step} failed: {type(err).__name__}: {err}") from None
         for old in [s for s in self.handles if s < step]:
             self.handles.pop(old)
         return None if result is None else result.records
@@ -115,7 +121,11 @@ class ElasticWorker:
         manifest = Manifest.from_json(manifest_json, where="sent by the recovery controller")
         built = [build_tier(spec) for spec in tiers]
         start = time.perf_counter()
-        state, report = restore(manifest, self.needs(), built, num_threads=num_threads)
+        try:
+            state, report = restore(manifest, self.needs(), built, num_threads=num_threads)
+        except Exception as err:             # e.g. ChunkUnavailableError naming the chunk and step: as text
+            raise RuntimeError(f"rank {self.rank}: restore of step {manifest.step} failed: "
+                               f"{type(err).__name__}: {err}") from None
         fetch_s = time.perf_counter() - start
         start = time.perf_counter()
         self.engine.load_state_dict(state)

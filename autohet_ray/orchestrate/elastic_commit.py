@@ -49,7 +49,12 @@ class Committer:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s if wait else 0)
             if len(ready) < len(refs):
                 continue
-            records = [r for rank_records in ray.get(refs) for r in rank_records]
+            try:
+                records = [r for rank_records in ray.get(refs) for r in rank_records]
+            except ray.exceptions.RayError as err:     # an upload failed: this step stays off the cloud
+                self.skipped.append(f"cloud step {step}: {str(err).splitlines()[0]}")
+                del self.pending_cloud[step]
+                continue
             commit_step(step, records, [self.cloud], extra=self.extra)
             self.cloud_committed.append(step)
             del self.pending_cloud[step]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray.orchestrate.elastic_actor import ElasticWorker
@@ -58,7 +58,7 @@ class ElasticGroup:
                 rank = index[ready[0]]
                 raise GroupFailure(f"stage actor {self.describe(rank)} died: {str(exc).splitlines()[0]}",
                                    rank=rank, dead=True) from None
-            except RayTaskError as exc:
+            except RayError as exc:              # a task error, or one Ray could not even deserialize
                 rank = index[ready[0]]
                 raise GroupFailure(f"stage actor {self.describe(rank)} failed: {str(exc).splitlines()[0]}",
                                    rank=rank, dead=False) from exc

@@ -45,19 +45,25 @@ class ElasticController:
         self.found = self.profile = self.plan = self.group = self.committer = None
         self.keeper_specs: dict[str, dict] = {}
         self.lost: list[str] = []
+        self.draining: set[str] = set()      # nodes with a spot notice or a Ray drain: planned around
         self.step_index = 0                  # completed optimizer steps of the live group
         self.history: list[dict] = []
         self.recoveries: list[dict] = []
         self.fault_at: float | None = None
-        self.group_start = 0                 # the step the live group started from
+        self.snapped: set[int] = set()       # steps the live group snapshotted
+        self.snapshots = job.checkpoint      # snapshot after each step (benchmarks toggle it to measure cost)
+        self.restore_mode = "local_first"    # how step() restores after a failure ("cloud_only": the baseline)
 
     # -- setup ---------------------------------------------------------------------------------------------
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start keepers, plan, place and (with restore='cloud_only'/'local_first')
         load the newest committed step. Returns the launch report."""
         from autohet_ray.profile.analytic import analytic_profile
+        from autohet_ray.orchestrate.spot import draining_nodes
         assert self.state == "new", self.state
-        self.found = discover(self.base_cluster)
+        draining = set(draining_nodes())
+        self.draining = {n["Labels"].get("autohet.io/node") for n in ray.nodes() if n["NodeID"] in draining}
+        self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
         self.profile = analytic_profile(self.model, self.found.cluster, self.seq_len)
         for node in self.found.nodes:
             start_keeper(node.node_id, label=f"keeper-{node.name}")
@@ -91,7 +97,7 @@ class ElasticController:
         self.step_index = 0
         if restore:
             report |= self._restore(restore)
-        self.group_start = self.step_index
+        self.snapped = set()
         if self.job.checkpoint:
             self._configure_snapshots()
         return report
@@ -140,16 +146,18 @@ class ElasticController:
         try:
             return self._step_once(fault_hook)
         except GroupFailure as failure:
-            return self.recover(failure)
+            return self.recover(failure, mode=self.restore_mode)
 
     def _step_once(self, fault_hook=None) -> dict:
         job, group = self.job, self.group
         batch = ray.put(synthetic_batch(vocab_size=self.model.vocab_size, global_batch=job.global_batch,
                                         seq_len=self.seq_len, seed=job.seed, step=self.step_index))
         start = time.perf_counter()
-        refs = [a.train_step.remote(batch, snapshot=job.checkpoint) for a in group.actors]
+        snap = self.snapshots and job.checkpoint
+        refs = [a.train_step.remote(batch, snapshot=snap) for a in group.actors]
         prev = self.step_index
-        fast = [a.fast_records.remote(prev) for a in group.actors] if self._snapshotted(prev) else []
+        fresh = self._snapshotted(prev) and prev not in self.committer.committed
+        fast = [a.fast_records.remote(prev) for a in group.actors] if fresh else []
         if fault_hook is not None:
             fault_hook(self)
         if fast:
@@ -161,6 +169,8 @@ class ElasticController:
         outs = group.gather(refs)
         wall = time.perf_counter() - start
         self.step_index += 1
+        if snap:
+            self.snapped.add(self.step_index)
         metrics = {"step": self.step_index, "loss": outs[0]["loss"], "grad_norm": outs[0]["grad_norm"],
                    "wall_s": wall, "snapshot_copy_s": max(o.get("snapshot_copy_s", 0.0) for o in outs),
                    "compute_s": max(o["timings"]["step"] for o in outs)}
@@ -169,7 +179,7 @@ class ElasticController:
 
     def _snapshotted(self, step: int) -> bool:
         """Whether the live group took a snapshot of `step` (it snapshots every step it computed)."""
-        return self.job.checkpoint and step > self.group_start
+        return step in self.snapped
 
     def _is_cloud_step(self, step: int) -> bool:
         return bool(self.job.cloud_every) and step % self.job.cloud_every == 0
@@ -184,6 +194,34 @@ class ElasticController:
                 self.committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
         self.committer.poll_cloud(wait=True, timeout_s=timeout_s)
         return {"committed": self.committer.committed[-1:], "cloud_committed": self.committer.cloud_committed[-1:]}
+
+    # -- spot notices -----------------------------------------------------------------------------------------
+    def check_notices(self, board=None) -> dict | None:
+        """Act on spot notices (the watchers' NoticeBoard) and on Ray's drain signal between steps: flush a
+        checkpoint, acknowledge (the watcher then drains its node), and re-plan without the noticed nodes, so
+        no step is lost. None when nothing is pending."""
+        from autohet_ray.orchestrate.spot import draining_nodes
+        assert self.state == "running", self.state
+        pending = set(ray.get(board.pending.remote())) if board is not None else set()
+        names = {n.node_id: n.name for n in self.found.nodes}
+        noticed = sorted({names[i] for i in pending | set(draining_nodes()) if i in names})
+        if not noticed and not pending:
+            return None
+        start = time.perf_counter()
+        self.flush()
+        flush_s = time.perf_counter() - start
+        for node_id in pending:
+            ray.get(board.ack.remote(node_id))
+        if not noticed:
+            return {"nodes": [], "flush_s": flush_s}
+        self.draining.update(noticed)
+        completed = self.step_index
+        report = self.replan(reason=f"spot notice: node(s) {noticed} will be preempted")
+        for node in noticed:
+            self.committer.drop_keeper(node)
+            self.keeper_specs.pop(node, None)
+        report |= {"nodes": noticed, "flush_s": flush_s, "lost_steps": completed - report["restored_step"]}
+        return report
 
     # -- recovery --------------------------------------------------------------------------------------------
     def mark_fault(self) -> None:
@@ -234,8 +272,8 @@ class ElasticController:
 
     def _dead_nodes(self) -> list[str]:
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        return [n.name for n in self.base_cluster.nodes
-                if self._node_id(n.name) is None or self._node_id(n.name) not in alive]
+        return [n.name for n in self.base_cluster.nodes if n.name in self.draining
+                or self._node_id(n.name) is None or self._node_id(n.name) not in alive]
 
     def _node_id(self, name: str) -> str | None:
         for raw in ray.nodes():
