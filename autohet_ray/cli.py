@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--seq-len", type=int)
     pr.add_argument("--out", required=True)
     _train_parser(sub)
+    from autohet_ray.cli_resume import add_resume_parser
+    add_resume_parser(sub)
     return ap
 
 
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from autohet_ray.cli_train import cmd_train
             return cmd_train(args)
+        if args.command == "resume":
+            from autohet_ray.cli_resume import cmd_resume
+            return cmd_resume(args)
     except ConfigError as exc:
         print(f"autohet {args.command}: error: {exc}", file=sys.stderr)
         return 2
