@@ -1,11 +1,14 @@
 """Layer-wise gradient synchronization across pipelines whose stage boundaries (and TP degrees) differ.
 
 For every stage, its layers are bucketed by the set of stages (one per pipeline) that also hold them; each
-bucket is one all-reduce among those holders, priced by the slowest link it crosses. When the holders use the
-same TP degree, TP rank r only talks to TP rank r of the others (t parallel all-reduces of 1/t of the bucket);
-when TP degrees differ the shards do not line up and the whole layer gradient is exchanged (the runtime's
-shard-overlap path). Cross-node buckets share each node's NIC among that node's GPUs that sync across nodes.
-A device's sync time is the sum over its buckets; sync ends when the slowest device is done.
+bucket is one all-reduce among those holders. When the holders use the same TP degree, TP rank r only talks to
+TP rank r of the others (t parallel all-reduces of 1/t of the bucket); when TP degrees differ the shards do not
+line up and the whole layer gradient is exchanged (the runtime's shard-overlap path).
+A bucket inside one node is a ring over NVLink/PCIe. A bucket that spans nodes is priced as a topology-aware
+(hierarchical, as NCCL's rings and trees behave) all-reduce: reduce to one copy per node over NVLink, a ring
+among the nodes over their NICs, broadcast back; a node's NIC is shared by the distinct all-reduces running
+on it at once (copies of the same stage of identical pipelines form one). A device's sync time is the sum over
+its buckets.
 """
 from __future__ import annotations
 
@@ -47,27 +50,49 @@ def sync_buckets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profil
     if len(plan.pipelines) == 1:
         return {key: [] for key in stages}
     buckets = _holder_sets(plan, model.num_layers)
-    cross_gpus: dict[str, int] = defaultdict(int)
-    for (k, j), bucket in buckets.items():
-        if any(len({stages[h].node for h in holders}) > 1 for _, holders in bucket):
-            cross_gpus[stages[(k, j)].node] += stages[(k, j)].tp
+    lanes = _nic_lanes(buckets, stages)
     params = {kind: layer_params(model, kind) for kind in ("layer", "embedding", "head")}
     out: dict[tuple[int, int], list[Bucket]] = {}
-    for (k, j), bucket in buckets.items():
-        stage, items = stages[(k, j)], []
+    for key, bucket in buckets.items():
+        stage, items = stages[key], []
         for (kind, holders), count in bucket.items():
             members = [stages[h] for h in holders]
-            degrees = {s.tp for s in members}
-            num_bytes = count * params[kind] * GRAD_SYNC_BYTES / (stage.tp if len(degrees) == 1 else 1)
-            nodes = {s.node for s in members}
-            if len(nodes) == 1:
-                link = intra_link(profile, cluster, stage.device_type)
+            whole = count * params[kind] * GRAD_SYNC_BYTES
+            shard = whole / (stage.tp if len({s.tp for s in members}) == 1 else 1)
+            if len({s.node for s in members}) == 1:
+                seconds = allreduce_time(shard, len(members), intra_link(profile, cluster, stage.device_type))
             else:
-                link = min((inter_link(profile, cluster, a, b, share=max(cross_gpus[a], cross_gpus[b]))
-                            for a in nodes for b in nodes if a < b), key=lambda x: x.bandwidth_Bps)
-            items.append((holders, allreduce_time(num_bytes, len(members), link)))
-        out[(k, j)] = items
+                seconds = _hierarchical(whole, shard, members, lanes, cluster, profile)
+            items.append((holders, seconds))
+        out[key] = items
     return out
+
+
+def _nic_lanes(buckets, stages) -> dict[str, int]:
+    """Distinct cross-node all-reduce streams per node: stages on a node whose cross-node buckets have the same
+    holder sets (the same stage of identical pipelines) are one stream."""
+    streams: dict[str, set] = defaultdict(set)
+    for key, bucket in buckets.items():
+        crossing = tuple(sorted(h for h in bucket if len({stages[s].node for s in h[1]}) > 1))
+        if crossing:
+            streams[stages[key].node].add(crossing)
+    return {node: len(s) for node, s in streams.items()}
+
+
+def _hierarchical(whole: float, shard: float, members, lanes, cluster, profile) -> float:
+    """Reduce to one copy per node (NVLink), ring over the nodes' NICs, broadcast back."""
+    by_node: dict[str, list] = defaultdict(list)
+    for s in members:
+        by_node[s.node].append(s)
+    nodes = sorted(by_node)
+    local = max(len(v) for v in by_node.values())
+    seconds = 0.0
+    if local > 1:
+        link = intra_link(profile, cluster, members[0].device_type)
+        seconds += 2 * (shard / link.bandwidth_Bps + link.latency_s)
+    slowest = min((inter_link(profile, cluster, a, b, share=max(lanes[a], lanes[b]))
+                   for a in nodes for b in nodes if a < b), key=lambda x: x.bandwidth_Bps)
+    return seconds + allreduce_time(whole, len(nodes), slowest)
 
 
 def gradient_sync_times(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> dict[str, float]:

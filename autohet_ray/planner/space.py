@@ -86,11 +86,12 @@ class LinkCache:
         return self._p2p[key]
 
     def sync_bandwidth(self, device: str, over_nic: bool) -> float:
+        """Per-GPU NVLink/PCIe bandwidth, or the whole NIC of a node of this type (bytes/s)."""
         key = (device, over_nic)
         if key not in self._sync_bw:
             if over_nic and len(self.cluster.nodes) > 1:
                 node = _widest_node(self.cluster, device)
-                link = inter_link(self.table.profile, self.cluster, node.name, node.name, share=node.count)
+                link = inter_link(self.table.profile, self.cluster, node.name, node.name)
             else:
                 link = intra_link(self.table.profile, self.cluster, device)
             self._sync_bw[key] = link.bandwidth_Bps
@@ -110,12 +111,18 @@ def _widest_node(cluster: Cluster, device: str):
 def sync_estimate(kinds: tuple[Kind, ...], split: Split, table: GroupCostTable, links: LinkCache,
                   over_nic: bool) -> float:
     """Busiest device's all-reduce time: over NVLink/PCIe when copies of this pipeline keep each stage on one
-    node (the placer co-locates the same stage of identical pipelines), or over its node's NIC shared by the
-    node's GPUs when it is mixed with pipelines of other shapes."""
+    node (the placer co-locates the same stage of identical pipelines), or through its node's NIC when mixed
+    with pipelines of other shapes: one copy of each stage's gradients per node crosses the NIC (hierarchical
+    all-reduce), and the stages of one type share their node's NIC."""
     worst, p = 0.0, len(kinds)
+    per_type = {d: sum(1 for k in kinds if k[0] == d) for d, _ in kinds}
     for j, ((device, tp), n) in enumerate(zip(kinds, split.counts)):
-        num_bytes = table.get(device, tp).stage_params(n, j == 0, j == p - 1) * GRAD_SYNC_BYTES
-        worst = max(worst, 2 * num_bytes / links.sync_bandwidth(device, over_nic))
+        shard = table.get(device, tp).stage_params(n, j == 0, j == p - 1) * GRAD_SYNC_BYTES
+        if over_nic:
+            seconds = 2 * shard * tp * per_type[device] / links.sync_bandwidth(device, True)
+        else:
+            seconds = 2 * shard / links.sync_bandwidth(device, False)
+        worst = max(worst, seconds)
     return worst
 
 
