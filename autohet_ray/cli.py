@@ -57,7 +57,8 @@ def _train_parser(sub) -> None:
     t.add_argument("--emulate", action="store_true",
                    help="emulated GPUs: pace each op to the profile's prediction (starts a local emulated "
                         "cluster unless --address or RAY_ADDRESS is given)")
-    t.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated second")
+    t.add_argument("--time-scale", default="auto",
+                   help="wall seconds per emulated second, or auto (an emulated iteration lasts ~10 s)")
     t.add_argument("--storage", help="directory for the plan and per-step metrics")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
     t.add_argument("--seq-len", type=int)

@@ -5,11 +5,13 @@ import json
 import sys
 import time
 
+from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
 
 BAR_WIDTH = 20
+AUTO_ITERATION_WALL_S = 10.0      # --time-scale auto: one emulated iteration takes about this long on the wall
 
 
 def _bar(done: int, total: int) -> str:
@@ -21,7 +23,8 @@ def _job(args, cluster, model) -> dict:
     return {"model": model.to_dict(), "global_batch": args.global_batch, "steps": args.steps,
             "cluster": cluster.to_dict(), "plan": load_plan(args.plan).to_dict() if args.plan else None,
             "seq_len": args.seq_len, "micro_batch": args.micro_batch, "emulate": args.emulate,
-            "time_scale": args.time_scale, "profile": args.profile, "profile_cache": args.profile_cache,
+            "time_scale": 1.0 if args.time_scale == "auto" else float(args.time_scale),
+            "iteration_wall_s": AUTO_ITERATION_WALL_S if args.time_scale == "auto" else None, "profile": args.profile, "profile_cache": args.profile_cache,
             "storage": args.storage, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit,
             "placement_timeout_s": args.placement_timeout}
 
@@ -43,7 +46,8 @@ def _print_phase(report: dict, tag: str) -> None:
         for name, t in report["baselines_iteration_s"].items():
             print(f"  vs {name}: predicted {t:.4f} s/iteration -> gain {t / report['predicted_iteration_s']:.2f}x")
     elif phase == "place":
-        print(f"place: {report['ranks']} stage actors placed and joined  [{secs:.1f} s]")
+        print(f"place: {report['ranks']} stage actors placed and joined; time scale {report['time_scale']:.3g} "
+              f"wall s per emulated s  [{secs:.1f} s]")
 
 
 def _starting(cluster) -> None:
@@ -54,7 +58,13 @@ def _starting(cluster) -> None:
 def cmd_train(args) -> int:
     from autohet_ray.orchestrate.session import ray_session, run_job
     cluster, model = load_cluster(args.cluster), load_model(args.model)
-    tag = f" (emulated, time scale {args.time_scale:g})" if args.emulate else ""
+    if args.time_scale != "auto":
+        try:
+            if float(args.time_scale) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'") from None
+    tag = " (emulated)" if args.emulate else ""
 
     def on_step(m: dict) -> None:
         print(f"{_bar(m['step'], args.steps)} step {m['step']} loss {m['loss']:.4f}  "

@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from autohet_ray.cluster.spec import load_cluster  # noqa: E402
 from autohet_ray.model.spec import PRESETS, ModelSpec  # noqa: E402
-from autohet_ray.orchestrate.pacer import emulation_targets  # noqa: E402
 from autohet_ray.orchestrate.session import ray_session, run_job  # noqa: E402
 from autohet_ray.planner import plan_with_baselines  # noqa: E402
 from autohet_ray.profile.analytic import analytic_profile  # noqa: E402
@@ -50,11 +49,10 @@ def plans_for(cluster, spec: ModelSpec, global_batch: int, seq_len: int, time_li
     return profile, {"autohet": (result.plan, result.evaluation), "megatron": (megatron.plan, megatron.evaluation)}
 
 
-def time_scale_for(plans, cluster, spec, profile, min_op_s: float) -> float:
-    """Wall seconds per emulated second, so that the shortest paced compute op lasts at least `min_op_s`."""
-    shortest = min(t["forward"] for plan, ev in plans.values()
-                   for t in emulation_targets(plan, cluster, spec, profile, ev))
-    return min_op_s / shortest
+def time_scale_for(ev, wall_s: float) -> float:
+    """Wall seconds per emulated second, so that one iteration of this plan lasts about `wall_s` on the wall
+    clock: long enough for 24 processes' real CPU work on 2 shared cores to fit inside the paced ops."""
+    return wall_s / ev.iteration_time_s
 
 
 def run_plan(cluster, spec, run_spec, plan, args, time_scale: float, seq_len: int) -> dict:
@@ -79,7 +77,8 @@ def main() -> int:
     ap.add_argument("--global-batch", type=int, default=96)
     ap.add_argument("--seq-len", type=int, default=2048, help="sequence length the real-size model is priced at")
     ap.add_argument("--steps", type=int, default=4, help="steps per plan; the first is warm-up")
-    ap.add_argument("--min-op-ms", type=float, default=12.0, help="shortest paced compute op, wall milliseconds")
+    ap.add_argument("--iteration-wall-s", type=float, default=20.0,
+                    help="wall seconds per emulated iteration of each plan (sets its time scale)")
     ap.add_argument("--plan-time-limit", type=float, default=30.0)
     args = ap.parse_args()
     cluster = load_cluster(args.cluster)
@@ -88,14 +87,13 @@ def main() -> int:
         for name in args.models.split(","):
             spec = PRESETS[name]
             profile, plans = plans_for(cluster, spec, args.global_batch, args.seq_len, args.plan_time_limit)
-            scale = time_scale_for(plans, cluster, spec, profile, args.min_op_ms / 1e3)
-            print(f"{name}: time scale {scale:.3f} (emulated)", flush=True)
-            result = {"time_scale": scale}
+            result = {}
             for kind, (plan, ev) in plans.items():
-                print(f"  {kind}: {plan.num_devices} GPUs, {len(plan.pipelines)} pipelines, predicted "
-                      f"{ev.iteration_time_s:.3f} s/iteration", flush=True)
+                scale = time_scale_for(ev, args.iteration_wall_s)
+                print(f"{name} {kind}: {plan.num_devices} GPUs, {len(plan.pipelines)} pipelines, predicted "
+                      f"{ev.iteration_time_s:.3f} s/iteration; time scale {scale:.2f} (emulated)", flush=True)
                 measured = run_plan(cluster, spec, scaled_down(spec), plan, args, scale, args.seq_len)
-                result[kind] = {"predicted_iteration_s": ev.iteration_time_s, **measured,
+                result[kind] = {"predicted_iteration_s": ev.iteration_time_s, "time_scale": scale, **measured,
                                 "error": measured["measured_iteration_s"] / ev.iteration_time_s - 1}
             result["predicted_speedup"] = (result["megatron"]["predicted_iteration_s"] /
                                            result["autohet"]["predicted_iteration_s"])

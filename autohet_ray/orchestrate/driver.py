@@ -39,6 +39,8 @@ class Driver:
         self.state = "new"
         self.found = self.profile_db = self.plan = self.evaluation = self.baselines = None
         self.slots, self.group, self.step_index = [], None, 0
+        self.time_scale = self.job.time_scale
+        self._rendezvous = None
         self.history: list[dict] = []
 
     # -- state machine -------------------------------------------------------------------------------------
@@ -122,8 +124,10 @@ class Driver:
         self.group = StageGroup(self.slots)
         pacers = [None] * len(self.group.actors)
         if job.emulate:
+            if job.iteration_wall_s is not None:
+                self.time_scale = job.iteration_wall_s / self.evaluation.iteration_time_s
             targets = emulation_targets(self.plan, self.found.cluster, self.model, self.profile_db, self.evaluation)
-            pacers = [{"targets": t, "time_scale": job.time_scale} for t in targets]
+            pacers = [{"targets": t, "time_scale": self.time_scale} for t in targets]
         refs = [actor.setup.remote(plan=self.executed_plan().to_dict(), model_spec=self.run_model.to_dict(),
                                    seed=job.seed, lr=job.lr, dtype=job.dtype, pacer=pacers[r], collective_timeout_s=job.collective_timeout_s,
                                    **self._address()) for r, actor in enumerate(self.group.actors)]
@@ -133,12 +137,12 @@ class Driver:
             os.makedirs(job.storage, exist_ok=True)
             with open(os.path.join(job.storage, "plan.json"), "w") as f:
                 f.write(self.plan.to_json())
-        return {"ranks": len(setups), "locations": self.group.locations,
+        return {"ranks": len(setups), "locations": self.group.locations, "time_scale": self.time_scale,
                 "setup_s": max(s["setup_s"] for s in setups)}
 
     def _address(self) -> dict:
         """Rendezvous through the driver: rank 0's node address and a free port there."""
-        if not getattr(self, "_rendezvous", None):
+        if self._rendezvous is None:
             single = self.found.single_host
             self.group.locations = self.group.call("where", timeout_s=self.job.placement_timeout_s)
             addr, port = self.group.gather([self.group.actors[0].free_port.remote(single)], 60)[0]
@@ -172,7 +176,7 @@ class Driver:
 
     def _metrics(self, outs: list[dict], wall: float) -> dict:
         job, ev = self.job, self.evaluation
-        scale = job.time_scale if job.emulate else 1.0
+        scale = self.time_scale if job.emulate else 1.0
         m = {"step": self.step_index, "loss": outs[0]["loss"], "grad_norm": outs[0]["grad_norm"],
              "wall_s": wall, "emulated": job.emulate, "time_scale": scale,
              "iteration_s": wall / scale, "samples_per_s": job.global_batch / (wall / scale),

@@ -23,6 +23,8 @@ class TrainJob:
     micro_batch: int | None = None       # fix the planner's micro-batch size
     emulate: bool = False                # pace stage actors to the profile's predicted times (emulated GPUs)
     time_scale: float = 1.0              # emulated seconds x time_scale = wall seconds
+    iteration_wall_s: float | None = None  # instead of time_scale: pace so one predicted iteration takes this
+                                         # many wall seconds (leave the real CPU work room inside the paced ops)
     profile: str = "analytic"            # "analytic" (device catalog), "measured" (profile on Ray), or a DB path
     profile_cache: str | None = None     # directory caching measured profiles
     storage: str | None = None           # directory for the plan and per-step metrics
@@ -40,6 +42,8 @@ class TrainJob:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
         if not self.time_scale > 0:
             raise ConfigError(f"time_scale={self.time_scale!r} must be > 0")
+        if self.iteration_wall_s is not None and not self.iteration_wall_s > 0:
+            raise ConfigError(f"iteration_wall_s={self.iteration_wall_s!r} must be > 0")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r}; valid: {', '.join(DTYPES)}")
         if self.profile not in PROFILE_MODES and not self.profile.endswith(".json"):
