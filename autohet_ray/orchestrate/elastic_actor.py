@@ -49,9 +49,13 @@ class ElasticWorker:
             return "127.0.0.1", s.getsockname()[1]
 
     def setup(self, *, master_addr: str, master_port: int, world_size: int, plan: dict, model_spec: dict,
-              seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str = "lo") -> dict:
-        """Join the process group (gloo over `socket_ifname`) and build this rank's Engine."""
+              seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str = "lo",
+              rank: int | None = None) -> dict:
+        """Join the process group (gloo over `socket_ifname`) and build this rank's Engine (as `rank` when a
+        reused actor takes a new place)."""
         import torch.distributed as dist
+        if rank is not None:
+            self.rank = rank
 
         from autohet_ray.model.spec import model_from_dict
         from autohet_ray.plan.schema import plan_from_dict
@@ -133,6 +137,16 @@ class ElasticWorker:
         return {"rank": self.rank, "step": manifest.step, "fetch_s": fetch_s, "load_s": load_s,
                 "bytes_by_tier": report.bytes_by_tier(), "fallbacks": report.fallbacks[:5],
                 "tier_read_s": {t.name: t.read_seconds() for t in built}}
+
+    def reset(self) -> int:
+        """Leave the (possibly broken) process group and drop the engine, keeping the process and its imports
+        for the next plan. Returns this process id."""
+        import torch.distributed as dist
+        self.close_snapshots()
+        self.engine, self.handles = None, {}
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return os.getpid()
 
     def close_snapshots(self) -> None:
         if self.snapshotter is not None:

@@ -32,13 +32,23 @@ def rank_slots(plan: Plan) -> list[dict]:
 
 
 class ElasticGroup:
-    def __init__(self, plan: Plan, node_ids: dict[str, str], *, gpus_per_actor: float = 1.0):
+    def __init__(self, plan: Plan, node_ids: dict[str, str], *, gpus_per_actor: float = 1.0,
+                 reuse: dict[str, list] | None = None):
+        """`reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
+        process start). The ones left over stay in `reuse` for the caller to kill."""
         self.plan, self.slots = plan, rank_slots(plan)
         remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3)(ElasticWorker)
-        self.actors = [remote_cls.options(
-            num_gpus=gpus_per_actor,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_ids[slot["node"]], soft=False),
-        ).remote(rank) for rank, slot in enumerate(self.slots)]
+        reuse = reuse if reuse is not None else {}
+        self.actors, self.num_reused = [], 0
+        for rank, slot in enumerate(self.slots):
+            if reuse.get(slot["node"]):
+                self.actors.append(reuse[slot["node"]].pop())
+                self.num_reused += 1
+                continue
+            self.actors.append(remote_cls.options(
+                num_gpus=gpus_per_actor,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_ids[slot["node"]], soft=False),
+            ).remote(rank))
 
     def describe(self, rank: int) -> str:
         s = self.slots[rank]
@@ -73,9 +83,12 @@ class ElasticGroup:
         ranks join). Returns the setup seconds."""
         start = time.perf_counter()
         addr, port = self.gather([self.actors[0].free_port.remote()], timeout_s)[0]
-        self.call("setup", master_addr=addr, master_port=port, world_size=len(self.actors),
-                  plan=self.plan.to_dict(), model_spec=model_spec, seed=seed, lr=lr, dtype=dtype,
-                  collective_timeout_s=collective_timeout_s, timeout_s=timeout_s)
+        plan = self.plan.to_dict()
+        refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
+                                   model_spec=model_spec, seed=seed, lr=lr, dtype=dtype, rank=rank,
+                                   collective_timeout_s=collective_timeout_s)
+                for rank, actor in enumerate(self.actors)]
+        self.gather(refs, timeout_s)
         return {"setup_s": time.perf_counter() - start}
 
     def dead_ranks(self, timeout_s: float = 1.0) -> list[int]:
@@ -91,6 +104,29 @@ class ElasticGroup:
             except RayActorError:
                 dead.append(rank)
         return dead
+
+    def salvage(self, inflight: list, skip: set[int], timeout_s: float = 10.0) -> dict[str, list]:
+        """Reset the actors worth keeping (not in `skip`, their in-flight call settled within the timeout) for
+        the next plan: node name -> actors. Every other actor is killed. The group is empty afterwards."""
+        settled = set(ray.wait(inflight, num_returns=len(inflight), timeout=timeout_s)[0]) if inflight else set()
+        candidates = {r: a for r, a in enumerate(self.actors)
+                      if r not in skip and (not inflight or inflight[r] in settled)}
+        resets = {r: a.reset.remote() for r, a in candidates.items()}
+        done = set(ray.wait(list(resets.values()), num_returns=len(resets), timeout=timeout_s)[0]) if resets else set()
+        keep: dict[str, list] = {}
+        for rank, actor in enumerate(self.actors):
+            ok = rank in resets and resets[rank] in done
+            if ok:
+                try:
+                    ray.get(resets[rank])
+                except RayError:
+                    ok = False
+            if ok:
+                keep.setdefault(self.slots[rank]["node"], []).append(actor)
+            else:
+                ray.kill(actor, no_restart=True)
+        self.actors = []
+        return keep
 
     def kill(self) -> None:
         for actor in self.actors:

@@ -74,7 +74,7 @@ class ElasticController:
         self.state = "running"
         return report
 
-    def _launch(self, restore: str | None) -> dict:
+    def _launch(self, restore: str | None, reuse: dict[str, list] | None = None) -> dict:
         """Plan on self.found, start the group, optionally restore, configure snapshots; phase seconds."""
         from autohet_ray.planner import plan_training
         from autohet_ray.plan.schema import plan_from_dict
@@ -88,12 +88,15 @@ class ElasticController:
                                       time_limit_s=self.job.plan_time_limit_s).plan
         check_plan_fits(self.plan, self.found)
         t1 = time.perf_counter()
-        self.group = ElasticGroup(self.plan, self.found.node_ids)
+        reuse = reuse if reuse is not None else {}
+        self.group = ElasticGroup(self.plan, self.found.node_ids, reuse=reuse)
+        for leftover in (a for actors in reuse.values() for a in actors):
+            ray.kill(leftover, no_restart=True)
         self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr, dtype=self.job.dtype,
                          collective_timeout_s=self.job.collective_timeout_s, timeout_s=self.job.setup_timeout_s)
         t2 = time.perf_counter()
         report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": plan_summary(self.plan),
-                  "num_ranks": len(self.group.actors)}
+                  "num_ranks": len(self.group.actors), "reused_actors": self.group.num_reused}
         self.step_index = 0
         if restore:
             report |= self._restore(restore)
@@ -155,6 +158,7 @@ class ElasticController:
         start = time.perf_counter()
         snap = self.snapshots and job.checkpoint
         refs = [a.train_step.remote(batch, snapshot=snap) for a in group.actors]
+        self._inflight = refs
         prev = self.step_index
         fresh = self._snapshotted(prev) and prev not in self.committer.committed
         fast = [a.fast_records.remote(prev) for a in group.actors] if fresh else []
@@ -235,13 +239,13 @@ class ElasticController:
         lost = self._detect(failure)
         detect_s = time.perf_counter() - t0
         completed = self.step_index
-        self.group.kill()
+        reuse = self.group.salvage(getattr(self, "_inflight", []), set(lost["dead_ranks"]))
         self.committer.forget_pending()
         for node in lost["lost_nodes"]:
             self.committer.drop_keeper(node)
             self.keeper_specs.pop(node, None)
         self.lost += lost["lost_nodes"]
-        report = self.replan(mode=mode, reason=lost["message"])
+        report = self.replan(mode=mode, reason=lost["message"], reuse=reuse)
         report |= {"detect_s": detect_s, **lost, "lost_steps": completed - report["restored_step"]}
         report["total_s"] = detect_s + sum(report[k] for k in ("replan_s", "restart_s", "fetch_s", "load_s",
                                                                "first_step_s"))
@@ -249,12 +253,14 @@ class ElasticController:
         self.fault_at = None
         return {**self.history[-1], "recovery": report}
 
-    def replan(self, *, mode: str = "local_first", reason: str = "requested") -> dict:
-        """Re-plan on the live nodes of the cluster file (also when nodes rejoined), restart, restore, step."""
+    def replan(self, *, mode: str = "local_first", reason: str = "requested",
+               reuse: dict[str, list] | None = None) -> dict:
+        """Re-plan on the live nodes of the cluster file (also when nodes rejoined), restart (reusing the live
+        group's actors on surviving nodes), restore, step."""
         self.state = "replanning"
         if self.group is not None and self.group.actors:
             self.flush()
-            self.group.kill()
+            reuse = self.group.salvage([], set())
         self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
         for node in self.found.nodes:
             if node.name not in self.keeper_specs:          # a replacement node: a keeper of its own
@@ -262,7 +268,7 @@ class ElasticController:
                 self.keeper_specs[node.name] = {"kind": "keeper", "name": f"keeper-{node.name}",
                                                 "node_id": node.node_id}
                 self.committer.keepers[node.name] = _build(self.keeper_specs[node.name])
-        report = {"reason": reason, **self._launch(mode)}
+        report = {"reason": reason, **self._launch(mode, reuse)}
         self.recoveries.append(report)
         self.state = "running"
         start = time.perf_counter()

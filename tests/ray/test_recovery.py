@@ -3,6 +3,8 @@ controller names it, re-plans on what is left, restores from the node and peer k
 its next losses equal the uninterrupted single-process run's."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -75,6 +77,7 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
     assert rec["bytes_by_tier"].get("cloud", 0) == 0                 # peer replicas cover a single-node loss
     assert rec["bytes_by_tier"].get("keeper-a", 0) + rec["bytes_by_tier"].get("keeper-c", 0) > 0
     assert rec["lost_steps"] <= 1 and rec["restored_step"] in (2, 3)
+    assert rec["reused_actors"] >= 1                                  # survivors on a and c keep their processes
     for phase in ("detect_s", "replan_s", "restart_s", "fetch_s", "load_s", "first_step_s"):
         assert rec[phase] >= 0, phase
     assert rec["detect_s"] < 20
@@ -82,3 +85,65 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
     assert before == pytest.approx(ref[:3], rel=1e-6)
     resumed = [first["loss"], *after]                                # steps restored+1 .. restored+3
     assert resumed == pytest.approx(ref[rec["restored_step"]:rec["restored_step"] + 3], rel=1e-6)
+
+
+def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, tmp_path):
+    from autohet_ray.orchestrate.emulation import node_args
+    from autohet_ray.orchestrate.spot import BOARD_NAME, NAMESPACE, draining_nodes, start_watchers
+    from test_spot import notice_in, start_imds
+    if not any(n["Alive"] and n["Labels"].get("autohet.io/node") == "b" for n in ray.nodes()):
+        cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))         # the replacement spot node
+        cluster.wait_for_nodes()
+    server, imds, url = start_imds()
+    ctl = ElasticController(elastic_job(str(tmp_path / "cloud")))
+    try:
+        ctl.start()
+        b_id = ctl.found.node_ids["b"]
+        watchers = start_watchers([b_id], url=url, interval_s=0.2, flush_timeout_s=60)
+        board = ray.get_actor(BOARD_NAME, namespace=NAMESPACE)
+        losses = [ctl.step()["loss"] for _ in range(2)]
+        imds.notice = notice_in(120)
+        report, deadline = None, time.monotonic() + 30
+        while report is None:
+            assert time.monotonic() < deadline, "the notice never reached the controller"
+            losses.append(ctl.step()["loss"])
+            report = ctl.check_notices(board)
+        losses.append(ctl.history[-1]["loss"])                       # the first step after the move
+        losses.append(ctl.step()["loss"])
+        deadline = time.monotonic() + 30
+        while b_id not in draining_nodes():
+            assert time.monotonic() < deadline, "node b was not drained after the flush"
+            time.sleep(0.1)
+        events = [e["event"] for e in ray.get(watchers[b_id].report.remote(), timeout=10)]
+    finally:
+        ctl.close()
+        ray.kill(ray.get_actor(BOARD_NAME, namespace=NAMESPACE))
+        server.shutdown()
+    assert report["nodes"] == ["b"] and report["lost_steps"] == 0
+    assert all("b:" not in stage for p in report["plan"] for stage in p), report["plan"]
+    assert report["bytes_by_tier"].get("cloud", 0) == 0
+    assert events == ["notice", "flushed", "drained"]
+    assert losses == pytest.approx(reference_losses(len(losses)), rel=1e-6)
+
+
+def test_resume_cli_restarts_a_stopped_job_from_its_storage(cluster, tmp_path, capsys):
+    import json
+
+    from autohet_ray.cli import main
+    storage = str(tmp_path / "cloud")
+    ctl = ElasticController(elastic_job(storage, plan=None))        # planned on whatever nodes are live
+    try:
+        ctl.start()
+        losses = [ctl.step()["loss"] for _ in range(3)]
+        ctl.flush()                                                  # cloud holds step 2 (cloud_every=2)
+    finally:
+        ctl.close()
+    assert main(["resume", "--storage", storage, "--steps", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["resumed_from"] == 2 and out["launch"]["restored_step"] == 2
+    assert out["launch"]["bytes_by_tier"]["cloud"] > 0
+    assert [s["step"] for s in out["steps"]] == [3, 4, 5]
+    ref = reference_losses(5)
+    assert losses == pytest.approx(ref[:3], rel=1e-6)
+    assert [s["loss"] for s in out["steps"]] == pytest.approx(ref[2:5], rel=1e-6)
+    assert main(["resume", "--storage", str(tmp_path / "nothing-here")]) == 2
