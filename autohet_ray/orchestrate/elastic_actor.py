@@ -32,6 +32,23 @@ def needs_of_layout(layout: dict) -> dict:
     return needs
 
 
+def live_state(engine) -> dict:
+    """The engine's parameters and AdamW state as views (no copy): the snapshotter copies what it writes
+    itself, so going through Engine.state_dict() (which clones) would copy everything twice."""
+    out = {}
+    step = 0.0
+    for name, p in engine.params.items():
+        shape, chunk = engine.layout[name]
+        out[name] = (p.detach(), shape, chunk)
+        state = engine.optimizer.state.get(p)
+        if state:
+            for moment in ("exp_avg", "exp_avg_sq"):
+                out[f"optim.{name}.{moment}"] = (state[moment].detach(), shape, chunk)
+            step = float(state["step"])
+    out[STEP_KEY] = (torch.tensor(step, dtype=torch.float64), (), Chunk.whole(()))
+    return out
+
+
 class ElasticWorker:
     def __init__(self, rank: int):
         self.rank, self.engine, self.snapshotter = rank, None, None
@@ -95,8 +112,7 @@ class ElasticWorker:
         out["rank"] = self.rank
         if snapshot:
             assert self.snapshotter is not None, "configure_snapshots first"
-            state = self.engine.state_dict()
-            handle = self.snapshotter.snapshot(self.engine.step, state, owned=self.owned)
+            handle = self.snapshotter.snapshot(self.engine.step, live_state(self.engine), owned=self.owned)
             self.handles[self.engine.step] = handle
             out["snapshot_copy_s"] = handle.copy_seconds
             out["snapshot_wait_s"] = handle.wait_seconds

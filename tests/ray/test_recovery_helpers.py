@@ -77,3 +77,29 @@ def test_elastic_job_rejects_bad_values():
         ElasticJob(**(base | {"dtype": "bfloat16"}))
     with pytest.raises(ConfigError, match="storage_spec"):
         ElasticJob(**(base | {"storage": "/x"}))
+
+
+def _live_state_vs_state_dict(rank: int, world_size: int) -> bool:
+    import torch
+
+    from autohet_ray.model.spec import load_model
+    from autohet_ray.orchestrate.data import synthetic_batch
+    from autohet_ray.orchestrate.elastic_actor import live_state, needs_of_layout
+    from autohet_ray.plan.schema import plan_from_dict
+    from autohet_ray.runtime.engine import Engine
+    spec = load_model("tiny-gpt")
+    plan = {"schema_version": 1, "model": "tiny-gpt", "global_batch": 2, "micro_batch": 1, "seq_len": 16,
+            "pipelines": [{"num_microbatches": 2, "stages": [{"layers": [0, 4], "tp": 1, "device_type": "H800",
+                                                              "node": "a", "devices": [0]}]}]}
+    engine = Engine(plan=plan_from_dict(plan), model_spec=spec, rank=0)
+    engine.train_step(synthetic_batch(vocab_size=spec.vocab_size, global_batch=2, seq_len=16, seed=0, step=0))
+    live, copied = live_state(engine), engine.state_dict()
+    assert set(live) == set(copied) == set(needs_of_layout(engine.layout))
+    for name, (tensor, shape, chunk) in copied.items():
+        assert live[name][1:] == (shape, chunk) and torch.equal(live[name][0], tensor), name
+    return True
+
+
+def test_live_state_matches_engine_state_dict_without_copying():
+    from autohet_ray.runtime.launch import run_world
+    assert run_world(_live_state_vs_state_dict, 1, backend="gloo") == [True]
