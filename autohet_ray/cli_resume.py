@@ -34,8 +34,6 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None) -> tuple[di
 
 
 def cmd_resume(args) -> int:
-    import ray
-
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.orchestrate.elastic_config import elastic_job_from_dict
     from autohet_ray.orchestrate.recovery import ElasticController
@@ -47,7 +45,6 @@ def cmd_resume(args) -> int:
     job = elastic_job_from_dict(raw)
     print(f"resume: {args.storage} step {step}", file=sys.stderr)
     with ray_session(cluster_from_dict(job.cluster), address=args.address, emulate=args.emulate):
-        assert ray.is_initialized()
         ctl = ElasticController(job)
         try:
             start = time.perf_counter()
