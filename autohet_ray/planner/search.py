@@ -24,6 +24,7 @@ SMALL_CLUSTER_GPUS = 16       # up to here: every stage order and up to 3 group 
 BISECTION_STEPS = 40
 CANDIDATES_PER_BATCH = 6
 SHORTLIST = 300
+MAX_MICROBATCH_TOKENS = 8192
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,12 +62,17 @@ class _Deadline:
 
 
 def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: int | None) -> list[int]:
+    """The given micro-batch, or every profiled one that divides the batch and keeps at most
+    MAX_MICROBATCH_TOKENS tokens (past that GEMMs are saturated while bubbles and activations only grow)."""
     if micro_batch is not None:
         if micro_batch < 1 or global_batch % micro_batch:
             raise ConfigError(f"global batch {global_batch} is not divisible by micro-batch {micro_batch}")
         return [micro_batch]
-    have = sorted({key[2] for key in profile.entries})
-    return [m for m in have if global_batch % m == 0 and m <= 4] or [m for m in have if global_batch % m == 0][:1]
+    have = sorted({key[2] for key in profile.entries if global_batch % key[2] == 0})
+    if not have:
+        raise ConfigError(f"no profiled micro-batch size divides global batch {global_batch}; profiled sizes: "
+                          f"{sorted({key[2] for key in profile.entries})}")
+    return [m for m in have if m * profile.seq_len <= MAX_MICROBATCH_TOKENS] or have[:1]
 
 
 def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
