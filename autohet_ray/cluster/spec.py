@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import yaml
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import read_structured
 from autohet_ray.cluster.catalog import DeviceType, device_from_dict, lookup
 
 
@@ -116,11 +116,4 @@ def cluster_from_dict(raw, source: str = "<cluster>") -> Cluster:
 
 
 def load_cluster(path: str) -> Cluster:
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"cluster file {path!r} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cluster file {path!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    return cluster_from_dict(raw, source=path)
+    return cluster_from_dict(read_structured(path, "cluster"), source=path)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-import yaml
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import read_structured
 
 FAMILIES = ("gpt", "llama", "bert")
 
@@ -103,12 +103,5 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     if name_or_path.endswith((".yaml", ".yml", ".json")):
-        try:
-            with open(name_or_path) as f:
-                raw = yaml.safe_load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"model file {name_or_path!r} does not exist") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"model file {name_or_path!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        return model_from_dict(raw, source=name_or_path)
+        return model_from_dict(read_structured(name_or_path, "model"), source=name_or_path)
     raise ConfigError(f"unknown model {name_or_path!r}; presets: {', '.join(PRESETS)}; or a path to a .yaml file")

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import read_structured
 
 PROFILE_SCHEMA_VERSION = 1
 
@@ -83,11 +84,4 @@ def profile_from_dict(raw) -> ProfileDB:
 
 
 def load_profile(path: str) -> ProfileDB:
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"profile file {path!r} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"profile file {path!r} is not valid JSON ({exc})") from None
-    return profile_from_dict(raw)
+    return profile_from_dict(read_structured(path, "profile"))

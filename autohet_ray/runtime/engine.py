@@ -8,7 +8,6 @@ import torch
 import torch.distributed as dist
 
 from autohet_ray import ConfigError
-from autohet_ray.layout import Chunk
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import param_shapes
 from autohet_ray.plan.rankmap import build_rank_map
