@@ -1,6 +1,9 @@
 """Checkpoint tiers as plain data, so they travel to stage actors and are built where they are used.
 
     {"kind": "keeper", "name": "keeper-a", "node_id": "..."}       a node keeper actor (node / peer tier)
+    {"kind": "keeper_push", "name": "keeper-c", "node_id": "<c>", "via_node_id": "<a>"}
+                                 write-only peer tier: keeper a pushes chunks it already holds to keeper c
+                                 (the writing rank sends its bytes once, to its own node's keeper)
     {"kind": "dir", "name": "cloud", "path": "/ckpt/run-7"}         a local directory ("cloud" default)
     {"kind": "s3", "name": "cloud", "bucket": "b", "prefix": "run-7/", "endpoint_url": None}
 Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic cloud link).
@@ -14,7 +17,7 @@ import time
 
 from autohet_ray import ConfigError
 
-KINDS = ("keeper", "dir", "s3")
+KINDS = ("keeper", "keeper_push", "dir", "s3")
 
 
 def storage_spec(url: str, *, name: str = "cloud", endpoint_url: str | None = None,
@@ -37,6 +40,12 @@ def storage_spec(url: str, *, name: str = "cloud", endpoint_url: str | None = No
     return spec
 
 
+def push_spec(peer: dict, local: dict) -> dict:
+    """The write-only spec that replicates to keeper `peer` through keeper `local` (both keeper specs)."""
+    assert peer["kind"] == local["kind"] == "keeper", (peer, local)
+    return {"kind": "keeper_push", "name": peer["name"], "node_id": peer["node_id"], "via_node_id": local["node_id"]}
+
+
 def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
     """The Tier object of a spec (inside whichever process will use it)."""
     kind = spec.get("kind")
@@ -47,6 +56,10 @@ def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
         except ValueError:                         # the keeper (or its node) is gone: unavailable, not fatal
             handle = None
         tier = KeeperTier(handle, spec["name"], timeout_s=keeper_timeout_s) if handle else _GoneTier(spec["name"])
+    elif kind == "keeper_push":
+        from autohet_ray.orchestrate.keeper import get_keeper, keeper_name
+        tier = KeeperPushTier(get_keeper(spec["via_node_id"]), keeper_name(spec["node_id"]), spec["name"],
+                              timeout_s=keeper_timeout_s)
     elif kind == "dir":
         from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
         tier = LocalDirTier(spec["path"], name=spec["name"], fsync=spec.get("fsync", False))
@@ -60,6 +73,25 @@ def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
         from autohet_ray.checkpoint.tiers.throttle import ThrottledTier
         tier = ThrottledTier(tier, spec["rate_bytes_per_s"])
     return TimedTier(tier)
+
+
+class KeeperPushTier:
+    """Replicas made keeper to keeper: `put_chunk` asks the local keeper (which took the chunk just before,
+    as the snapshotter writes the node tier first) to push it to the peer keeper; the blob argument is not
+    sent again. Reads are not served here (restores read the peer keeper itself)."""
+
+    def __init__(self, via, peer_actor_name: str, name: str, *, timeout_s: float = 30.0):
+        self.via, self.peer_actor_name, self.name, self.timeout_s = via, peer_actor_name, name, timeout_s
+
+    def put_chunk(self, key: str, blob: bytes) -> None:
+        import ray
+
+        from autohet_ray.checkpoint.errors import TierUnavailableError
+        try:
+            sent = ray.get(self.via.replicate.remote([key], self.peer_actor_name), timeout=self.timeout_s)
+        except (ray.exceptions.RayError, ValueError) as err:
+            raise TierUnavailableError(self.name, f"push via local keeper: {type(err).__name__}") from err
+        assert sent == len(blob), (key, sent, len(blob))
 
 
 class _GoneTier:

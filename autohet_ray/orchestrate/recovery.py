@@ -28,6 +28,7 @@ from autohet_ray.orchestrate.elastic_commit import Committer
 from autohet_ray.orchestrate.elastic_config import (ElasticJob, merge_restores, plan_summary, tier_order,
                                                     tiling_holdings, without_nodes)
 from autohet_ray.orchestrate.elastic_group import ElasticGroup, GroupFailure
+from autohet_ray.orchestrate.elastic_tiers import push_spec
 from autohet_ray.orchestrate.keeper import start_keeper, stop_keeper
 
 
@@ -74,12 +75,14 @@ class ElasticController:
         self.state = "running"
         return report
 
-    def _launch(self, restore: str | None, reuse: dict[str, list] | None = None) -> dict:
+    def _launch(self, restore: str | None, reuse: dict[str, list] | None = None, plan: dict | None = None) -> dict:
         """Plan on self.found, start the group, optionally restore, configure snapshots; phase seconds."""
         from autohet_ray.planner import plan_training
         from autohet_ray.plan.schema import plan_from_dict
         t0 = time.perf_counter()
-        if self.job.plan is not None and self.plan is None:
+        if plan is not None:
+            self.plan = plan_from_dict(plan)
+        elif self.job.plan is not None and self.plan is None:
             self.plan = plan_from_dict(self.job.plan)
         else:
             self.plan = plan_training(cluster=self.found.cluster, model=self.model, profile=self.profile,
@@ -114,7 +117,8 @@ class ElasticController:
         peers = choose_peers(rank_nodes, node_gpu, num_peers=min(self.job.num_peers, len(node_gpu) - 1))
         refs = [actor.configure_snapshots.remote(
             owned=sorted(owned[rank], key=lambda item: (item[0], item[1].offsets)),
-            local=self.keeper_specs[rank_nodes[rank]], peers=[self.keeper_specs[p] for p in peers[rank]],
+            local=self.keeper_specs[rank_nodes[rank]],
+            peers=[push_spec(self.keeper_specs[p], self.keeper_specs[rank_nodes[rank]]) for p in peers[rank]],
             cloud=self.job.storage if self.job.cloud_every else None, cloud_every=self.job.cloud_every)
             for rank, actor in enumerate(self.group.actors)]
         self.group.gather(refs, 60)
@@ -254,9 +258,9 @@ class ElasticController:
         return {**self.history[-1], "recovery": report}
 
     def replan(self, *, mode: str = "local_first", reason: str = "requested",
-               reuse: dict[str, list] | None = None) -> dict:
-        """Re-plan on the live nodes of the cluster file (also when nodes rejoined), restart (reusing the live
-        group's actors on surviving nodes), restore, step."""
+               reuse: dict[str, list] | None = None, plan: dict | None = None) -> dict:
+        """Re-plan on the live nodes of the cluster file (also when nodes rejoined; `plan`: run this plan
+        instead of planning), restart (reusing the live group's actors on surviving nodes), restore, step."""
         self.state = "replanning"
         if self.group is not None and self.group.actors:
             self.flush()
@@ -268,7 +272,7 @@ class ElasticController:
                 self.keeper_specs[node.name] = {"kind": "keeper", "name": f"keeper-{node.name}",
                                                 "node_id": node.node_id}
                 self.committer.keepers[node.name] = _build(self.keeper_specs[node.name])
-        report = {"reason": reason, **self._launch(mode, reuse)}
+        report = {"reason": reason, **self._launch(mode, reuse, plan)}
         self.recoveries.append(report)
         self.state = "running"
         start = time.perf_counter()
