@@ -147,3 +147,27 @@ def test_resume_cli_restarts_a_stopped_job_from_its_storage(cluster, tmp_path, c
     assert losses == pytest.approx(ref[:3], rel=1e-6)
     assert [s["loss"] for s in out["steps"]] == pytest.approx(ref[2:5], rel=1e-6)
     assert main(["resume", "--storage", str(tmp_path / "nothing-here")]) == 2
+
+
+def test_dead_stage_actor_on_a_live_node_is_named_and_recovered(cluster, tmp_path):
+    ctl = ElasticController(elastic_job(str(tmp_path / "cloud"), plan=None))
+    try:
+        ctl.start()
+        losses = [ctl.step()["loss"] for _ in range(2)]
+
+        def kill_rank_0(controller):
+            controller.mark_fault()
+            ray.kill(controller.group.actors[0], no_restart=True)
+
+        first = ctl.step(fault_hook=kill_rank_0)
+        losses += [first["loss"], ctl.step()["loss"]]
+    finally:
+        ctl.close()
+    rec = first["recovery"]
+    assert rec["lost_nodes"] == [] and rec["dead_ranks"] == [0], rec["message"]
+    assert "dead stage actor(s): rank 0 (pipeline 0 stage 0" in rec["message"]
+    assert rec["bytes_by_tier"].get("cloud", 0) == 0 and rec["lost_steps"] <= 1
+    ref = reference_losses(4)
+    assert losses[:2] == pytest.approx(ref[:2], rel=1e-6)
+    restored = rec["restored_step"]
+    assert losses[2:] == pytest.approx(ref[restored:restored + 2], rel=1e-6)
