@@ -147,7 +147,8 @@ def main(argv=None) -> int:
                 print(f"local-first recovery {phases(local)} bytes {local['bytes_by_tier']}", file=sys.stderr)
                 cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))          # the replacement
                 cluster.wait_for_nodes()
-                grow = ctl.replan(reason="replacement node b joined")
+                grow = ctl.check_joins(plan=job.plan)                  # the same layout again, on the new b
+                assert grow is not None and grow["joined"] == ["b"], grow
                 print(f"re-planned onto the replacement: {grow['plan']}", file=sys.stderr)
                 ctl.restore_mode = "cloud_only"
                 full = fail_node(ctl, cluster, "b")

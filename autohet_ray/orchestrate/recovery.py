@@ -46,7 +46,7 @@ class ElasticController:
         self.found = self.profile = self.plan = self.group = self.committer = None
         self.keeper_specs: dict[str, dict] = {}
         self.lost: list[str] = []
-        self.draining: set[str] = set()      # nodes with a spot notice or a Ray drain: planned around
+        self.draining: set[str] = set()      # ids of nodes with a spot notice or a Ray drain: planned around
         self.step_index = 0                  # completed optimizer steps of the live group
         self.history: list[dict] = []
         self.recoveries: list[dict] = []
@@ -62,8 +62,7 @@ class ElasticController:
         from autohet_ray.profile.analytic import analytic_profile
         from autohet_ray.orchestrate.spot import draining_nodes
         assert self.state == "new", self.state
-        draining = set(draining_nodes())
-        self.draining = {n["Labels"].get("autohet.io/node") for n in ray.nodes() if n["NodeID"] in draining}
+        self.draining = set(draining_nodes())
         self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
         self.profile = analytic_profile(self.model, self.found.cluster, self.seq_len)
         for node in self.found.nodes:
@@ -222,7 +221,7 @@ class ElasticController:
             ray.get(board.ack.remote(node_id))
         if not noticed:
             return {"nodes": [], "flush_s": flush_s}
-        self.draining.update(noticed)
+        self.draining.update(i for i, name in names.items() if name in noticed)
         completed = self.step_index
         report = self.replan(reason=f"spot notice: node(s) {noticed} will be preempted")
         for node in noticed:
@@ -230,6 +229,17 @@ class ElasticController:
             self.keeper_specs.pop(node, None)
         report |= {"nodes": noticed, "flush_s": flush_s, "lost_steps": completed - report["restored_step"]}
         return report
+
+    def check_joins(self, plan: dict | None = None) -> dict | None:
+        """Re-plan onto nodes of the cluster file that joined since the last plan (replacement spot nodes the
+        autoscaler brought); None when none joined. `plan`: run this plan instead of planning."""
+        assert self.state == "running", self.state
+        current = {n.name for n in self.found.nodes}
+        dead = set(self._dead_nodes())
+        joined = sorted(n.name for n in self.base_cluster.nodes if n.name not in current | dead)
+        if not joined:
+            return None
+        return {"joined": joined, **self.replan(reason=f"node(s) {joined} joined", plan=plan)}
 
     # -- recovery --------------------------------------------------------------------------------------------
     def mark_fault(self) -> None:
@@ -282,14 +292,16 @@ class ElasticController:
 
     def _dead_nodes(self) -> list[str]:
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        return [n.name for n in self.base_cluster.nodes if n.name in self.draining
-                or self._node_id(n.name) is None or self._node_id(n.name) not in alive]
+        ids = {n.name: self._node_id(n.name) for n in self.base_cluster.nodes}
+        return [name for name, node_id in ids.items()
+                if node_id is None or node_id not in alive or node_id in self.draining]
 
     def _node_id(self, name: str) -> str | None:
-        for raw in ray.nodes():
-            if raw["Alive"] and (raw.get("Labels") or {}).get("autohet.io/node") == name:
-                return raw["NodeID"]
-        return None
+        """The live node named `name`, a non-draining one first (a replacement may join before the drained
+        node is gone)."""
+        ids = [raw["NodeID"] for raw in ray.nodes()
+               if raw["Alive"] and (raw.get("Labels") or {}).get("autohet.io/node") == name]
+        return min(ids, key=lambda i: i in self.draining, default=None)
 
     def _detect(self, failure: GroupFailure) -> dict:
         """Wait until Ray names the cause: a lost node of the plan (Ray marks it dead, or its keeper died
