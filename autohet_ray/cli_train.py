@@ -24,7 +24,8 @@ def _job(args, cluster, model) -> dict:
             "cluster": cluster.to_dict(), "plan": load_plan(args.plan).to_dict() if args.plan else None,
             "seq_len": args.seq_len, "micro_batch": args.micro_batch, "emulate": args.emulate,
             "time_scale": 1.0 if args.time_scale == "auto" else float(args.time_scale),
-            "iteration_wall_s": AUTO_ITERATION_WALL_S if args.time_scale == "auto" else None, "profile": args.profile, "profile_cache": args.profile_cache,
+            "iteration_wall_s": AUTO_ITERATION_WALL_S if args.time_scale == "auto" else None,
+            "profile": args.profile, "profile_cache": args.profile_cache,
             "storage": args.storage, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit,
             "placement_timeout_s": args.placement_timeout}
 
@@ -75,7 +76,8 @@ def cmd_train(args) -> int:
         history = run_job(_job(args, cluster, model), on_phase=lambda r: _print_phase(r, tag), on_step=on_step)
     summary = _summary(history, args.emulate, args.global_batch)
     print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}; iteration "
-          f"{summary['measured_iteration_s']:.4f} s measured (steady state) vs {summary['predicted_iteration_s']:.4f} s "
+          f"{summary['measured_iteration_s']:.4f} s measured (steady state) vs "
+          f"{summary['predicted_iteration_s']:.4f} s "
           f"predicted{tag}")
     if args.json:
         print(json.dumps(summary))

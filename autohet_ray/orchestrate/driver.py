@@ -129,8 +129,9 @@ class Driver:
             targets = emulation_targets(self.plan, self.found.cluster, self.model, self.profile_db, self.evaluation)
             pacers = [{"targets": t, "time_scale": self.time_scale} for t in targets]
         refs = [actor.setup.remote(plan=self.executed_plan().to_dict(), model_spec=self.run_model.to_dict(),
-                                   seed=job.seed, lr=job.lr, dtype=job.dtype, pacer=pacers[r], collective_timeout_s=job.collective_timeout_s,
-                                   **self._address()) for r, actor in enumerate(self.group.actors)]
+                                   seed=job.seed, lr=job.lr, dtype=job.dtype, pacer=pacers[r],
+                                   collective_timeout_s=job.collective_timeout_s, **self._address())
+                for r, actor in enumerate(self.group.actors)]
         setups = self.group.gather(refs, timeout_s=job.placement_timeout_s + 120)
         self._enter("planned", "placed")
         if job.storage:

@@ -12,13 +12,15 @@ import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from autohet_ray.cluster.spec import Cluster, Node
-from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource, label_value
+from autohet_ray.orchestrate.labels import (ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource,
+                                            label_value)
 
 
 def node_args(node: Node, *, num_cpus: float = 0, cpus_per_gpu: float = 0) -> dict:
     """Ray node options standing for `node`: fake GPUs, a per-type custom resource and labels (and logical CPUs,
     `cpus_per_gpu` per GPU, for frameworks such as Ray Train's CPU workers that ask for CPUs)."""
-    return {"num_cpus": num_cpus + cpus_per_gpu * node.count, "num_gpus": node.count, "resources": {gpu_resource(node.device): node.count},
+    return {"num_cpus": num_cpus + cpus_per_gpu * node.count, "num_gpus": node.count,
+            "resources": {gpu_resource(node.device): node.count},
             "labels": {ACCELERATOR_LABEL: label_value(node.device), NODE_NAME_LABEL: node.name,
                        EMULATED_LABEL: "true"}}
 

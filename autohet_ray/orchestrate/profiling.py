@@ -2,8 +2,8 @@
 node of that type, pinned with bundle label selectors. Layer times come from `profile.measure` (one TP rank's
 shard per TP degree, so the cost does not grow with the number of GPUs of a type); with two GPUs in the group,
 a gloo ping-pong between them measures the intra-node link; one more between GPUs on two nodes measures the
-inter-node link (not cached: it depends on the nodes, not on a GPU type). Results are cached on disk keyed by device type, model, sequence length, the TP degrees and
-micro-batches, and software versions.
+inter-node link (not cached: it depends on the nodes, not on a GPU type). Results are cached on disk keyed by
+device type, model, sequence length, the TP degrees and micro-batches, and software versions.
 """
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ def assign_roles(plan: Plan, places: list[WorkerPlace], num_layers: int) -> list
         if len(need) != len(have) or any(p.device_type not in (None, i.device_type) for p in have for i in need):
             raise ConfigError(f"node {node!r}: the plan puts {len(need)} ranks "
                               f"({', '.join(sorted({i.device_type for i in need})) or 'none'}) there but Ray Train "
-                              f"placed {len(have)} workers ({', '.join(sorted({str(p.device_type) for p in have})) or 'none'}); "
+                              f"placed {len(have)} workers "
+                              f"({', '.join(sorted({str(p.device_type) for p in have})) or 'none'}); "
                               f"build the ScalingConfig with plan_scaling_config(plan)")
         for info, place in zip(sorted(need, key=lambda i: i.device),
                                sorted(have, key=lambda p: (_gpu_key(p.gpu), p.train_rank))):

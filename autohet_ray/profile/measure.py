@@ -128,7 +128,8 @@ def _measure_entry(spec: ModelSpec, tp: int, micro_batch: int, seq_len: int, dev
     local_vocab = spec.vocab_size // tp
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, local_vocab, (micro_batch, seq_len), generator=gen).to(device)
-    hidden = lambda: torch.randn(micro_batch, seq_len, spec.hidden, generator=gen).to(device, dtype).requires_grad_()  # noqa: E731
+    shape = (micro_batch, seq_len, spec.hidden)
+    hidden = lambda: torch.randn(shape, generator=gen).to(device, dtype).requires_grad_()  # noqa: E731
     head_loss = lambda x: F.cross_entropy(head(x).flatten(0, 1).float(), ids.flatten(), reduction="sum")  # noqa: E731
     runs = {"embedding": (embedding, lambda: ids, embedding), "layer": (block, hidden, block),
             "head": (head_loss, hidden, head)}

@@ -112,7 +112,8 @@ def test_profiling_on_ray_once_per_gpu_type_cached_and_plannable(three_node_clus
     again = profile_cluster(found, SPEC, 16, micro_batches=(1, 2), cache_dir=str(tmp_path))
     assert all(info["cached"] for info in again.meta["types"].values()) and again.entries == db.entries
     db.save(str(tmp_path / "prof.json"))
-    result, _ = plan_with_baselines(cluster=found.cluster, model=SPEC, profile=load_profile(str(tmp_path / "prof.json")),
+    loaded = load_profile(str(tmp_path / "prof.json"))
+    result, _ = plan_with_baselines(cluster=found.cluster, model=SPEC, profile=loaded,
                                     global_batch=4, seq_len=16, micro_batch=1, time_limit_s=5)
     assert result.plan.predicted.profile_kind == "measured"
 
