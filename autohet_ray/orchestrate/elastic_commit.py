@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import ray
 
 from autohet_ray.checkpoint import collect_garbage, commit_step, scan_manifests
-from autohet_ray.checkpoint.errors import TierUnavailableError
+from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.orchestrate.elastic_tiers import build_tier
 
 
@@ -36,7 +36,9 @@ class Committer:
                 ok += 1
             except TierUnavailableError as err:
                 self.skipped.append(f"step {step}: keeper of node {node} unavailable ({err})")
-        assert ok, f"step {step}: no live keeper took the manifest: {self.skipped[-len(self.keepers):]}"
+        if not ok:
+            raise CheckpointError(f"step {step}: no live keeper took the manifest: "
+                                  f"{self.skipped[-len(self.keepers):]}")
         self.committed.append(step)
 
     def add_cloud(self, step: int, refs: list) -> None:

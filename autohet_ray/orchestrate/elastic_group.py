@@ -3,6 +3,7 @@
 and failures reported with the dead rank's node, pipeline and stage."""
 from __future__ import annotations
 
+import re
 import time
 
 import ray
@@ -11,6 +12,18 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray.orchestrate.elastic_actor import ElasticWorker
 from autohet_ray.plan.schema import Plan
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(exc: BaseException) -> str:
+    """A one-line reason: the original exception of a Ray task error (its type and first line)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = _ANSI.sub("", str(exc)).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 class GroupFailure(RuntimeError):
@@ -66,11 +79,11 @@ class ElasticGroup:
                 ray.get(ready[0])
             except RayActorError as exc:
                 rank = index[ready[0]]
-                raise GroupFailure(f"stage actor {self.describe(rank)} died: {str(exc).splitlines()[0]}",
+                raise GroupFailure(f"stage actor {self.describe(rank)} died: {_first_line(exc)}",
                                    rank=rank, dead=True) from None
             except RayError as exc:              # a task error, or one Ray could not even deserialize
                 rank = index[ready[0]]
-                raise GroupFailure(f"stage actor {self.describe(rank)} failed: {str(exc).splitlines()[0]}",
+                raise GroupFailure(f"stage actor {self.describe(rank)} failed: {_first_line(exc)}",
                                    rank=rank, dead=False) from exc
         return ray.get(refs)
 
