@@ -75,14 +75,23 @@ def node_handle(cluster, name: str):
 def measure_overhead(ctl, blocks: int, per_block: int) -> dict:
     """Mean step wall time with snapshots off vs on, alternating blocks (load from other processes hits both)."""
     walls = {False: [], True: []}
+    compute, waits, copies = {False: [], True: []}, [], []
     for i in range(2 * blocks):
         on = bool(i % 2)
         ctl.snapshots = on
         ctl.step()                                   # the first step of a block pays the switch: not counted
-        walls[on] += [ctl.step()["wall_s"] for _ in range(per_block)]
+        for _ in range(per_block):
+            m = ctl.step()
+            walls[on].append(m["wall_s"])
+            compute[on].append(m["compute_s"])
+            if on:
+                waits.append(m["snapshot_wait_s"])
+                copies.append(m["snapshot_copy_s"])
     ctl.snapshots = True
     off, on = statistics.median(walls[False]), statistics.median(walls[True])
-    return {"step_s_off": off, "step_s_on": on, "overhead_ratio": on / off, "samples_per_mode": len(walls[True])}
+    return {"step_s_off": off, "step_s_on": on, "overhead_ratio": on / off, "samples_per_mode": len(walls[True]),
+            "compute_s_off": statistics.median(compute[False]), "compute_s_on": statistics.median(compute[True]),
+            "snapshot_wait_s_on": statistics.median(waits), "snapshot_copy_s_on": statistics.median(copies)}
 
 
 def fail_node(ctl, cluster, name: str) -> dict:

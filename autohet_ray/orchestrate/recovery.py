@@ -180,6 +180,7 @@ class ElasticController:
             self.snapped.add(self.step_index)
         metrics = {"step": self.step_index, "loss": outs[0]["loss"], "grad_norm": outs[0]["grad_norm"],
                    "wall_s": wall, "snapshot_copy_s": max(o.get("snapshot_copy_s", 0.0) for o in outs),
+                   "snapshot_wait_s": max(o.get("snapshot_wait_s", 0.0) for o in outs),
                    "compute_s": max(o["timings"]["step"] for o in outs)}
         self.history.append(metrics)
         return metrics
