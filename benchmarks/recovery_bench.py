@@ -23,7 +23,6 @@ import logging
 import os
 import statistics
 import sys
-import time
 
 MiB = 1 << 20
 NODES = {"name": "bench-3", "nodes": [{"name": "a", "device": "H800", "count": 1},

@@ -18,12 +18,6 @@ from autohet_ray.orchestrate.spot import parse_notice, poll_notice  # noqa: E402
 pytestmark = pytest.mark.timeout(180)
 TOKEN = "test-token-123"
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-TOKEN = "test-token-123"
-
 
 class ImdsState:
     def __init__(self):
