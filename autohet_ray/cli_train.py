@@ -57,6 +57,7 @@ def _starting(cluster) -> None:
 
 
 def cmd_train(args) -> int:
+    from autohet_ray.orchestrate.job import job_from_dict
     from autohet_ray.orchestrate.session import ray_session, run_job
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     if args.time_scale != "auto":
@@ -72,8 +73,10 @@ def cmd_train(args) -> int:
               f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} predicted{tag}",
               flush=True)
 
+    job = _job(args, cluster, model)
+    job_from_dict(job)                    # bad values fail here, before a cluster starts
     with ray_session(cluster, address=args.address, emulate=args.emulate, on_start=_starting):
-        history = run_job(_job(args, cluster, model), on_phase=lambda r: _print_phase(r, tag), on_step=on_step)
+        history = run_job(job, on_phase=lambda r: _print_phase(r, tag), on_step=on_step)
     summary = _summary(history, args.emulate, args.global_batch)
     print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}; iteration "
           f"{summary['measured_iteration_s']:.4f} s measured (steady state) vs "

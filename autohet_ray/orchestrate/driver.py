@@ -18,6 +18,7 @@ from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.data import synthetic_batch
 from autohet_ray.orchestrate.discovery import check_plan_fits, discover
 from autohet_ray.orchestrate.job import TrainJob, job_from_dict
+from autohet_ray.orchestrate.job_storage import write_text
 from autohet_ray.orchestrate.pacer import emulation_targets
 from autohet_ray.orchestrate.placement import place_plan, remove_groups
 from autohet_ray.orchestrate.stage_group import StageGroup
@@ -135,9 +136,7 @@ class Driver:
         setups = self.group.gather(refs, timeout_s=job.placement_timeout_s + 120)
         self._enter("planned", "placed")
         if job.storage:
-            os.makedirs(job.storage, exist_ok=True)
-            with open(os.path.join(job.storage, "plan.json"), "w") as f:
-                f.write(self.plan.to_json())
+            write_text(job.storage, "plan.json", self.plan.to_json())
         return {"ranks": len(setups), "locations": self.group.locations, "time_scale": self.time_scale,
                 "setup_s": max(s["setup_s"] for s in setups)}
 
@@ -196,9 +195,7 @@ class Driver:
 
     def _save_history(self) -> None:
         if self.job.storage:
-            with open(os.path.join(self.job.storage, "metrics.jsonl"), "w") as f:
-                for m in self.history:
-                    f.write(json.dumps(m) + "\n")
+            write_text(self.job.storage, "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in self.history))
 
     def stage_state(self, rank: int) -> dict:
         return ray.get(self.group.actors[rank].state_dict.remote())

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from autohet_ray import ConfigError
+from autohet_ray.orchestrate.elastic_tiers import storage_spec
 
 PROFILE_MODES = ("analytic", "measured")
 DTYPES = ("float32", "float64", "bfloat16")
@@ -27,7 +28,7 @@ class TrainJob:
                                          # many wall seconds (leave the real CPU work room inside the paced ops)
     profile: str = "analytic"            # "analytic" (device catalog), "measured" (profile on Ray), or a DB path
     profile_cache: str | None = None     # directory caching measured profiles
-    storage: str | None = None           # directory for the plan and per-step metrics
+    storage: str | None = None           # directory or s3://bucket/prefix for the plan and per-step metrics
     dtype: str = "float32"              # training dtype on the stage actors (float64 for exact comparisons)
     seed: int = 0
     lr: float = 1e-3
@@ -48,6 +49,8 @@ class TrainJob:
             raise ConfigError(f"dtype={self.dtype!r}; valid: {', '.join(DTYPES)}")
         if self.profile not in PROFILE_MODES and not self.profile.endswith(".json"):
             raise ConfigError(f"profile={self.profile!r}; valid: {', '.join(PROFILE_MODES)}, or a profile DB .json")
+        if self.storage is not None:
+            storage_spec(self.storage)          # a directory or s3://bucket/prefix, else ConfigError
 
     def to_dict(self) -> dict:
         return asdict(self)
