@@ -15,3 +15,13 @@ def read_structured(path: str, what: str):
         raise ConfigError(f"{what} file {path!r} does not exist") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} file {path!r} is not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
+
+
+def dataclass_from_dict(cls, raw: dict, what: str):
+    """`cls(**raw)`, with unknown keys named in a ConfigError instead of a TypeError."""
+    from dataclasses import fields
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"{what} has unknown fields {unknown}; valid: {sorted(names)}")
+    return cls(**raw)

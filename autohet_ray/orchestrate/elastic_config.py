@@ -2,9 +2,10 @@
 storage alone), plus small pure helpers of the recovery controller."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.cluster.spec import Cluster
 
 RESTORE_MODES = ("local_first", "cloud_only")
@@ -63,11 +64,7 @@ class ElasticJob:
 
 
 def elastic_job_from_dict(raw: dict) -> ElasticJob:
-    names = {f.name for f in fields(ElasticJob)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise ConfigError(f"elastic job has unknown fields {unknown}; valid: {sorted(names)}")
-    return ElasticJob(**raw)
+    return dataclass_from_dict(ElasticJob, raw, "elastic job")
 
 
 def without_nodes(cluster: Cluster, lost: list[str]) -> Cluster:

@@ -1,9 +1,10 @@
 """The training job a driver runs: plain data (a frozen dataclass that travels to the driver actor as a dict)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.orchestrate.elastic_tiers import storage_spec
 
 PROFILE_MODES = ("analytic", "measured")
@@ -57,8 +58,4 @@ class TrainJob:
 
 
 def job_from_dict(raw: dict) -> TrainJob:
-    names = {f.name for f in fields(TrainJob)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise ConfigError(f"train job has unknown fields {unknown}; valid: {sorted(names)}")
-    return TrainJob(**raw)
+    return dataclass_from_dict(TrainJob, raw, "train job")
