@@ -7,9 +7,10 @@ import re
 import time
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.elastic_actor import ElasticWorker
 from autohet_ray.plan.schema import Plan
 
@@ -69,23 +70,15 @@ class ElasticGroup:
 
     def gather(self, refs: list, timeout_s: float | None = None) -> list:
         """Results in order; GroupFailure naming the first rank whose call failed."""
-        index = {ref: i for i, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
-            if not ready:
-                raise GetTimeoutError(f"ranks {sorted(index[r] for r in pending)} did not answer in {timeout_s} s")
-            try:
-                ray.get(ready[0])
-            except RayActorError as exc:
-                rank = index[ready[0]]
-                raise GroupFailure(f"stage actor {self.describe(rank)} died: {_first_line(exc)}",
-                                   rank=rank, dead=True) from None
-            except RayError as exc:              # a task error, or one Ray could not even deserialize
-                rank = index[ready[0]]
-                raise GroupFailure(f"stage actor {self.describe(rank)} failed: {_first_line(exc)}",
-                                   rank=rank, dead=False) from exc
-        return ray.get(refs)
+        return gather_in_rank_order(refs, timeout_s, self._failure)
+
+    def _failure(self, rank: int, exc: Exception) -> Exception | None:
+        if isinstance(exc, RayActorError):
+            return GroupFailure(f"stage actor {self.describe(rank)} died: {_first_line(exc)}", rank=rank, dead=True)
+        if isinstance(exc, RayError):              # a task error, or one Ray could not even deserialize
+            return GroupFailure(f"stage actor {self.describe(rank)} failed: {_first_line(exc)}",
+                                rank=rank, dead=False)
+        return None
 
     def call(self, method: str, *args, timeout_s: float | None = None, **kwargs) -> list:
         return self.gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], timeout_s)

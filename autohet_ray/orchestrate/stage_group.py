@@ -3,8 +3,9 @@ failure reports naming the dead actor's node, pipeline and stage."""
 from __future__ import annotations
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
+from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.placement import StageSlot, bundle_strategy
 from autohet_ray.orchestrate.stage_actor import StageActor
 
@@ -34,20 +35,12 @@ class StageGroup:
 
     def gather(self, refs: list, timeout_s: float | None = None) -> list:
         """Results in rank order; StageActorDied naming the first actor that died."""
-        index = {ref: i for i, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
-            if not ready:
-                raise GetTimeoutError(f"stage actors {sorted(index[r] for r in pending)} did not answer in "
-                                      f"{timeout_s} s")
-            try:
-                ray.get(ready[0])
-            except RayActorError as exc:
-                rank = index[ready[0]]
-                raise StageActorDied(f"stage actor {self.describe(rank)} died: "
-                                     f"{str(exc).splitlines()[0]}") from None
-        return ray.get(refs)
+        return gather_in_rank_order(refs, timeout_s, self._failure)
+
+    def _failure(self, rank: int, exc: Exception) -> Exception | None:
+        if isinstance(exc, RayActorError):
+            return StageActorDied(f"stage actor {self.describe(rank)} died: {str(exc).splitlines()[0]}")
+        return None
 
     def call(self, method: str, *args, timeout_s: float | None = None, **kwargs) -> list:
         return self.gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], timeout_s)
