@@ -93,8 +93,13 @@ def _match_file(base: Cluster, nodes: list[LiveNode]) -> tuple[Cluster, tuple[Li
 
 
 def discover(base: Cluster | None = None, raw_nodes: list[dict] | None = None) -> Discovered:
-    """The live cluster; with `base` (a cluster file), its links and custom devices, checked against Ray."""
-    nodes = live_nodes(raw_nodes)
+    """The live cluster from labels and resources; with `base` (a cluster file), its links and custom devices,
+    checked against Ray. `device_probe.discover_confirmed` also asks each node's device."""
+    return describe(base, live_nodes(raw_nodes))
+
+
+def describe(base: Cluster | None, nodes: list[LiveNode]) -> Discovered:
+    """The cluster description of these live GPU nodes (and the cluster file `base`, when given)."""
     if not nodes:
         raise ConfigError("the Ray cluster has no GPU nodes (no node offers a GPU resource); start nodes with "
                           "GPUs, or use --emulate to emulate the cluster file on this machine")

@@ -16,7 +16,8 @@ from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.data import synthetic_batch
-from autohet_ray.orchestrate.discovery import check_plan_fits, discover
+from autohet_ray.orchestrate.device_probe import discover_confirmed
+from autohet_ray.orchestrate.discovery import check_plan_fits
 from autohet_ray.orchestrate.job import TrainJob, job_from_dict
 from autohet_ray.orchestrate.job_storage import write_text
 from autohet_ray.orchestrate.pacer import emulation_targets
@@ -70,7 +71,7 @@ class Driver:
     # -- phases ----------------------------------------------------------------------------------------------
     def run_discover(self) -> dict:
         base = cluster_from_dict(self.job.cluster) if self.job.cluster else None
-        self.found = discover(base)
+        self.found = discover_confirmed(base, timeout_s=self.job.placement_timeout_s)
         self._enter("new", "discovered")
         return {"cluster": self.found.cluster.to_dict(), "emulated": self.found.emulated,
                 "nodes": [{"name": n.name, "node_id": n.node_id, "device": n.device_type, "gpus": n.num_gpus}
