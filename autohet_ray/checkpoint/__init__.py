@@ -14,7 +14,7 @@ from autohet_ray.checkpoint.errors import (CheckpointError, ChunkMissingError, C
                                            ManifestExistsError, TierUnavailableError)
 from autohet_ray.checkpoint.faults import NO_FAULTS, POINTS, Faults
 from autohet_ray.checkpoint.manifest import ChunkRecord, Manifest, merge_records
-from autohet_ray.checkpoint.peers import assign_writers, choose_peers
+from autohet_ray.checkpoint.peers import CopyPlan, assign_writers, choose_peers, place_copies
 from autohet_ray.checkpoint.reshard import (ChunkFetcher, LayoutMismatchError, Piece, RestoreReport, TierStats,
                                             choose_restorable_step, plan_reads, restore)
 from autohet_ray.checkpoint.snapshot import AsyncSnapshotter, LaneResult, SnapshotHandle, SnapshotPolicy
@@ -23,6 +23,7 @@ from autohet_ray.checkpoint.steps import (CollectReport, collect_garbage, commit
 from autohet_ray.checkpoint.tiers import LocalDirTier, MemoryTier, ThrottledTier, Tier, TokenBucket
 
 __all__ = [
+    "CopyPlan", "place_copies",
     "AsyncSnapshotter", "CheckpointError", "ChunkFetcher", "ChunkMissingError", "ChunkRecord",
     "ChunkUnavailableError", "CollectReport", "CorruptChunkError", "Faults", "IncompleteStepError",
     "InjectedFault", "LaneResult", "LayoutMismatchError", "LocalDirTier", "Manifest", "ManifestExistsError",

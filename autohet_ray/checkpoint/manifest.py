@@ -71,7 +71,8 @@ class Manifest:
             outer = json.loads(raw)
             body = outer["body"]
             canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-            ok = outer["digest"] == digest(canonical.encode())
+            algorithm = outer["digest"].partition(":")[0]
+            ok = outer["digest"] == digest(canonical.encode(), algorithm)
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"manifest {where} is unreadable: {err}") from err
         if not ok:

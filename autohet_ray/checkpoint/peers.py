@@ -6,6 +6,7 @@ node, preferably of another GPU type (another pool); among candidates the least-
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Hashable, TypeVar
 
 from autohet_ray import ConfigError
@@ -60,3 +61,55 @@ def assign_writers(holdings: dict[int, list[tuple[str, Chunk, int]]]) -> dict[in
         out[rank].add(item)
         load[rank] += size[item]
     return out
+
+
+@dataclass
+class CopyPlan:
+    """Where each rank's snapshot goes. `local[r]`: items rank r writes to its own node's store; `push[r]`:
+    peer node -> items rank r replicates there; `upload[r]`: items rank r uploads to the cloud (each item
+    exactly once across ranks)."""
+    local: dict[int, set] = field(default_factory=dict)
+    push: dict[int, dict[str, set]] = field(default_factory=dict)
+    upload: dict[int, set] = field(default_factory=dict)
+
+
+def place_copies(holdings: dict[int, list[tuple[str, Chunk, int]]], rank_nodes: dict[int, str],
+                 node_gpu: dict[str, str], *, copies: int = 2) -> CopyPlan:
+    """`copies` node-store copies of every unique (name, chunk) on distinct nodes: another GPU type first (a
+    spot pool tends to vanish together), then a node whose ranks already hold the item (a data-parallel copy
+    with the same chunk: written to that node's own store, no network), then the least-loaded node. Items
+    with fewer holder nodes than chosen nodes are pushed there by the first writer. Load (bytes) is balanced
+    over nodes and over the ranks of a node."""
+    if copies < 1 or copies > len(node_gpu):
+        raise ConfigError(f"copies={copies} must be between 1 and the number of nodes ({len(node_gpu)})")
+    holders: dict[tuple[str, Chunk], list[int]] = {}
+    size: dict[tuple[str, Chunk], int] = {}
+    for rank, items in holdings.items():
+        for name, chunk, nbytes in items:
+            holders.setdefault((name, chunk), []).append(rank)
+            size[(name, chunk)] = max(size.get((name, chunk), 0), nbytes)
+    node_load: Counter[str] = Counter()
+    rank_load: Counter[int] = Counter()
+    plan = CopyPlan({r: set() for r in holdings}, {r: {} for r in holdings}, {r: set() for r in holdings})
+    for item in sorted(holders, key=lambda i: (-size[i], i[0], i[1].offsets)):
+        by_node: dict[str, list[int]] = {}
+        for rank in holders[item]:
+            by_node.setdefault(rank_nodes[rank], []).append(rank)
+        chosen: list[str] = []
+        for _ in range(copies):
+            pool = [n for n in node_gpu if n not in chosen]
+            node = min(pool, key=lambda n: (any(node_gpu[n] == node_gpu[c] for c in chosen), n not in by_node,
+                                            node_load[n], n))
+            chosen.append(node)
+            node_load[node] += size[item]
+        primary = min(by_node[chosen[0]], key=lambda r: (rank_load[r], r))
+        plan.upload[primary].add(item)
+        for node in chosen:
+            if node in by_node:
+                writer = min(by_node[node], key=lambda r: (rank_load[r], r))
+                plan.local[writer].add(item)
+                rank_load[writer] += size[item]
+            else:
+                plan.push[primary].setdefault(node, set()).add(item)
+                rank_load[primary] += size[item]
+    return plan

@@ -147,6 +147,13 @@ def restore(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]],
     plan = plan_reads(manifest, needs)
     fetcher = ChunkFetcher(tiers, manifest.step)
     unique = {p.record.key: p.record for pieces in plan.values() for p in pieces}
+    for tier in tiers:
+        prefetch = getattr(tier, "prefetch", None)   # tiers that can look up (and start pulling) keys in one call
+        if prefetch is not None:
+            try:
+                prefetch(list(unique))
+            except TierUnavailableError:
+                pass                                 # reported by the per-chunk fetch that falls through
     with ThreadPoolExecutor(max(1, num_threads), thread_name_prefix="ckpt-fetch") as pool:
         fetched = dict(zip(unique, pool.map(fetcher.fetch, unique.values())))
     state, saved = {}, manifest.tensors()

@@ -1,7 +1,7 @@
 """Asynchronous snapshots of one rank's shards.
 
-`snapshot()` copies the shards to CPU (the only part that stalls compute) and returns a handle. A
-background "fast lane" serializes, hashes and writes each chunk to the node's tier and its peer tiers
+`snapshot()` copies the shards into serialized blobs (one copy: the only part that stalls compute) and
+returns a handle. A background "fast lane" hashes and writes each chunk to the node's tier and its peer tiers
 (every step); a "cloud lane" uploads the same bytes to the cloud tier every `cloud_every` steps. Each lane
 yields ChunkRecords; the coordinator commits a step's manifest once every rank's lane has finished.
 A new snapshot waits for the previous fast lane, and a cloud step for the previous upload (backpressure,
@@ -13,8 +13,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-import torch
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.codec import digest, dtype_name, encode
@@ -51,8 +49,8 @@ class _Encoded:
     shape: tuple[int, ...]
     chunk: Chunk
     dtype: str
-    blob: bytes
-    digest: str
+    blob: bytearray
+    digest: str = ""
 
 
 class SnapshotHandle:
@@ -68,19 +66,16 @@ class SnapshotHandle:
         return None if self.cloud is None else self.cloud.result(timeout)
 
 
-def copy_to_cpu(state: dict, owned=None) -> list[tuple[str, tuple[int, ...], Chunk, torch.Tensor]]:
-    """Detached CPU copies of the (name -> (tensor, global shape, chunk)) entries this rank writes."""
+def encode_shards(state: dict, owned=None) -> list[_Encoded]:
+    """Serialized copies of the (name -> (tensor, global shape, chunk)) entries this rank writes: the one
+    copy of the data a snapshot makes (hashes are computed later, off the compute path)."""
     out = []
     for name, (tensor, shape, chunk) in state.items():
         if owned is not None and (name, chunk) not in owned:
             continue
         if tuple(tensor.shape) != tuple(chunk.sizes):
             raise ConfigError(f"{name!r}: local tensor shape {list(tensor.shape)} != chunk sizes {list(chunk.sizes)}")
-        copy = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
-        copy.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
-        out.append((name, tuple(shape), chunk, copy))
-    if any(t.is_cuda for t, _, _ in state.values()):
-        torch.cuda.synchronize()
+        out.append(_Encoded(name, tuple(shape), chunk, dtype_name(tensor.dtype), encode(tensor)))
     return out
 
 
@@ -100,9 +95,10 @@ class AsyncSnapshotter:
     def is_cloud_step(self, step: int) -> bool:
         return self.cloud is not None and self.policy.cloud_every > 0 and step % self.policy.cloud_every == 0
 
-    def snapshot(self, step: int, state: dict, *, owned=None) -> SnapshotHandle:
+    def snapshot(self, step: int, state: dict, *, owned=None, routes: dict[str, set] | None = None) -> SnapshotHandle:
         """Copy the shards (name -> (tensor, global shape, chunk)) to CPU and write them in the background.
-        `owned`: the (name, chunk)s this rank writes (see peers.assign_writers); None writes all."""
+        `owned`: the (name, chunk)s this rank writes anywhere (None: all). `routes`: tier name -> the
+        (name, chunk)s that tier takes (see peers.place_copies); a tier not named takes everything owned."""
         with self._lock:
             wait_start = time.perf_counter()
             for previous in (self._last, self._last_cloud if self.is_cloud_step(step) else None):
@@ -113,65 +109,78 @@ class AsyncSnapshotter:
             wait_seconds = time.perf_counter() - wait_start
             copy_start = time.perf_counter()
             self.faults.maybe_fail("snapshot_copy")
-            copies = copy_to_cpu(state, owned)
+            items = encode_shards(state, owned)
             handle = SnapshotHandle(step, time.perf_counter() - copy_start, wait_seconds)
             encoded: Future = Future()
-            handle.fast = self._fast_lane.submit(self._write_fast, step, copies, encoded)
+            handle.fast = self._fast_lane.submit(self._write_fast, step, items, encoded, routes or {})
             if self.is_cloud_step(step):
-                handle.cloud = self._cloud_lane.submit(self._write_cloud, step, encoded, handle.fast)
+                handle.cloud = self._cloud_lane.submit(self._write_cloud, step, encoded, handle.fast, routes or {})
                 self._last_cloud = handle
             self._last = handle
             return handle
 
-    def _write_fast(self, step: int, copies, encoded: Future) -> LaneResult:
+    def _write_fast(self, step: int, items: list[_Encoded], encoded: Future, routes: dict) -> LaneResult:
         start = time.perf_counter()
         try:
-            items = list(self._io.map(_encode, copies))
+            for item in items:
+                item.digest = digest(item.blob)
         except BaseException as err:
             encoded.set_exception(err)
             raise
         encoded.set_result(items)
         tiers = [(self.local, "snapshot_write"), *((peer, "replicate") for peer in self.peers)]
-        result = self._write_all(step, items, tiers, self._io)
+        result = self._write_all(step, items, tiers, self._io, routes)
         result.seconds = time.perf_counter() - start
         return result
 
-    def _write_cloud(self, step: int, encoded: Future, fast: Future) -> LaneResult:
+    def _write_cloud(self, step: int, encoded: Future, fast: Future, routes: dict) -> LaneResult:
         start = time.perf_counter()
         items = encoded.result()
         fast_result = fast.result()      # the cloud records also list the node and peer replicas
-        result = self._write_all(step, items, [(self.cloud, "upload")], self._cloud_io)
+        result = self._write_all(step, items, [(self.cloud, "upload")], self._cloud_io, routes)
         known = {r.key: r.replicas for r in fast_result.records}
         result.records = [_with_replicas(r, known.get(r.key, ()) + r.replicas) for r in result.records]
         result.seconds = time.perf_counter() - start
         return result
 
-    def _write_all(self, step: int, items: list[_Encoded], tiers, pool) -> LaneResult:
-        result = LaneResult(step, [], {tier.name: 0 for tier, _ in tiers})
-
-        def write(item: _Encoded) -> ChunkRecord:
-            key = chunk_key(step, item.name, item.chunk)
-            for tier, point in tiers:
-                self.faults.maybe_fail(point)
-                tier.put_chunk(key, item.blob)
-            return ChunkRecord(step=step, name=item.name, global_shape=item.shape, chunk=item.chunk,
-                               dtype=item.dtype, digest=item.digest, nbytes=len(item.blob),
-                               replicas=tuple(tier.name for tier, _ in tiers))
-
-        result.records = list(pool.map(write, items))
-        for tier, _ in tiers:
-            result.bytes_written[tier.name] = sum(len(i.blob) for i in items)
+    def _write_all(self, step: int, items: list[_Encoded], tiers, pool, routes: dict) -> LaneResult:
+        """Every chunk to every tier that takes it, in order (the node tier before the peer push that reads
+        from it): one batched call per tier where the tier takes batches (keepers), else one call per chunk
+        on `pool`."""
+        takes = {tier.name: [i for i in items if tier.name not in routes or (i.name, i.chunk) in routes[tier.name]]
+                 for tier, _ in tiers}
+        for tier, point in tiers:
+            self._write_tier(tier, point, [(chunk_key(step, i.name, i.chunk), i.blob) for i in takes[tier.name]], pool)
+        result = LaneResult(step, [], {tier.name: sum(len(i.blob) for i in takes[tier.name]) for tier, _ in tiers})
+        for item in items:
+            replicas = tuple(tier.name for tier, _ in tiers if any(i is item for i in takes[tier.name]))
+            if replicas:
+                result.records.append(ChunkRecord(step=step, name=item.name, global_shape=item.shape,
+                                                  chunk=item.chunk, dtype=item.dtype, digest=item.digest,
+                                                  nbytes=len(item.blob), replicas=replicas))
         return result
+
+    def _write_tier(self, tier, point: str, keyed: list[tuple[str, bytearray]], pool) -> None:
+        """An injected fault at chunk i leaves chunks before i written (a partial step), as a crash would."""
+        batch = getattr(tier, "put_chunks", None)
+        if batch is None:
+            def write(kb):
+                self.faults.maybe_fail(point)
+                tier.put_chunk(*kb)
+            list(pool.map(write, keyed))
+            return
+        done = 0
+        try:
+            for _ in keyed:
+                self.faults.maybe_fail(point)
+                done += 1
+        finally:
+            if done:
+                batch(keyed[:done])
 
     def close(self) -> None:
         for pool in (self._fast_lane, self._cloud_lane, self._io, self._cloud_io):
             pool.shutdown(wait=True)
-
-
-def _encode(copy) -> _Encoded:
-    name, shape, chunk, tensor = copy
-    blob = encode(tensor)
-    return _Encoded(name, shape, chunk, dtype_name(tensor.dtype), blob, digest(blob))
 
 
 def _with_replicas(record: ChunkRecord, replicas) -> ChunkRecord:

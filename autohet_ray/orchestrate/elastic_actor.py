@@ -96,15 +96,17 @@ class ElasticWorker:
     def needs(self) -> dict:
         return needs_of_layout(self.engine.layout)
 
-    def configure_snapshots(self, *, owned: list, local: dict, peers: list[dict], cloud: dict | None,
+    def configure_snapshots(self, *, routes: dict[str, list], local: dict, peers: list[dict], cloud: dict | None,
                             cloud_every: int, num_threads: int = 2) -> None:
+        """`routes`: tier name (the local, peer and cloud specs' names) -> the (name, chunk)s it takes."""
         from autohet_ray.checkpoint import AsyncSnapshotter, SnapshotPolicy
         self.close_snapshots()
         self.snapshotter = AsyncSnapshotter(
             local=build_tier(local), peers=[build_tier(p) for p in peers],
             cloud=build_tier(cloud) if cloud else None,
             policy=SnapshotPolicy(cloud_every=cloud_every if cloud else 0, num_threads=num_threads))
-        self.owned = set(owned)
+        self.routes = {tier: set(items) for tier, items in routes.items()}
+        self.owned = set().union(*self.routes.values())
 
     def train_step(self, batch: dict, snapshot: bool) -> dict:
         """One step; then (when `snapshot`) copy the shards and write them in the background."""
@@ -112,7 +114,8 @@ class ElasticWorker:
         out["rank"] = self.rank
         if snapshot:
             assert self.snapshotter is not None, "configure_snapshots first"
-            handle = self.snapshotter.snapshot(self.engine.step, live_state(self.engine), owned=self.owned)
+            handle = self.snapshotter.snapshot(self.engine.step, live_state(self.engine), owned=self.owned,
+                                               routes=self.routes)
             self.handles[self.engine.step] = handle
             out["snapshot_copy_s"] = handle.copy_seconds
             out["snapshot_wait_s"] = handle.wait_seconds

@@ -108,11 +108,12 @@ def merge_restores(outs: list[dict]) -> dict:
 def tiling_holdings(holdings: dict[int, list], rank_pipeline: dict[int, int]) -> dict[int, list]:
     """Keep, per tensor, only the holdings of one pipeline: pipelines may shard a tensor differently (TP2 in
     one, whole in another), and a step's chunks must tile each tensor exactly. The pipeline with the most
-    distinct chunks wins (writes spread over more ranks), then the lowest index."""
+    distinct chunks wins (writes spread over more ranks), then the lowest index; other pipelines' ranks keep
+    the chunks identical to its tiles (data-parallel copies, which can be written where they already are)."""
     chunks: dict[str, dict[int, set]] = {}
     for rank, items in holdings.items():
         for name, chunk, _ in items:
             chunks.setdefault(name, {}).setdefault(rank_pipeline[rank], set()).add(chunk)
     chosen = {name: min(by_pipe, key=lambda k: (-len(by_pipe[k]), k)) for name, by_pipe in chunks.items()}
-    return {rank: [item for item in items if chosen[item[0]] == rank_pipeline[rank]]
-            for rank, items in holdings.items()}
+    tiles = {name: chunks[name][k] for name, k in chosen.items()}
+    return {rank: [item for item in items if item[1] in tiles[item[0]]] for rank, items in holdings.items()}

@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.elastic_actor import ElasticWorker
+from autohet_ray.orchestrate.liveness import probe, raylet_address
 from autohet_ray.plan.schema import Plan
 
 
@@ -51,6 +52,8 @@ class ElasticGroup:
         """`reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
         process start). The ones left over stay in `reuse` for the caller to kill."""
         self.plan, self.slots = plan, rank_slots(plan)
+        self.raylets = {name: raylet_address(node_ids[name]) for name in {s["node"] for s in self.slots}}
+        self.silent_probes: dict[str, int] = {}
         remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3)(ElasticWorker)
         reuse = reuse if reuse is not None else {}
         self.actors, self.num_reused = [], 0
@@ -69,8 +72,21 @@ class ElasticGroup:
         return f"rank {rank} (pipeline {s['pipeline']} stage {s['stage']}, {s['device_type']} on node {s['node']})"
 
     def gather(self, refs: list, timeout_s: float | None = None) -> list:
-        """Results in order; GroupFailure naming the first rank whose call failed."""
-        return gather_in_rank_order(refs, timeout_s, self._failure)
+        """Results in order; GroupFailure naming the first rank whose call failed, or the ranks of a node whose
+        raylet stopped accepting connections (noticed within a fraction of a second, while the calls wait)."""
+        return gather_in_rank_order(refs, timeout_s, self._failure, watch=self._watch_nodes)
+
+    def _watch_nodes(self) -> None:
+        """A refused connect is conclusive; a silent one must repeat on the next watch (a network hiccup)."""
+        for name, address in self.raylets.items():
+            if address is None:
+                continue
+            verdict = probe(address)
+            self.silent_probes[name] = self.silent_probes.get(name, 0) + 1 if verdict == "silent" else 0
+            if verdict == "refused" or self.silent_probes[name] >= 2:
+                rank = next(r for r, s in enumerate(self.slots) if s["node"] == name)
+                raise GroupFailure(f"node {name!r} stopped answering (its raylet at {address[0]}:{address[1]}: "
+                                   f"{verdict}): {self.describe(rank)} is lost", rank=rank, dead=True)
 
     def _failure(self, rank: int, exc: Exception) -> Exception | None:
         if isinstance(exc, RayActorError):
@@ -97,19 +113,21 @@ class ElasticGroup:
         self.gather(refs, timeout_s)
         return {"setup_s": time.perf_counter() - start}
 
-    def dead_ranks(self, timeout_s: float = 1.0) -> list[int]:
-        """Ranks whose actor Ray reports dead when pinged (a busy or slow actor is not counted)."""
+    def ping(self, timeout_s: float = 1.0) -> tuple[list[int], list[int]]:
+        """(dead, silent): ranks whose actor Ray reports dead when pinged, and ranks that did not answer within
+        the timeout (the actors are threaded, so a live one answers even while it computes)."""
         refs = [a.where.remote() for a in self.actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        dead = []
+        dead, silent = [], []
         for rank, ref in enumerate(refs):
             if ref not in ready:
+                silent.append(rank)
                 continue
             try:
                 ray.get(ref)
             except RayActorError:
                 dead.append(rank)
-        return dead
+        return dead, silent
 
     def salvage(self, inflight: list, skip: set[int], timeout_s: float = 10.0) -> dict[str, list]:
         """Reset the actors worth keeping (not in `skip`, their in-flight call settled within the timeout) for

@@ -1,6 +1,8 @@
 """Checkpoint tiers as plain data, so they travel to stage actors and are built where they are used.
 
-    {"kind": "keeper", "name": "keeper-a", "node_id": "..."}       a node keeper actor (node / peer tier)
+    {"kind": "keeper", "name": "keeper-a", "node_id": "...", "dir": "/dev/shm/..."}
+                                 a node's store (node / peer tier): processes on that node use the directory
+                                 itself, others go through the node's keeper actor
     {"kind": "keeper_push", "name": "keeper-c", "node_id": "<c>", "via_node_id": "<a>"}
                                  write-only peer tier: keeper a pushes chunks it already holds to keeper c
                                  (the writing rank sends its bytes once, to its own node's keeper)
@@ -49,7 +51,10 @@ def push_spec(peer: dict, local: dict) -> dict:
 def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
     """The Tier object of a spec (inside whichever process will use it)."""
     kind = spec.get("kind")
-    if kind == "keeper":
+    if kind == "keeper" and spec.get("dir") and _on_node(spec["node_id"]):
+        from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
+        tier = LocalDirTier(spec["dir"], name=spec["name"], fsync=False)
+    elif kind == "keeper":
         from autohet_ray.orchestrate.keeper import KeeperTier, get_keeper
         try:
             handle = get_keeper(spec["node_id"])
@@ -75,6 +80,11 @@ def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
     return TimedTier(tier)
 
 
+def _on_node(node_id: str) -> bool:
+    import ray
+    return ray.is_initialized() and ray.get_runtime_context().get_node_id() == node_id
+
+
 class KeeperPushTier:
     """Replicas made keeper to keeper: `put_chunk` asks the local keeper (which took the chunk just before,
     as the snapshotter writes the node tier first) to push it to the peer keeper; the blob argument is not
@@ -84,14 +94,19 @@ class KeeperPushTier:
         self.via, self.peer_actor_name, self.name, self.timeout_s = via, peer_actor_name, name, timeout_s
 
     def put_chunk(self, key: str, blob: bytes) -> None:
+        self.put_chunks([(key, blob)])
+
+    def put_chunks(self, items: list[tuple[str, bytes]]) -> None:
+        """One keeper-to-keeper push for all of them."""
         import ray
 
         from autohet_ray.checkpoint.errors import TierUnavailableError
+        keys = [key for key, _ in items]
         try:
-            sent = ray.get(self.via.replicate.remote([key], self.peer_actor_name), timeout=self.timeout_s)
+            sent = ray.get(self.via.replicate.remote(keys, self.peer_actor_name), timeout=self.timeout_s)
         except (ray.exceptions.RayError, ValueError) as err:
             raise TierUnavailableError(self.name, f"push via local keeper: {type(err).__name__}") from err
-        assert sent == len(blob), (key, sent, len(blob))
+        assert sent == sum(len(blob) for _, blob in items), (keys, sent)
 
 
 class _GoneTier:

@@ -15,12 +15,16 @@ from autohet_ray.cluster.spec import Cluster, Node
 from autohet_ray.orchestrate.labels import (ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource,
                                             label_value)
 
+# Ray's test cluster gives each node a 150 MiB object store, far below a real node's; keepers hold
+# checkpoint chunks there (and would spill to disk at every step), so emulated nodes get more.
+EMULATED_OBJECT_STORE_BYTES = 768 << 20
+
 
 def node_args(node: Node, *, num_cpus: float = 0, cpus_per_gpu: float = 0) -> dict:
-    """Ray node options standing for `node`: fake GPUs, a per-type custom resource and labels (and logical CPUs,
-    `cpus_per_gpu` per GPU, for frameworks such as Ray Train's CPU workers that ask for CPUs)."""
+    """Ray test-cluster node options standing for `node`: fake GPUs, a per-type custom resource and labels (and
+    logical CPUs, `cpus_per_gpu` per GPU, for frameworks such as Ray Train's CPU workers that ask for CPUs)."""
     return {"num_cpus": num_cpus + cpus_per_gpu * node.count, "num_gpus": node.count,
-            "resources": {gpu_resource(node.device): node.count},
+            "object_store_memory": EMULATED_OBJECT_STORE_BYTES, "resources": {gpu_resource(node.device): node.count},
             "labels": {ACCELERATOR_LABEL: label_value(node.device), NODE_NAME_LABEL: node.name,
                        EMULATED_LABEL: "true"}}
 
@@ -55,6 +59,9 @@ def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: fl
             ray.init(address=test_cluster.address)
         yield test_cluster
     finally:
+        from autohet_ray.orchestrate.keeper import sweep_node_stores
+        seen = [n["NodeID"] for n in ray.nodes()] if ray.is_initialized() else []
         if connect and ray.is_initialized():
             ray.shutdown()
         test_cluster.shutdown()
+        sweep_node_stores(seen)          # stores of nodes that died without their keeper's close

@@ -1,24 +1,45 @@
-"""The node keeper: a named, detached, node-pinned Ray actor that owns the checkpoint bytes of its node.
+"""The node keeper: a named, detached, node-pinned Ray actor that serves its node's checkpoint store.
 
-In Ray an object dies with its owner, so shards must not live in objects owned by training workers. The
-keeper holds the blobs in its own memory (a MemoryTier, optionally spilling to a local directory), so it
-outlives worker deaths; it receives peer replicas from other keepers and serves chunks to any rank. It
-dies with its node (that is what the peer copy and the cloud tier are for) or when killed explicitly.
+The node tier is a directory in the node's shared memory (`/dev/shm` by default; tmpfs: RAM speed, survives
+any process, gone with the node), one per node: `<root>/<node id>`. Stage actors on the node write their
+chunks into it directly (one file write per chunk, no Ray object, no copy through another process) and read
+from it directly on restore. The keeper owns and serves the directory to everyone else: other nodes' reads,
+peer replicas pushed from other keepers, and the manifests the driver commits. It dies with its node (that
+is what the peer copy and the cloud tier are for) or when stopped, which removes the directory.
+
+In Ray an object dies with its owner; bytes here live in files, and what crosses an actor boundary is a
+uint8 numpy view (moved out of band through the object store, zero-copy for the receiver).
 
 `KeeperTier` adapts a keeper handle to the checkpoint Tier interface, turning a dead or unreachable keeper
 into TierUnavailableError so a restore falls through to the next tier (and reports it).
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.errors import ChunkMissingError, ManifestExistsError, TierUnavailableError
-from autohet_ray.checkpoint.tiers.memory import MemoryTier
+from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
 
 KEEPER_NAMESPACE = "autohet-keepers"
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)   # died, unreachable, too slow
+
+
+def default_store_root() -> str:
+    """Where node stores live: shared memory when the machine has it, else the temp directory."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, "autohet-node-store")
+
+
+def node_store_dir(node_id: str, root: str | None = None) -> str:
+    return os.path.join(root or default_store_root(), node_id)
 
 
 def keeper_name(node_id: str) -> str:
@@ -27,24 +48,41 @@ def keeper_name(node_id: str) -> str:
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)
 class NodeKeeper:
-    """Threaded actor (MemoryTier is thread-safe): serves reads while pushing replicas to peers."""
+    """Threaded actor serving the node's store directory (a LocalDirTier without fsync: it is RAM)."""
 
-    def __init__(self, label: str, max_bytes: int | None = None, spill_dir: str | None = None):
-        self._tier = MemoryTier(label, max_bytes=max_bytes, spill_dir=spill_dir)
+    def __init__(self, label: str, root: str | None = None):
         self._node_id = ray.get_runtime_context().get_node_id()
+        self._dir = node_store_dir(self._node_id, root)
+        self._tier = LocalDirTier(self._dir, name=label, fsync=False)
 
     def node_id(self) -> str:
         return self._node_id
 
-    def put_chunk(self, key: str, blob: bytes) -> None:
-        self._tier.put_chunk(key, bytes(blob))      # a private copy: never a view of the caller's object
+    def directory(self) -> str:
+        return self._dir
 
-    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+    def put_many(self, items: list[tuple[str, np.ndarray | bytes]]) -> int:
+        """Store the chunks; returns the bytes taken."""
         for key, blob in items:
-            self._tier.put_chunk(key, bytes(blob))
+            self._tier.put_chunk(key, blob)
+        return sum(len(blob) for _, blob in items)
 
-    def get_chunk(self, key: str) -> bytes | None:
-        return self._tier.get_chunk(key) if self._tier.has(key) else None
+    def get_refs(self, keys: list[str]) -> dict[str, list]:
+        """key -> [object reference to the chunk's bytes] for the keys held (absent ones left out); wrapped in
+        a list so the caller receives the reference and pulls the bytes when it wants them."""
+        out = {}
+        for key in keys:
+            try:
+                out[key] = [ray.put(_wire(self._tier.get_chunk(key)))]
+            except ChunkMissingError:
+                continue
+        return out
+
+    def get_chunk(self, key: str) -> np.ndarray | None:
+        try:
+            return _wire(self._tier.get_chunk(key))
+        except ChunkMissingError:
+            return None
 
     def has(self, key: str) -> bool:
         return self._tier.has(key)
@@ -64,7 +102,10 @@ class NodeKeeper:
         return None
 
     def get_manifest(self, step: int) -> bytes | None:
-        return self._tier.get_manifest(step) if step in self._tier.list_manifests() else None
+        try:
+            return self._tier.get_manifest(step)
+        except ChunkMissingError:
+            return None
 
     def list_manifests(self) -> list[int]:
         return self._tier.list_manifests()
@@ -73,26 +114,34 @@ class NodeKeeper:
         self._tier.delete_manifest(step)
 
     def replicate(self, keys: list[str], peer_actor_name: str, namespace: str = KEEPER_NAMESPACE) -> int:
-        """Push these chunks to the keeper named `peer_actor_name`; returns the bytes sent. This actor
-        owns the arguments of the push while it runs, so a dying worker cannot take them along."""
+        """Push these chunks to the keeper named `peer_actor_name`; returns the bytes sent."""
         peer = ray.get_actor(peer_actor_name, namespace=namespace)
-        items = [(key, self._tier.get_chunk(key)) for key in keys]
-        ray.get(peer.put_many.remote(items))
-        return sum(len(blob) for _, blob in items)
+        return ray.get(peer.put_many.remote([(key, _wire(self._tier.get_chunk(key))) for key in keys]))
 
     def usage(self) -> dict[str, int]:
-        return self._tier.usage()
+        keys = self._tier.list()
+        return {"resident_chunks": len(keys),
+                "resident_bytes": sum(Path(self._dir, key).stat().st_size for key in keys)}
+
+    def close(self) -> None:
+        """Remove the node store (the keeper is stopped right after)."""
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def start_keeper(node_id: str, *, label: str | None = None, max_bytes: int | None = None,
-                 spill_dir: str | None = None, namespace: str = KEEPER_NAMESPACE):
+def _wire(blob) -> np.ndarray:
+    """A zero-copy uint8 view: what crosses an actor boundary (see the module docstring)."""
+    return np.frombuffer(blob, dtype=np.uint8)
+
+
+def start_keeper(node_id: str, *, label: str | None = None, root: str | None = None,
+                 namespace: str = KEEPER_NAMESPACE):
     """Start (or find) the keeper pinned to `node_id`: detached, named, zero CPUs, hard node affinity."""
     if not node_id:
         raise ConfigError("start_keeper needs a Ray node id (ray.nodes()[i]['NodeID'])")
     return NodeKeeper.options(
         name=keeper_name(node_id), namespace=namespace, lifetime="detached", get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(label or f"keeper-{node_id[:8]}", max_bytes, spill_dir)
+    ).remote(label or f"keeper-{node_id[:8]}", root)
 
 
 def get_keeper(node_id: str, namespace: str = KEEPER_NAMESPACE):
@@ -100,12 +149,24 @@ def get_keeper(node_id: str, namespace: str = KEEPER_NAMESPACE):
 
 
 def stop_keeper(node_id: str, namespace: str = KEEPER_NAMESPACE) -> bool:
-    """Kill a detached keeper explicitly (they outlive drivers). False if there was none alive."""
+    """Remove the keeper's node store and kill it (keepers are detached: they outlive drivers). False if
+    there was none alive."""
     try:
-        ray.kill(get_keeper(node_id, namespace))
+        keeper = get_keeper(node_id, namespace)
     except ValueError:
         return False
+    try:
+        ray.get(keeper.close.remote(), timeout=10)
+    except _DEAD:
+        pass                                   # dead or stuck: killing it is all that is left
+    ray.kill(keeper)
     return True
+
+
+def sweep_node_stores(node_ids, root: str | None = None) -> None:
+    """Remove the stores of nodes that died without their keeper's close (emulated nodes share a host)."""
+    for node_id in node_ids:
+        shutil.rmtree(node_store_dir(node_id, root), ignore_errors=True)
 
 
 class KeeperTier:
@@ -113,6 +174,17 @@ class KeeperTier:
 
     def __init__(self, handle, name: str, *, timeout_s: float = 30.0):
         self.handle, self.name, self.timeout_s = handle, name, timeout_s
+        self._known: dict[str, list | None] | None = None     # prefetched: key -> [ref] or None (absent)
+
+    def prefetch(self, keys: list[str]) -> None:
+        """Look up all `keys` in one call and start pulling the held ones to this node in the background;
+        get_chunk then answers from this lookup (absent keys without another call)."""
+        self._known = None
+        refs = self._call("get_refs", keys)
+        self._known = {key: refs.get(key) for key in keys}
+        held = [wrapped[0] for wrapped in refs.values()]
+        if held:
+            ray.wait(held, num_returns=len(held), timeout=0, fetch_local=True)
 
     def _call(self, method: str, *args):
         try:
@@ -121,10 +193,25 @@ class KeeperTier:
             raise TierUnavailableError(self.name, f"{method}: {type(err).__name__}") from err
 
     def put_chunk(self, key: str, blob: bytes) -> None:
-        self._call("put_chunk", key, blob)
+        self._call("put_many", [(key, _wire(blob))])
 
-    def get_chunk(self, key: str) -> bytes:
-        blob = self._call("get_chunk", key)
+    def put_chunks(self, items: list[tuple[str, bytes]]) -> None:
+        """Many chunks in one call (a snapshot's chunks of one rank)."""
+        self._call("put_many", [(key, _wire(blob)) for key, blob in items])
+
+    def get_chunk(self, key: str) -> np.ndarray:
+        """A read-only uint8 view of the chunk (bytes-like: verify and decode take it as is); pulled through
+        the reference a prefetch looked up, else asked for in one call."""
+        known = self._known if self._known is not None and key in self._known else None
+        if known is None:
+            blob = self._call("get_chunk", key)
+        elif known[key] is None:
+            blob = None
+        else:
+            try:
+                blob = ray.get(known[key][0], timeout=self.timeout_s)
+            except (*_DEAD, ray.exceptions.ObjectLostError) as err:
+                raise TierUnavailableError(self.name, f"get_chunk: {type(err).__name__}") from err
         if blob is None:
             raise ChunkMissingError(key, self.name)
         return blob

@@ -19,7 +19,7 @@ import time
 
 import ray
 
-from autohet_ray.checkpoint import assign_writers, choose_peers, find_manifest
+from autohet_ray.checkpoint import find_manifest, place_copies
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.data import synthetic_batch
@@ -47,6 +47,7 @@ class ElasticController:
         self.keeper_specs: dict[str, dict] = {}
         self.lost: list[str] = []
         self.draining: set[str] = set()      # ids of nodes with a spot notice or a Ray drain: planned around
+        self.gone: set[str] = set()          # ids of nodes confirmed lost before Ray's health checks said so
         self.step_index = 0                  # completed optimizer steps of the live group
         self.history: list[dict] = []
         self.recoveries: list[dict] = []
@@ -66,8 +67,7 @@ class ElasticController:
         self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
         self.profile = analytic_profile(self.model, self.found.cluster, self.seq_len)
         for node in self.found.nodes:
-            start_keeper(node.node_id, label=f"keeper-{node.name}")
-            self.keeper_specs[node.name] = {"kind": "keeper", "name": f"keeper-{node.name}", "node_id": node.node_id}
+            self.keeper_specs[node.name] = _start_keeper_spec(node)
         self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
                                    extra={"job": self.job.to_dict()}, gc_every=self.job.gc_every)
         report = self._launch(restore)
@@ -110,16 +110,21 @@ class ElasticController:
     def _configure_snapshots(self) -> None:
         holdings = dict(enumerate(self.group.call("holdings", timeout_s=60)))
         pipeline_of = {rank: slot["pipeline"] for rank, slot in enumerate(self.group.slots)}
-        owned = assign_writers(tiling_holdings(holdings, pipeline_of))
         rank_nodes = {rank: slot["node"] for rank, slot in enumerate(self.group.slots)}
         node_gpu = {n.name: n.device_type for n in self.found.nodes}
-        peers = choose_peers(rank_nodes, node_gpu, num_peers=min(self.job.num_peers, len(node_gpu) - 1))
-        refs = [actor.configure_snapshots.remote(
-            owned=sorted(owned[rank], key=lambda item: (item[0], item[1].offsets)),
-            local=self.keeper_specs[rank_nodes[rank]],
-            peers=[push_spec(self.keeper_specs[p], self.keeper_specs[rank_nodes[rank]]) for p in peers[rank]],
-            cloud=self.job.storage if self.job.cloud_every else None, cloud_every=self.job.cloud_every)
-            for rank, actor in enumerate(self.group.actors)]
+        copies = place_copies(tiling_holdings(holdings, pipeline_of), rank_nodes, node_gpu,
+                              copies=1 + min(self.job.num_peers, len(node_gpu) - 1))
+        cloud = self.job.storage if self.job.cloud_every else None
+        refs = []
+        for rank, actor in enumerate(self.group.actors):
+            local = self.keeper_specs[rank_nodes[rank]]
+            peers = {p: push_spec(self.keeper_specs[p], local) for p in sorted(copies.push[rank])}
+            routes = {local["name"]: copies.local[rank], **{peers[p]["name"]: copies.push[rank][p] for p in peers}}
+            if cloud:
+                routes[cloud.get("name", "cloud")] = copies.upload[rank]
+            refs.append(actor.configure_snapshots.remote(
+                routes={tier: sorted(items, key=lambda item: (item[0], item[1].offsets)) for tier, items in routes.items()},
+                local=local, peers=list(peers.values()), cloud=cloud, cloud_every=self.job.cloud_every))
         self.group.gather(refs, 60)
 
     def _restore(self, mode: str) -> dict:
@@ -261,7 +266,8 @@ class ElasticController:
             self.keeper_specs.pop(node, None)
         self.lost += lost["lost_nodes"]
         report = self.replan(mode=mode, reason=lost["message"], reuse=reuse)
-        report |= {"detect_s": detect_s, **lost, "lost_steps": completed - report["restored_step"]}
+        report |= {"detect_s": detect_s, "step_failed_s": seen_at - t0, **lost,
+                   "lost_steps": completed - report["restored_step"]}
         report["total_s"] = detect_s + sum(report[k] for k in ("replan_s", "restart_s", "fetch_s", "load_s",
                                                                "first_step_s"))
         self.recoveries[-1] = report
@@ -279,9 +285,7 @@ class ElasticController:
         self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
         for node in self.found.nodes:
             if node.name not in self.keeper_specs:          # a replacement node: a keeper of its own
-                start_keeper(node.node_id, label=f"keeper-{node.name}")
-                self.keeper_specs[node.name] = {"kind": "keeper", "name": f"keeper-{node.name}",
-                                                "node_id": node.node_id}
+                self.keeper_specs[node.name] = _start_keeper_spec(node)
                 self.committer.keepers[node.name] = _build(self.keeper_specs[node.name])
         report = {"reason": reason, **self._launch(mode, reuse, plan)}
         self.recoveries.append(report)
@@ -295,40 +299,46 @@ class ElasticController:
         alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         ids = {n.name: self._node_id(n.name) for n in self.base_cluster.nodes}
         return [name for name, node_id in ids.items()
-                if node_id is None or node_id not in alive or node_id in self.draining]
+                if node_id is None or node_id not in alive or node_id in self.draining | self.gone]
 
     def _node_id(self, name: str) -> str | None:
         """The live node named `name`, a non-draining one first (a replacement may join before the drained
         node is gone)."""
         ids = [raw["NodeID"] for raw in ray.nodes()
                if raw["Alive"] and (raw.get("Labels") or {}).get("autohet.io/node") == name]
-        return min(ids, key=lambda i: i in self.draining, default=None)
+        return min(ids, key=lambda i: i in self.draining | self.gone, default=None)
 
     def _detect(self, failure: GroupFailure) -> dict:
-        """Wait until Ray names the cause: a lost node of the plan (Ray marks it dead, or its keeper died
-        with it), or a dead stage actor on a node whose keeper still answers."""
+        """Name the cause: a lost node of the plan (Ray marks it dead; or its stage actors fall silent and its
+        raylet refuses connections, which is faster than Ray's health checks), or a dead stage actor on a node
+        whose keeper still answers."""
+        from autohet_ray.orchestrate.liveness import raylet_unreachable
         deadline = time.perf_counter() + self.job.detect_timeout_s
         ids = self.found.node_ids
         while time.perf_counter() < deadline:
             alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
             lost = {s["node"] for s in self.group.slots if ids[s["node"]] not in alive}
-            dead = self.group.dead_ranks(timeout_s=1.0)
-            for node in sorted({self.group.slots[r]["node"] for r in dead} - lost):
+            dead, silent = self.group.ping(timeout_s=0.25)
+            node_of = lambda ranks: {self.group.slots[r]["node"] for r in ranks}  # noqa: E731
+            lost |= {node for node in (node_of(silent) | node_of(dead)) - lost if raylet_unreachable(ids[node])}
+            for node in sorted(node_of(dead) - lost):        # the node lives: is it only the actor?
                 verdict = _keeper_alive(ids[node])
                 if verdict is None:                 # undecided: ask again
                     dead = []
                 elif not verdict:
                     lost.add(node)
             if lost or dead:
-                lost_nodes = sorted(lost)
-                ranks = [r for r, s in enumerate(self.group.slots) if s["node"] in lost] or dead
-                named = "; ".join(self.group.describe(r) for r in ranks)
-                what = f"lost node(s) {lost_nodes}" if lost_nodes else "dead stage actor(s)"
-                return {"lost_nodes": lost_nodes, "dead_ranks": ranks,
-                        "message": f"{what}: {named} (first error: {failure})"}
+                self.gone |= {ids[node] for node in lost}
+                return self._named_failure(sorted(lost), dead, failure)
             time.sleep(0.2)
         raise RecoveryFailed(f"a step failed but Ray reports no lost node or dead actor within "
                              f"{self.job.detect_timeout_s:g} s: {failure}")
+
+    def _named_failure(self, lost_nodes: list[str], dead: list[int], failure: GroupFailure) -> dict:
+        ranks = [r for r, s in enumerate(self.group.slots) if s["node"] in lost_nodes] or dead
+        named = "; ".join(self.group.describe(r) for r in ranks)
+        what = f"lost node(s) {lost_nodes}" if lost_nodes else "dead stage actor(s)"
+        return {"lost_nodes": lost_nodes, "dead_ranks": ranks, "message": f"{what}: {named} (first error: {failure})"}
 
     def close(self) -> None:
         if self.committer is not None:
@@ -339,6 +349,13 @@ class ElasticController:
         for spec in self.keeper_specs.values():
             stop_keeper(spec["node_id"])
         self.state = "closed"
+
+
+def _start_keeper_spec(node) -> dict:
+    """Start the node's keeper; its tier spec (the store directory lets that node's ranks bypass the actor)."""
+    keeper = start_keeper(node.node_id, label=f"keeper-{node.name}")
+    return {"kind": "keeper", "name": f"keeper-{node.name}", "node_id": node.node_id,
+            "dir": ray.get(keeper.directory.remote(), timeout=60)}
 
 
 def _build(spec: dict):

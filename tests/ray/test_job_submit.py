@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -37,6 +38,8 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
         try:
             urllib.request.urlopen(url, timeout=2)
             return
+        except urllib.error.HTTPError:
+            return                # it answers (401 when Ray token auth is on: the job CLI sends the token)
         except OSError:
             time.sleep(1)
     raise TimeoutError(f"{url} did not answer in {timeout_s} s")

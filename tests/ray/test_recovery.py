@@ -80,7 +80,7 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
     assert rec["reused_actors"] >= 1                                  # survivors on a and c keep their processes
     for phase in ("detect_s", "replan_s", "restart_s", "fetch_s", "load_s", "first_step_s"):
         assert rec[phase] >= 0, phase
-    assert rec["detect_s"] < 20
+    assert rec["detect_s"] < 5          # raylet probe + silent actors; Ray's own checks alone: ~2.5 s here
     ref = reference_losses(rec["restored_step"] + 3)
     assert before == pytest.approx(ref[:3], rel=1e-6)
     resumed = [first["loss"], *after]                                # steps restored+1 .. restored+3

@@ -47,7 +47,7 @@ def test_tiling_holdings_make_a_committable_step_when_pipelines_shard_differentl
     holdings = {0: [("w", halves[0], 32), ("s", step, 8)], 1: [("w", halves[1], 32), ("s", step, 8)],
                 2: [("w", whole, 64), ("s", step, 8)]}
     kept = tiling_holdings(holdings, {0: 0, 1: 0, 2: 1})
-    assert kept[2] == []                 # pipeline 0 writes w (two shards: more writers) and s (lowest index)
+    assert kept[2] == [("s", step, 8)]   # pipeline 0 tiles w (two shards: more writers); s is the same chunk
     owned = assign_writers(kept)
     records = [ChunkRecord(step=1, name=n, global_shape=(4, 4) if n == "w" else (), chunk=c, dtype="float32",
                            digest=f"{n}{c.offsets}", nbytes=1) for rank in owned for n, c in owned[rank]]

@@ -58,3 +58,29 @@ def test_keys():
     assert step_of_manifest_key(manifest_key(42)) == 42
     with pytest.raises(ConfigError, match="tensor name '../etc'"):
         chunk_key(1, "../etc", Chunk((0,), (1,)))
+
+
+def test_older_blake2b_digests_still_verify_and_unknown_algorithms_are_named():
+    import hashlib
+    blob = encode(torch.randn(16))
+    old = "blake2b-256:" + hashlib.blake2b(blob, digest_size=32).hexdigest()
+    verify(blob, old, key="k", step=1, tier="t")
+    assert digest(blob).startswith("xxh3-128:")
+    with pytest.raises(CorruptChunkError, match="unknown hash algorithm 'md4'"):
+        verify(blob, "md4:00", key="k", step=1, tier="t")
+
+
+def test_payload_is_aligned_and_big_chunks_decode_from_a_private_mapping(tmp_path):
+    from autohet_ray.checkpoint.tiers.localdir import MMAP_MIN_BYTES, LocalDirTier
+    tensor = torch.randn(MMAP_MIN_BYTES // 4 + 5)
+    blob = encode(tensor)
+    assert (len(blob) - tensor.numel() * 4) % 64 == 0                  # header padded: payload aligned
+    tier = LocalDirTier(tmp_path, fsync=False)
+    tier.put_chunk("step-0000000001/w/s", blob)
+    mapped = tier.get_chunk("step-0000000001/w/s")
+    assert isinstance(mapped, memoryview) and mapped == blob
+    verify(mapped, digest(blob), key="k", step=1, tier="t")
+    back = decode(mapped, key="k", step=1, tier="t")
+    back.add_(1.0)                                                      # a private copy: the file is unchanged
+    assert torch.equal(decode(tier.get_chunk("step-0000000001/w/s"), key="k", step=1, tier="t"), tensor)
+    assert torch.equal(back, tensor + 1.0)

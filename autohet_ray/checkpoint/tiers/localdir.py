@@ -2,6 +2,7 @@
 created with a hard link, which fails if the name exists (an atomic create-if-absent)."""
 from __future__ import annotations
 
+import mmap
 import os
 import time
 import uuid
@@ -13,6 +14,7 @@ from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, manifest_key, step_of_m
 from autohet_ray.checkpoint.tiers.base import resolve_existing_manifest
 
 _TMP_MARK = ".tmp-"
+MMAP_MIN_BYTES = 1 << 20      # bigger chunks are mapped (private copy-on-write) instead of read into memory
 
 
 class LocalDirTier:
@@ -52,9 +54,14 @@ class LocalDirTier:
         os.replace(self._write_tmp(final, blob), final)
         self._sync_dir(final.parent)
 
-    def get_chunk(self, key: str) -> bytes:
+    def get_chunk(self, key: str) -> bytes | memoryview:
+        """The chunk's bytes; from MMAP_MIN_BYTES on, a private copy-on-write mapping of the file (no copy
+        made; files are replaced by rename, never rewritten in place, so the mapping stays whole)."""
         try:
-            return self._path(key).read_bytes()
+            with open(self._path(key), "rb") as f:
+                if os.fstat(f.fileno()).st_size < MMAP_MIN_BYTES:
+                    return f.read()
+                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
         except FileNotFoundError:
             raise ChunkMissingError(key, self.name) from None
 

@@ -67,6 +67,11 @@ class ThrottledTier:
         self.bucket.consume(len(blob))
         self.inner.put_chunk(key, blob)
 
+    def put_chunks(self, items: list[tuple[str, bytes]]) -> None:
+        """Defined so that a batching inner tier's put_chunks never bypasses the bucket."""
+        for key, blob in items:
+            self.put_chunk(key, blob)
+
     def get_chunk(self, key: str) -> bytes:
         blob = self.inner.get_chunk(key)
         self.bucket.consume(len(blob))

@@ -1,0 +1,45 @@
+"""Fast node-loss confirmation: is a node's raylet still accepting connections?
+
+Ray's GCS declares a node dead only after its health checks fail (seconds: period x threshold). When a step
+has already failed and a node's stage actors stop answering, a TCP connect to that node's raylet port settles
+the question at once: a live raylet accepts within milliseconds; a killed one refuses, and a vanished host
+does not answer within the timeout. Used only to confirm a loss that the failed step and silent actors
+already suggest.
+"""
+from __future__ import annotations
+
+import socket
+
+import ray
+
+RAYLET_PROBE_TIMEOUT_S = 0.5
+
+
+def raylet_address(node_id: str) -> tuple[str, int] | None:
+    """(host, node manager port) of a node Ray still lists as alive; None when Ray lists it dead or not at all."""
+    for raw in ray.nodes():
+        if raw["NodeID"] == node_id and raw["Alive"]:
+            return raw["NodeManagerAddress"], int(raw["NodeManagerPort"])
+    return None
+
+
+def probe(address: tuple[str, int], timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -> str:
+    """"ok", "refused" (the host answers but nothing listens: the raylet died) or "silent" (no answer in
+    time: the host is gone, or the network hiccuped)."""
+    try:
+        with socket.create_connection(address, timeout=timeout_s):
+            return "ok"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "silent"
+
+
+def address_reachable(address: tuple[str, int], timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -> bool:
+    return probe(address, timeout_s) == "ok"
+
+
+def raylet_unreachable(node_id: str, timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -> bool:
+    """True when the node is gone: Ray lists it dead, or its raylet refuses or ignores a TCP connect."""
+    address = raylet_address(node_id)
+    return address is None or not address_reachable(address, timeout_s)
