@@ -44,14 +44,15 @@ def digest(blob, algorithm: str = HASH_NAME) -> str:
     return f"{algorithm}:{_HASHES[algorithm](blob)}"
 
 
-def encode(tensor: torch.Tensor) -> bytearray:
+def encode(tensor: torch.Tensor, out: bytearray | None = None) -> bytearray:
     """Serialize a tensor (any dtype and shape, scalars and empty tensors included; a GPU tensor is copied
-    to host on the way) with one copy of its data."""
+    to host on the way) with one copy of its data; into `out` when it has exactly the right size."""
     t = tensor.detach()
     header = json.dumps({"dtype": dtype_name(t.dtype), "shape": list(t.shape)}, separators=(",", ":")).encode()
     header += b" " * (-(len(MAGIC) + _LEN.size + len(header)) % PAYLOAD_ALIGN)
     offset = len(MAGIC) + _LEN.size + len(header)
-    blob = bytearray(offset + t.numel() * t.element_size())
+    size = offset + t.numel() * t.element_size()
+    blob = out if out is not None and len(out) == size else bytearray(size)
     blob[:offset] = MAGIC + _LEN.pack(len(header)) + header
     if t.numel():
         view = torch.frombuffer(blob, dtype=torch.uint8, offset=offset).view(t.dtype).view(t.shape)

@@ -126,7 +126,8 @@ class ElasticWorker:
         try:
             return self.handles[step].fast_result(timeout_s).records
         except Exception as err:             # checkpoint errors do not survive Ray's pickling: plain text
-            raise RuntimeError(f"rank {self.rank}: snapshot of step {step} failed: {type(err).__name__}: {err}") from None
+            raise RuntimeError(f"rank {self.rank}: snapshot of step {step} failed: "
+                               f"{type(err).__name__}: {err}") from None
 
     def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
         try:

@@ -32,8 +32,15 @@ KEEPER_NAMESPACE = "autohet-keepers"
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)   # died, unreachable, too slow
 
 
+STORE_ENV = "AUTOHET_NODE_STORE"
+
+
 def default_store_root() -> str:
-    """Where node stores live: shared memory when the machine has it, else the temp directory."""
+    """Where node stores live: $AUTOHET_NODE_STORE (as the node's processes see it), else shared memory when the
+    machine has it, else the temp directory. Containers often mount a small /dev/shm (Docker: 64 MB): give
+    them a bigger one or point the variable at a tmpfs or fast local disk."""
+    if os.environ.get(STORE_ENV):
+        return os.environ[STORE_ENV]
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     return os.path.join(base, "autohet-node-store")
 

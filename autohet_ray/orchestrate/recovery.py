@@ -122,9 +122,9 @@ class ElasticController:
             routes = {local["name"]: copies.local[rank], **{peers[p]["name"]: copies.push[rank][p] for p in peers}}
             if cloud:
                 routes[cloud.get("name", "cloud")] = copies.upload[rank]
-            refs.append(actor.configure_snapshots.remote(
-                routes={tier: sorted(items, key=lambda item: (item[0], item[1].offsets)) for tier, items in routes.items()},
-                local=local, peers=list(peers.values()), cloud=cloud, cloud_every=self.job.cloud_every))
+            ordered = {tier: sorted(items, key=lambda i: (i[0], i[1].offsets)) for tier, items in routes.items()}
+            refs.append(actor.configure_snapshots.remote(routes=ordered, local=local, peers=list(peers.values()),
+                                                         cloud=cloud, cloud_every=self.job.cloud_every))
         self.group.gather(refs, 60)
 
     def _restore(self, mode: str) -> dict:

@@ -97,3 +97,30 @@ def test_assign_writers_picks_one_holder_per_chunk_and_balances_bytes():
     written = [item for items in owned.values() for item in items]
     assert sorted(written, key=str) == sorted({("w", half0), ("w", half1), ("b", whole)}, key=str)
     assert owned[2] and len(owned[0]) + len(owned[2]) == 2                     # the copy shares the work
+
+
+def test_buffers_are_reused_only_after_every_lane_is_done_with_them():
+    local, cloud = MemoryTier("node"), GatedTier("cloud")
+    snap = AsyncSnapshotter(local=local, cloud=cloud, policy=SnapshotPolicy(cloud_every=2))
+    full = full_state(2)
+    state = rank_states(full, 1)[0]
+    first = snap.snapshot(2, state)                         # a cloud step: its upload is held at the gate
+    first.fast_result(timeout=30)
+    lent = {id(item.blob) for item in first.items}
+    original = {name: tensor.clone() for name, (tensor, _, _) in state.items()}
+    for tensor, _, _ in state.values():
+        tensor.add_(1) if tensor.is_floating_point() else tensor.fill_(5)
+    second = snap.snapshot(3, state)                        # the upload still reads step 2: fresh buffers
+    assert lent.isdisjoint(id(item.blob) for item in second.items)
+    second.fast_result(timeout=30)
+    cloud.gate.set()
+    uploaded = first.cloud_result(timeout=30)
+    assert not second.wait_seconds > 5                      # the next step never waits for an upload
+    lent |= {id(item.blob) for item in second.items}
+    third = snap.snapshot(5, state)                         # both earlier snapshots are settled: reused
+    assert {id(item.blob) for item in third.items} <= lent
+    third.fast_result(timeout=30)
+    restored, _ = restore(commit_step(2, uploaded.records, [cloud]), needs_of([state])[0], [cloud])
+    for name, (tensor, _, _) in restored.items():           # step 2 as it was, despite later snapshots
+        assert torch.equal(tensor, original[name]), name
+    snap.close()
