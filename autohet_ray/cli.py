@@ -59,7 +59,8 @@ def _train_parser(sub) -> None:
                         "cluster unless --address or RAY_ADDRESS is given)")
     t.add_argument("--time-scale", default="auto",
                    help="wall seconds per emulated second, or auto (an emulated iteration lasts ~10 s)")
-    t.add_argument("--storage", help="directory for the plan and per-step metrics")
+    t.add_argument("--storage", help="directory or s3://bucket/prefix for the plan and per-step metrics "
+                   "(--elastic: the checkpoints)")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
     t.add_argument("--seq-len", type=int)
     t.add_argument("--micro-batch", type=int)
@@ -69,6 +70,12 @@ def _train_parser(sub) -> None:
     t.add_argument("--plan-time-limit", type=float, default=20.0)
     t.add_argument("--placement-timeout", type=float, default=120.0)
     t.add_argument("--json", action="store_true", help="end with one JSON line of the run's figures")
+    t.add_argument("--elastic", action="store_true",
+                   help="checkpoint every step to the nodes (two copies) and recover from node loss local-first")
+    t.add_argument("--cloud-every", type=int, default=10, help="--elastic: also save to --storage every N steps")
+    t.add_argument("--endpoint-url", help="--elastic with s3://: the S3 endpoint (default: AWS)")
+    t.add_argument("--spot-watch", action="store_true",
+                   help="--elastic: watch each node's instance metadata for spot interruption notices")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_profile_ray(args)
             from autohet_ray.profile.measure import cmd_profile_local
             return cmd_profile_local(args)
+        if args.command == "train" and args.elastic:
+            from autohet_ray.cli_elastic import cmd_train_elastic
+            return cmd_train_elastic(args)
         if args.command == "train":
             from autohet_ray.cli_train import cmd_train
             return cmd_train(args)

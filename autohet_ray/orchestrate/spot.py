@@ -157,3 +157,9 @@ def start_watchers(node_ids: list[str], *, url: str = IMDS_URL, interval_s: floa
     return {node_id: SpotWatcher.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote(
             url, interval_s, flush_timeout_s) for node_id in node_ids}
+
+
+def watch_nodes(node_ids: list[str], **watcher_options):
+    """Start a watcher on each node; the notice board (for ElasticController.check_notices)."""
+    start_watchers(node_ids, **watcher_options)
+    return ray.get_actor(BOARD_NAME, namespace=NAMESPACE)

@@ -1,0 +1,41 @@
+"""`autohet train --elastic` then `autohet resume`: the resumed steps' losses equal those of one uninterrupted
+elastic run (each run starts its own emulated cluster, in a subprocess)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(400)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMMON = ["--emulate", "--json"]
+TRAIN = ["train", "--elastic", "--cluster", "jobs/local-3.yaml", "--model", "tiny-gpt", "--global-batch", "4",
+         "--cloud-every", "2"]
+
+
+def autohet(*args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}      # start an emulated cluster
+    done = subprocess.run([sys.executable, "-m", "autohet_ray.cli", *args, *COMMON], cwd=REPO, text=True,
+                          capture_output=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_elastic_train_then_resume_matches_an_uninterrupted_run(tmp_path):
+    whole = autohet(*TRAIN, "--steps", "6", "--storage", str(tmp_path / "whole"))
+    first = autohet(*TRAIN, "--steps", "4", "--storage", str(tmp_path / "part"))
+    assert first["cloud_committed"] == [4]
+    resumed = autohet("resume", "--storage", str(tmp_path / "part"), "--steps", "6")
+    assert resumed["resumed_from"] == 4 and resumed["launch"]["bytes_by_tier"].get("cloud", 0) > 0
+    losses = lambda run: [s["loss"] for s in run["steps"]]  # noqa: E731
+    assert losses(first) == pytest.approx(losses(whole)[:4], rel=1e-6)
+    assert losses(resumed) == pytest.approx(losses(whole)[4:], rel=1e-6)
+
+
+def test_elastic_needs_storage():
+    done = subprocess.run([sys.executable, "-m", "autohet_ray.cli", *TRAIN, "--steps", "1"], cwd=REPO, text=True,
+                          capture_output=True, timeout=120)
+    assert done.returncode != 0 and "--elastic needs --storage" in done.stderr
