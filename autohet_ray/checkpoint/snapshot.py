@@ -196,9 +196,11 @@ class AsyncSnapshotter:
             if done:
                 batch(keyed[:done])
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the lanes; `wait=False` abandons a snapshot in flight (never committed: its manifest is missing)
+        instead of waiting for it, as after a failure."""
         for pool in (self._fast_lane, self._cloud_lane, self._io, self._cloud_io):
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
 def _with_replicas(record: ChunkRecord, replicas) -> ChunkRecord:

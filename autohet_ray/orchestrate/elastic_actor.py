@@ -162,15 +162,15 @@ class ElasticWorker:
         """Leave the (possibly broken) process group and drop the engine, keeping the process and its imports
         for the next plan. Returns this process id."""
         import torch.distributed as dist
-        self.close_snapshots()
+        self.close_snapshots(wait=False)          # a snapshot in flight is abandoned, not awaited
         self.engine, self.handles = None, {}
         if dist.is_initialized():
             dist.destroy_process_group()
         return os.getpid()
 
-    def close_snapshots(self) -> None:
+    def close_snapshots(self, wait: bool = True) -> None:
         if self.snapshotter is not None:
-            self.snapshotter.close()
+            self.snapshotter.close(wait=wait)
             self.snapshotter = None
 
     def close(self) -> None:

@@ -33,13 +33,3 @@ def probe(address: tuple[str, int], timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -
         return "refused"
     except OSError:
         return "silent"
-
-
-def address_reachable(address: tuple[str, int], timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -> bool:
-    return probe(address, timeout_s) == "ok"
-
-
-def raylet_unreachable(node_id: str, timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -> bool:
-    """True when the node is gone: Ray lists it dead, or its raylet refuses or ignores a TCP connect."""
-    address = raylet_address(node_id)
-    return address is None or not address_reachable(address, timeout_s)

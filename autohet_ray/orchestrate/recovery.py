@@ -194,6 +194,14 @@ class ElasticController:
         """Whether the live group took a snapshot of `step` (it snapshots every step it computed)."""
         return step in self.snapped
 
+    def set_cloud_every(self, steps: int) -> None:
+        """Change the cloud cadence between steps (0: node stores only); the last step is flushed first."""
+        from dataclasses import replace
+        assert self.state == "running", self.state
+        self.flush()
+        self.job = replace(self.job, cloud_every=steps)
+        self._configure_snapshots()
+
     def _is_cloud_step(self, step: int) -> bool:
         return bool(self.job.cloud_every) and step % self.job.cloud_every == 0
 
@@ -309,24 +317,30 @@ class ElasticController:
         return min(ids, key=lambda i: i in self.draining | self.gone, default=None)
 
     def _detect(self, failure: GroupFailure) -> dict:
-        """Name the cause: a lost node of the plan (Ray marks it dead; or its stage actors fall silent and its
-        raylet refuses connections, which is faster than Ray's health checks), or a dead stage actor on a node
-        whose keeper still answers."""
-        from autohet_ray.orchestrate.liveness import raylet_unreachable
+        """Name the cause: a lost node of the plan (Ray marks it dead, or its raylet refuses connections, which
+        is conclusive and faster than Ray's health checks; a raylet that only stays silent counts once the
+        node's stage actors are silent too), or a dead stage actor on a node whose keeper still answers."""
+        from autohet_ray.orchestrate.liveness import probe
         deadline = time.perf_counter() + self.job.detect_timeout_s
         ids = self.found.node_ids
+        plan_nodes = sorted({s["node"] for s in self.group.slots})
         while time.perf_counter() < deadline:
-            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-            lost = {s["node"] for s in self.group.slots if ids[s["node"]] not in alive}
-            dead, silent = self.group.ping(timeout_s=0.25)
-            node_of = lambda ranks: {self.group.slots[r]["node"] for r in ranks}  # noqa: E731
-            lost |= {node for node in (node_of(silent) | node_of(dead)) - lost if raylet_unreachable(ids[node])}
-            for node in sorted(node_of(dead) - lost):        # the node lives: is it only the actor?
-                verdict = _keeper_alive(ids[node])
-                if verdict is None:                 # undecided: ask again
-                    dead = []
-                elif not verdict:
-                    lost.add(node)
+            raw = {n["NodeID"]: n for n in ray.nodes()}
+            verdicts = {node: "dead" if not raw.get(ids[node], {}).get("Alive") else
+                        probe((raw[ids[node]]["NodeManagerAddress"], int(raw[ids[node]]["NodeManagerPort"])))
+                        for node in plan_nodes}
+            lost = {node for node, v in verdicts.items() if v in ("dead", "refused")}
+            dead = []
+            if not lost:
+                dead, silent = self.group.ping(timeout_s=0.25)
+                node_of = lambda ranks: {self.group.slots[r]["node"] for r in ranks}  # noqa: E731
+                lost = {node for node in node_of(silent) | node_of(dead) if verdicts[node] == "silent"}
+                for node in sorted(node_of(dead) - lost):    # the node lives: is it only the actor?
+                    verdict = _keeper_alive(ids[node])
+                    if verdict is None:                      # undecided: ask again
+                        dead = []
+                    elif not verdict:
+                        lost.add(node)
             if lost or dead:
                 self.gone |= {ids[node] for node in lost}
                 return self._named_failure(sorted(lost), dead, failure)
