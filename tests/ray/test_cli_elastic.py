@@ -16,8 +16,9 @@ TRAIN = ["train", "--elastic", "--cluster", "jobs/local-3.yaml", "--model", "tin
          "--cloud-every", "2"]
 
 
-def autohet(*args: str) -> dict:
+def autohet(*args: str, env_extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}      # start an emulated cluster
+    env.update(env_extra or {})
     done = subprocess.run([sys.executable, "-m", "autohet_ray.cli", *args, *COMMON], cwd=REPO, text=True,
                           capture_output=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -39,3 +40,19 @@ def test_elastic_needs_storage():
     done = subprocess.run([sys.executable, "-m", "autohet_ray.cli", *TRAIN, "--steps", "1"], cwd=REPO, text=True,
                           capture_output=True, timeout=120)
     assert done.returncode != 0 and "--elastic needs --storage" in done.stderr
+
+
+def test_elastic_train_and_resume_through_s3(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from s3_server import CREDENTIALS, moto_endpoint, new_bucket
+    creds = {"AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
+             "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
+             "AWS_DEFAULT_REGION": CREDENTIALS["region_name"]}
+    with moto_endpoint() as endpoint:
+        bucket = new_bucket(endpoint)
+        url = f"s3://{bucket}/runs/one"
+        first = autohet(*TRAIN, "--steps", "2", "--storage", url, "--endpoint-url", endpoint, env_extra=creds)
+        assert first["cloud_committed"] == [2]
+        resumed = autohet("resume", "--storage", url, "--endpoint-url", endpoint, "--steps", "3", env_extra=creds)
+    assert resumed["resumed_from"] == 2 and resumed["launch"]["bytes_by_tier"]["cloud"] > 0
+    assert [s["step"] for s in resumed["steps"]] == [3]
