@@ -4,7 +4,8 @@ Every step is snapshotted into two nodes' stores; every --cloud-every steps also
 s3://bucket/prefix). Between steps the controller acts on spot notices (`--spot-watch`: a watcher per node
 polls the cloud's instance metadata) and Ray drain signals, and re-plans onto nodes of the cluster file that
 (re)joined; a lost node is recovered from the cheapest copies. `autohet resume --storage` continues a stopped
-job. Without `--emulate`'s pacing: emulated nodes carry GPU labels, compute runs at CPU speed.
+job. With `--emulate`, every op is stretched to its emulated device's predicted time (`--time-scale`; auto: a
+predicted iteration lasts about AUTO_ITERATION_WALL_S), where this machine's compute is fast enough.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
 
+AUTO_ITERATION_WALL_S = 2.0
+
 
 def elastic_job_of(args) -> dict:
     """ElasticJob fields from the `autohet train --elastic` arguments."""
@@ -24,10 +27,14 @@ def elastic_job_of(args) -> dict:
     if not args.storage:
         raise ConfigError("--elastic needs --storage DIR|s3://bucket/prefix (the cloud tier and resume point)")
     cluster, model = load_cluster(args.cluster), load_model(args.model)
+    clock = {}
+    if args.emulate:                    # the emulated devices' clock, as `autohet train --emulate` runs it
+        clock = ({"iteration_wall_s": AUTO_ITERATION_WALL_S} if args.time_scale == "auto"
+                 else {"time_scale": float(args.time_scale)})
     return {"model": model.to_dict(), "cluster": cluster.to_dict(), "global_batch": args.global_batch,
             "storage": storage_spec(args.storage, endpoint_url=args.endpoint_url), "seq_len": args.seq_len,
             "micro_batch": args.micro_batch, "plan": load_plan(args.plan).to_dict() if args.plan else None,
-            "cloud_every": args.cloud_every, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit}
+            "cloud_every": args.cloud_every, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit, **clock}
 
 
 def _describe(report: dict) -> str:
@@ -59,7 +66,8 @@ def cmd_train_elastic(args) -> int:
         try:
             start = time.perf_counter()
             launch = ctl.start()
-            print(f"plan {launch['plan']}  [{time.perf_counter() - start:.1f} s]", file=sys.stderr)
+            clock = f", time scale {launch['time_scale']:.3g} (emulated)" if launch.get("time_scale") else ""
+            print(f"plan {launch['plan']}{clock}  [{time.perf_counter() - start:.1f} s]", file=sys.stderr)
             board = _spot_board(ctl) if args.spot_watch else None
             while ctl.step_index < args.steps:
                 events += _between_steps(ctl, board)

@@ -58,11 +58,15 @@ def _device_type(raw: dict) -> str | None:
 
 
 def live_nodes(raw_nodes: list[dict] | None = None) -> list[LiveNode]:
-    """Alive nodes with GPUs, from `ray.nodes()` (or the given list of its entries)."""
+    """Alive nodes with GPUs, from `ray.nodes()` (or the given list of its entries). A node Ray still lists
+    as alive whose raylet refuses connections has died (Ray's health checks have not noticed yet): left out."""
+    from autohet_ray.orchestrate.liveness import refused_raylets
     out = []
-    for raw in raw_nodes if raw_nodes is not None else ray.nodes():
+    raws = raw_nodes if raw_nodes is not None else ray.nodes()
+    dead = refused_raylets(raws) if raw_nodes is None else set()
+    for raw in raws:
         gpus = int(raw.get("Resources", {}).get("GPU", 0))
-        if not raw.get("Alive") or gpus == 0:
+        if not raw.get("Alive") or gpus == 0 or raw["NodeID"] in dead:
             continue
         labels = raw.get("Labels") or {}
         device = _device_type(raw)

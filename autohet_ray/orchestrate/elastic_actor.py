@@ -67,7 +67,7 @@ class ElasticWorker:
 
     def setup(self, *, master_addr: str, master_port: int, world_size: int, plan: dict, model_spec: dict,
               seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str = "lo",
-              rank: int | None = None) -> dict:
+              rank: int | None = None, pacer: dict | None = None) -> dict:
         """Join the process group (gloo over `socket_ifname`) and build this rank's Engine (as `rank` when a
         reused actor takes a new place)."""
         import torch.distributed as dist
@@ -83,8 +83,10 @@ class ElasticWorker:
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0", GLOO_SOCKET_IFNAME=socket_ifname)
         dist.init_process_group("gloo", rank=self.rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
+        from autohet_ray.orchestrate.pacer import EmulationPacer
         self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
-                             seed=seed, lr=lr, dtype=getattr(torch, dtype))
+                             seed=seed, lr=lr, dtype=getattr(torch, dtype),
+                             pacer=EmulationPacer(**pacer) if pacer else None)
         return {"rank": self.rank, "setup_s": time.perf_counter() - start}
 
     def holdings(self) -> list[tuple[str, Chunk, int]]:

@@ -40,6 +40,11 @@ class ElasticJob:
     lr: float = 1e-3
     dtype: str = "float32"
     plan_time_limit_s: float = 5.0
+    time_scale: float = 0.0
+    """Emulated clock (emulated GPU nodes): wall seconds per emulated second; each op is stretched to the time
+    the profile predicts for its device. 0: no pacing, compute runs at this machine's speed."""
+    iteration_wall_s: float | None = None
+    """Instead of time_scale: pick the scale at the first launch so one predicted iteration lasts this long."""
     collective_timeout_s: float = 60.0
     """torch.distributed timeout: a rank waiting on a vanished peer fails after at most this."""
     detect_timeout_s: float = 60.0

@@ -100,7 +100,7 @@ class ElasticGroup:
         return self.gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], timeout_s)
 
     def setup(self, *, model_spec: dict, seed: int, lr: float, dtype: str, collective_timeout_s: float,
-              timeout_s: float = 120.0) -> dict:
+              timeout_s: float = 120.0, pacers: list[dict | None] | None = None) -> dict:
         """Rendezvous through rank 0's free port and build every Engine (concurrently: init blocks until all
         ranks join). Returns the setup seconds."""
         start = time.perf_counter()
@@ -108,7 +108,8 @@ class ElasticGroup:
         plan = self.plan.to_dict()
         refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
                                    model_spec=model_spec, seed=seed, lr=lr, dtype=dtype, rank=rank,
-                                   collective_timeout_s=collective_timeout_s)
+                                   collective_timeout_s=collective_timeout_s,
+                                   pacer=pacers[rank] if pacers else None)
                 for rank, actor in enumerate(self.actors)]
         self.gather(refs, timeout_s)
         return {"setup_s": time.perf_counter() - start}

@@ -23,6 +23,12 @@ def raylet_address(node_id: str) -> tuple[str, int] | None:
     return None
 
 
+def refused_raylets(raw_nodes: list[dict]) -> set[str]:
+    """Ids of the nodes (entries of `ray.nodes()`) Ray lists as alive whose raylet refuses connections."""
+    return {raw["NodeID"] for raw in raw_nodes if raw.get("Alive") and raw.get("NodeManagerPort")
+            and probe((raw["NodeManagerAddress"], int(raw["NodeManagerPort"]))) == "refused"}
+
+
 def probe(address: tuple[str, int], timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -> str:
     """"ok", "refused" (the host answers but nothing listens: the raylet died) or "silent" (no answer in
     time: the host is gone, or the network hiccuped)."""
@@ -33,3 +39,18 @@ def probe(address: tuple[str, int], timeout_s: float = RAYLET_PROBE_TIMEOUT_S) -
         return "refused"
     except OSError:
         return "silent"
+
+
+def keeper_alive(node_id: str) -> bool | None:
+    """True when the node's keeper answers (the node lives), False when it died, None when unsure."""
+    from autohet_ray.orchestrate.keeper import get_keeper
+    try:
+        ref = get_keeper(node_id).node_id.remote()
+        ray.get(ref, timeout=1.0)
+        return True
+    except ValueError:
+        return False
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return None

@@ -61,6 +61,18 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
     return out
 
 
+def rank_pacers(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB, *, time_scale: float,
+                iteration_wall_s: float | None = None) -> tuple[list[dict], float, float]:
+    """(EmulationPacer arguments per plan rank, the time scale, the predicted iteration seconds). A zero
+    `time_scale` is chosen so that one predicted iteration lasts `iteration_wall_s` on the wall."""
+    evaluation = evaluate_plan(plan, cluster, model, profile)
+    if not time_scale:
+        assert iteration_wall_s, "give time_scale or iteration_wall_s"
+        time_scale = iteration_wall_s / evaluation.iteration_time_s
+    targets = emulation_targets(plan, cluster, model, profile, evaluation)
+    return [{"targets": t, "time_scale": time_scale} for t in targets], time_scale, evaluation.iteration_time_s
+
+
 @dataclass(kw_only=True)
 class EmulationPacer:
     """`pace(op, elapsed_s)` sleeps until the op has lasted targets[op] * time_scale."""

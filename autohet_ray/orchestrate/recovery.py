@@ -55,6 +55,7 @@ class ElasticController:
         self.snapped: set[int] = set()       # steps the live group snapshotted
         self.snapshots = job.checkpoint      # snapshot after each step (benchmarks toggle it to measure cost)
         self.restore_mode = "local_first"    # how step() restores after a failure ("cloud_only": the baseline)
+        self.time_scale = 0.0                # the emulated clock's scale, once the first launch fixed it
 
     # -- setup ---------------------------------------------------------------------------------------------
     def start(self, *, restore: str | None = None) -> dict:
@@ -94,10 +95,12 @@ class ElasticController:
         self.group = ElasticGroup(self.plan, self.found.node_ids, reuse=reuse)
         for leftover in (a for actors in reuse.values() for a in actors):
             ray.kill(leftover, no_restart=True)
+        pacers, paced = self._pacers()
         self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr, dtype=self.job.dtype,
-                         collective_timeout_s=self.job.collective_timeout_s, timeout_s=self.job.setup_timeout_s)
+                         collective_timeout_s=self.job.collective_timeout_s, timeout_s=self.job.setup_timeout_s,
+                         pacers=pacers)
         t2 = time.perf_counter()
-        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": plan_summary(self.plan),
+        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": plan_summary(self.plan), **paced,
                   "num_ranks": len(self.group.actors), "reused_actors": self.group.num_reused}
         self.step_index = 0
         if restore:
@@ -193,6 +196,17 @@ class ElasticController:
     def _snapshotted(self, step: int) -> bool:
         """Whether the live group took a snapshot of `step` (it snapshots every step it computed)."""
         return step in self.snapped
+
+    def _pacers(self) -> tuple[list[dict] | None, dict]:
+        """Per rank, the emulated clock of the plan's devices (None when the job is not paced); the scale is
+        fixed at the first launch, so re-plans keep one clock."""
+        from autohet_ray.orchestrate.pacer import rank_pacers
+        if not (self.job.time_scale or self.job.iteration_wall_s):
+            return None, {}
+        pacers, self.time_scale, predicted = rank_pacers(
+            self.plan, self.found.cluster, self.model, self.profile,
+            time_scale=self.time_scale or self.job.time_scale, iteration_wall_s=self.job.iteration_wall_s)
+        return pacers, {"time_scale": self.time_scale, "predicted_iteration_s": predicted}
 
     def set_cloud_every(self, steps: int) -> None:
         """Change the cloud cadence between steps (0: node stores only); the last step is flushed first."""
@@ -304,7 +318,9 @@ class ElasticController:
         return report
 
     def _dead_nodes(self) -> list[str]:
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        from autohet_ray.orchestrate.liveness import refused_raylets
+        raw = ray.nodes()
+        alive = {n["NodeID"] for n in raw if n["Alive"]} - refused_raylets(raw)
         ids = {n.name: self._node_id(n.name) for n in self.base_cluster.nodes}
         return [name for name, node_id in ids.items()
                 if node_id is None or node_id not in alive or node_id in self.draining | self.gone]
@@ -312,15 +328,17 @@ class ElasticController:
     def _node_id(self, name: str) -> str | None:
         """The live node named `name`, a non-draining one first (a replacement may join before the drained
         node is gone)."""
-        ids = [raw["NodeID"] for raw in ray.nodes()
-               if raw["Alive"] and (raw.get("Labels") or {}).get("autohet.io/node") == name]
+        from autohet_ray.orchestrate.liveness import refused_raylets
+        raws = [raw for raw in ray.nodes() if raw["Alive"] and (raw.get("Labels") or {}).get("autohet.io/node") == name]
+        refused = refused_raylets(raws)
+        ids = [raw["NodeID"] for raw in raws if raw["NodeID"] not in refused]
         return min(ids, key=lambda i: i in self.draining | self.gone, default=None)
 
     def _detect(self, failure: GroupFailure) -> dict:
         """Name the cause: a lost node of the plan (Ray marks it dead, or its raylet refuses connections, which
         is conclusive and faster than Ray's health checks; a raylet that only stays silent counts once the
         node's stage actors are silent too), or a dead stage actor on a node whose keeper still answers."""
-        from autohet_ray.orchestrate.liveness import probe
+        from autohet_ray.orchestrate.liveness import keeper_alive, probe
         deadline = time.perf_counter() + self.job.detect_timeout_s
         ids = self.found.node_ids
         plan_nodes = sorted({s["node"] for s in self.group.slots})
@@ -336,7 +354,7 @@ class ElasticController:
                 node_of = lambda ranks: {self.group.slots[r]["node"] for r in ranks}  # noqa: E731
                 lost = {node for node in node_of(silent) | node_of(dead) if verdicts[node] == "silent"}
                 for node in sorted(node_of(dead) - lost):    # the node lives: is it only the actor?
-                    verdict = _keeper_alive(ids[node])
+                    verdict = keeper_alive(ids[node])
                     if verdict is None:                      # undecided: ask again
                         dead = []
                     elif not verdict:
@@ -375,19 +393,3 @@ def _start_keeper_spec(node) -> dict:
 def _build(spec: dict):
     from autohet_ray.orchestrate.elastic_tiers import build_tier
     return build_tier(spec, keeper_timeout_s=10.0)
-
-
-
-def _keeper_alive(node_id: str) -> bool | None:
-    """True when the node's keeper answers (the node lives), False when it died, None when unsure."""
-    from autohet_ray.orchestrate.keeper import get_keeper
-    try:
-        ref = get_keeper(node_id).node_id.remote()
-        ray.get(ref, timeout=1.0)
-        return True
-    except ValueError:
-        return False
-    except ray.exceptions.RayActorError:
-        return False
-    except ray.exceptions.GetTimeoutError:
-        return None

@@ -31,6 +31,10 @@ def test_elastic_train_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert first["cloud_committed"] == [4]
     resumed = autohet("resume", "--storage", str(tmp_path / "part"), "--steps", "6")
     assert resumed["resumed_from"] == 4 and resumed["launch"]["bytes_by_tier"].get("cloud", 0) > 0
+    assert first["launch"]["time_scale"] > 0                        # --emulate paces the emulated devices
+    for run in (whole, first):                                       # a step lasts its predicted time (scaled)
+        target = run["launch"]["predicted_iteration_s"] * run["launch"]["time_scale"]
+        assert all(s["wall_s"] >= 0.8 * target for s in run["steps"][1:]), (target, run["steps"])
     losses = lambda run: [s["loss"] for s in run["steps"]]  # noqa: E731
     assert losses(first) == pytest.approx(losses(whole)[:4], rel=1e-6)
     assert losses(resumed) == pytest.approx(losses(whole)[4:], rel=1e-6)
