@@ -133,7 +133,9 @@ class ElasticGroup:
     def salvage(self, inflight: list, skip: set[int], timeout_s: float = 10.0) -> dict[str, list]:
         """Reset the actors worth keeping (not in `skip`, their in-flight call settled within the timeout) for
         the next plan: node name -> actors. Every other actor is killed. The group is empty afterwards."""
-        settled = set(ray.wait(inflight, num_returns=len(inflight), timeout=timeout_s)[0]) if inflight else set()
+        # only the survivors' calls are awaited: a lost rank's call settles when Ray's health checks give up
+        waiting = [ref for r, ref in enumerate(inflight) if r not in skip]
+        settled = set(ray.wait(waiting, num_returns=len(waiting), timeout=timeout_s)[0]) if waiting else set()
         candidates = {r: a for r, a in enumerate(self.actors)
                       if r not in skip and (not inflight or inflight[r] in settled)}
         resets = {r: a.reset.remote() for r, a in candidates.items()}
