@@ -44,16 +44,22 @@ def choose_peers(shard_nodes: dict[K, str], node_gpu: dict[str, str], *, num_pee
     return out
 
 
-def assign_writers(holdings: dict[int, list[tuple[str, Chunk, int]]]) -> dict[int, set[tuple[str, Chunk]]]:
-    """Pick one writer rank per unique (name, chunk) among the ranks holding it (TP-replicated tensors and
-    data-parallel copies are held by several), balancing the bytes each rank writes.
-    `holdings`: rank -> [(name, chunk, nbytes)]. Returns rank -> the (name, chunk)s it writes."""
+def _index(holdings: dict[int, list[tuple[str, Chunk, int]]]) -> tuple[dict, dict]:
+    """(name, chunk) -> the ranks holding it, and -> its size in bytes (the largest reported)."""
     holders: dict[tuple[str, Chunk], list[int]] = {}
     size: dict[tuple[str, Chunk], int] = {}
     for rank, items in holdings.items():
         for name, chunk, nbytes in items:
             holders.setdefault((name, chunk), []).append(rank)
             size[(name, chunk)] = max(size.get((name, chunk), 0), nbytes)
+    return holders, size
+
+
+def assign_writers(holdings: dict[int, list[tuple[str, Chunk, int]]]) -> dict[int, set[tuple[str, Chunk]]]:
+    """Pick one writer rank per unique (name, chunk) among the ranks holding it (TP-replicated tensors and
+    data-parallel copies are held by several), balancing the bytes each rank writes.
+    `holdings`: rank -> [(name, chunk, nbytes)]. Returns rank -> the (name, chunk)s it writes."""
+    holders, size = _index(holdings)
     load: Counter[int] = Counter({rank: 0 for rank in holdings})
     out: dict[int, set[tuple[str, Chunk]]] = {rank: set() for rank in holdings}
     for item in sorted(holders, key=lambda i: (-size[i], i[0], i[1].offsets)):
@@ -82,12 +88,7 @@ def place_copies(holdings: dict[int, list[tuple[str, Chunk, int]]], rank_nodes: 
     over nodes and over the ranks of a node."""
     if copies < 1 or copies > len(node_gpu):
         raise ConfigError(f"copies={copies} must be between 1 and the number of nodes ({len(node_gpu)})")
-    holders: dict[tuple[str, Chunk], list[int]] = {}
-    size: dict[tuple[str, Chunk], int] = {}
-    for rank, items in holdings.items():
-        for name, chunk, nbytes in items:
-            holders.setdefault((name, chunk), []).append(rank)
-            size[(name, chunk)] = max(size.get((name, chunk), 0), nbytes)
+    holders, size = _index(holdings)
     node_load: Counter[str] = Counter()
     rank_load: Counter[int] = Counter()
     plan = CopyPlan({r: set() for r in holdings}, {r: {} for r in holdings}, {r: set() for r in holdings})

@@ -170,8 +170,9 @@ class AsyncSnapshotter:
         for tier, point in tiers:
             self._write_tier(tier, point, [(chunk_key(step, i.name, i.chunk), i.blob) for i in takes[tier.name]], pool)
         result = LaneResult(step, [], {tier.name: sum(len(i.blob) for i in takes[tier.name]) for tier, _ in tiers})
+        taken = {name: {id(i) for i in chosen} for name, chosen in takes.items()}
         for item in items:
-            replicas = tuple(tier.name for tier, _ in tiers if any(i is item for i in takes[tier.name]))
+            replicas = tuple(tier.name for tier, _ in tiers if id(item) in taken[tier.name])
             if replicas:
                 result.records.append(ChunkRecord(step=step, name=item.name, global_shape=item.shape,
                                                   chunk=item.chunk, dtype=item.dtype, digest=item.digest,

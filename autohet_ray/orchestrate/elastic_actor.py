@@ -90,7 +90,7 @@ class ElasticWorker:
         return {"rank": self.rank, "setup_s": time.perf_counter() - start}
 
     def holdings(self) -> list[tuple[str, Chunk, int]]:
-        """(name, chunk, bytes) of everything this rank would save (for assign_writers)."""
+        """(name, chunk, bytes) of everything this rank would save (for place_copies)."""
         item = torch.empty((), dtype=self.engine.dtype).element_size()
         return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
                 for name, (_, chunk) in self.needs().items()]

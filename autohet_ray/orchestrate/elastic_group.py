@@ -12,7 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.elastic_actor import ElasticWorker
-from autohet_ray.orchestrate.liveness import probe, raylet_address
+from autohet_ray.orchestrate.liveness import probe, raylet_addresses
 from autohet_ray.plan.schema import Plan
 
 
@@ -52,7 +52,9 @@ class ElasticGroup:
         """`reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
         process start). The ones left over stay in `reuse` for the caller to kill."""
         self.plan, self.slots = plan, rank_slots(plan)
-        self.raylets = {name: raylet_address(node_ids[name]) for name in {s["node"] for s in self.slots}}
+        names = sorted({s["node"] for s in self.slots})
+        addresses = raylet_addresses(node_ids[name] for name in names)
+        self.raylets = {name: addresses[node_ids[name]] for name in names}
         self.silent_probes: dict[str, int] = {}
         remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3)(ElasticWorker)
         reuse = reuse if reuse is not None else {}

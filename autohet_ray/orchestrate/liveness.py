@@ -15,12 +15,11 @@ import ray
 RAYLET_PROBE_TIMEOUT_S = 0.5
 
 
-def raylet_address(node_id: str) -> tuple[str, int] | None:
-    """(host, node manager port) of a node Ray still lists as alive; None when Ray lists it dead or not at all."""
-    for raw in ray.nodes():
-        if raw["NodeID"] == node_id and raw["Alive"]:
-            return raw["NodeManagerAddress"], int(raw["NodeManagerPort"])
-    return None
+def raylet_addresses(node_ids) -> dict[str, tuple[str, int] | None]:
+    """Node id -> (host, node manager port) while Ray lists the node as alive, else None (one `ray.nodes()`)."""
+    alive = {raw["NodeID"]: (raw["NodeManagerAddress"], int(raw["NodeManagerPort"]))
+             for raw in ray.nodes() if raw["Alive"]}
+    return {node_id: alive.get(node_id) for node_id in node_ids}
 
 
 def refused_raylets(raw_nodes: list[dict]) -> set[str]:

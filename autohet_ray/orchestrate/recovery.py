@@ -9,9 +9,10 @@ States: new -> running -> recovering (detect) -> replanning (plan, restart, fetc
     ctl.recoveries[-1]                         # phases: detect, replan, restart, fetch (per tier), load, first step
     ctl.close()
 
-Snapshots: every rank writes its unique chunks (assign_writers) to its node keeper and `num_peers` peer keepers
-(choose_peers: another GPU type first) after every step, and to the cloud tier every `cloud_every` steps. The
-driver commits a step while the next one computes, so a node loss costs at most the step in flight plus one.
+Snapshots: after every step each chunk lands in 1 + `num_peers` node stores (place_copies: another GPU type
+first; data-parallel copies written where they are, the rest pushed to peers), and in the cloud tier every
+`cloud_every` steps. The driver commits a step while the next one computes, so a node loss costs at most the
+step in flight plus one.
 """
 from __future__ import annotations
 
@@ -321,20 +322,19 @@ class ElasticController:
         return report
 
     def _dead_nodes(self) -> list[str]:
+        """Nodes of the cluster file with no live Ray node (alive, raylet not refusing) that is not draining or
+        already found lost. One `ray.nodes()` call and one probe per node."""
         from autohet_ray.orchestrate.liveness import refused_raylets
-        raw = ray.nodes()
-        alive = {n["NodeID"] for n in raw if n["Alive"]} - refused_raylets(raw)
-        ids = {n.name: self._node_id(n.name) for n in self.base_cluster.nodes}
-        return [name for name, node_id in ids.items()
-                if node_id is None or node_id not in alive or node_id in self.draining | self.gone]
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        refused = refused_raylets(alive)
+        live = [n for n in alive if n["NodeID"] not in refused]
+        usable = lambda node_id: node_id is not None and node_id not in self.draining | self.gone  # noqa: E731
+        return [n.name for n in self.base_cluster.nodes if not usable(self._node_id(n.name, live))]
 
-    def _node_id(self, name: str) -> str | None:
-        """The live node named `name`, a non-draining one first (a replacement may join before the drained
-        node is gone)."""
-        from autohet_ray.orchestrate.liveness import refused_raylets
-        raws = [raw for raw in ray.nodes() if raw["Alive"] and (raw.get("Labels") or {}).get("autohet.io/node") == name]
-        refused = refused_raylets(raws)
-        ids = [raw["NodeID"] for raw in raws if raw["NodeID"] not in refused]
+    def _node_id(self, name: str, live: list[dict]) -> str | None:
+        """The live node (of `live`, entries of `ray.nodes()`) named `name`, a non-draining one first (a
+        replacement may join before the drained node is gone)."""
+        ids = [raw["NodeID"] for raw in live if (raw.get("Labels") or {}).get("autohet.io/node") == name]
         return min(ids, key=lambda i: i in self.draining | self.gone, default=None)
 
     def _detect(self, failure: GroupFailure) -> dict:
