@@ -28,7 +28,8 @@ def plan_table(plan: Plan, memory: dict[str, int]) -> str:
     for k, p in enumerate(plan.pipelines):
         for j, s in enumerate(p.stages):
             mem = memory.get(f"{s.node}:{s.devices[0]}", 0)
-            rows.append(f"{k:>4} {p.num_microbatches if j == 0 else '':>5} {j:>5} "
+            micro = f"{p.num_microbatches}x{plan.micro_batch_of(k)}" if j == 0 else ""
+            rows.append(f"{k:>4} {micro:>5} {j:>5} "
                         f"{f'[{s.layers[0]},{s.layers[1]})':>9} {s.tp:>3} {s.device_type:<10} {s.node:<10} "
                         f"{','.join(map(str, s.devices)):<16} {_gb(mem):>9}")
     return "\n".join(rows)

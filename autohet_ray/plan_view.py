@@ -17,12 +17,17 @@ def _slots(plan: Plan) -> list[list[Slot]]:
     return out
 
 
+def _sizes(plan: Plan) -> str:
+    sizes = sorted({plan.micro_batch_of(k) for k in range(len(plan.pipelines))})
+    return str(sizes[0]) if len(sizes) == 1 else "per pipeline " + "/".join(map(str, sizes))
+
+
 def timeline_text(plan: Plan) -> str:
     timelines = _slots(plan)
     horizon = max(s.end_s for t in timelines for s in t)
     scale = MAX_TEXT_COLUMNS / horizon
     lines = [f"{plan.model}: {len(plan.pipelines)} pipelines, global batch {plan.global_batch}, "
-             f"micro-batch {plan.micro_batch} (F = forward, B = backward; time relative to layers held)"]
+             f"micro-batch {_sizes(plan)} (F = forward, B = backward; time relative to layers held)"]
     if plan.predicted:
         lines.append(f"predicted {plan.predicted.iteration_time_s:.3f} s/iteration, "
                      f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind}]")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 from autohet_ray import ConfigError
@@ -27,10 +28,13 @@ class Cluster:
     def device(self, name: str) -> DeviceType:
         return lookup(name, self.custom_devices)
 
+    @cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
     def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
+        if name in self._by_name:
+            return self._by_name[name]
         raise ConfigError(f"unknown node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
 
     @property

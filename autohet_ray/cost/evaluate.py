@@ -42,9 +42,22 @@ class Evaluation:
                          peak_memory_bytes_per_device=dict(self.memory_bytes), profile_kind=self.profile_kind)
 
 
-def stage_link_time(plan: Plan, cluster: Cluster, profile: ProfileDB, model: ModelSpec, a, b) -> float:
+def plan_tables(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+                table: GroupCostTable | None = None) -> list[GroupCostTable]:
+    """The cost table of each pipeline's micro-batch size (`table`: one already built, reused if it fits)."""
+    tables = {table.micro_batch: table} if table is not None and table.seq_len == plan.seq_len else {}
+    for k in range(len(plan.pipelines)):
+        mb = plan.micro_batch_of(k)
+        if mb not in tables:
+            tables[mb] = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb,
+                                        seq_len=plan.seq_len)
+    return [tables[plan.micro_batch_of(k)] for k in range(len(plan.pipelines))]
+
+
+def stage_link_time(plan: Plan, cluster: Cluster, profile: ProfileDB, model: ModelSpec, a, b,
+                    micro_batch: int | None = None) -> float:
     """One activation transfer from stage a to stage b: NVLink/PCIe inside a node, the NIC between nodes."""
-    msg = activation_message_bytes(model, plan.micro_batch, plan.seq_len)
+    msg = activation_message_bytes(model, micro_batch or plan.micro_batch, plan.seq_len)
     if a.node == b.node:
         return p2p_time(msg, intra_link(profile, cluster, a.device_type))
     return p2p_time(msg, inter_link(profile, cluster, a.node, b.node))
@@ -54,13 +67,12 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                   table: GroupCostTable | None = None) -> Evaluation:
     """Price a plan; raises ConfigError if it is structurally invalid, reports infeasible memory in the result."""
     validate_plan(plan, cluster, model)
-    table = table or GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=plan.micro_batch,
-                                    seq_len=plan.seq_len)
+    tables = plan_tables(plan, cluster, model, profile, table)
     stage_times, link_times, pipe_times = [], [], []
     memory, capacity, opt_time = {}, {}, 0.0
-    backward_done, opt_s = {}, {}
+    last_backward, opt_s = {}, {}
     for k, pipeline in enumerate(plan.pipelines):
-        p, m = len(pipeline.stages), pipeline.num_microbatches
+        p, m, table = len(pipeline.stages), pipeline.num_microbatches, tables[k]
         times = []
         for j, stage in enumerate(pipeline.stages):
             gc = table.get(stage.device_type, stage.tp)
@@ -73,7 +85,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
             for d in stage.devices:
                 memory[f"{stage.node}:{d}"] = mem
                 capacity[f"{stage.node}:{d}"] = gc.capacity_bytes
-        links = [stage_link_time(plan, cluster, profile, model, a, b)
+        links = [stage_link_time(plan, cluster, profile, model, a, b, plan.micro_batch_of(k))
                  for a, b in zip(pipeline.stages, pipeline.stages[1:])]
         stage_times.append(tuple(times))
         link_times.append(tuple(links))
@@ -81,9 +93,13 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
         slots = simulate(fwd, [t - f for t, f in zip(times, fwd)], links, m)
         pipe_times.append(max(slot.end_s for slot in slots))
         for slot in slots:
-            backward_done[(k, slot.stage)] = max(backward_done.get((k, slot.stage), 0.0), slot.end_s)
-    sync = max(gradient_sync_times(plan, cluster, model, profile).values(), default=0.0)
-    synced = sync_end_times(sync_buckets(plan, cluster, model, profile), backward_done)
+            if slot.kind == "B" and slot.microbatch == m - 1:
+                last_backward[(k, slot.stage)] = slot
+    buckets = sync_buckets(plan, cluster, model, profile)
+    sync = max(gradient_sync_times(plan, cluster, model, profile, buckets).values(), default=0.0)
+    synced = sync_end_times(buckets,
+                            lambda key, unit: _gradient_final(plan.pipelines[key[0]], key[1], tables[key[0]],
+                                                                      last_backward[key], unit))
     iteration = max(synced[key] + opt_s[key] for key in synced)
     over = {d: memory[d] - capacity[d] for d in memory if memory[d] > capacity[d]}
     reason = ""
@@ -96,6 +112,20 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                       stage_times_s=tuple(stage_times), link_times_s=tuple(link_times), sync_time_s=sync,
                       optimizer_time_s=opt_time, memory_bytes=memory, capacity_bytes=capacity,
                       profile_kind=profile.kind)
+
+
+def _gradient_final(pipeline, j: int, table: GroupCostTable, last_backward, unit) -> float:
+    """When a unit's gradient is final on stage j: its last backward runs the head, then the layers from the
+    last to the first, then the embedding, each taking its share of the stage's compute."""
+    kind, lowest = unit
+    if kind in ("stage", "embedding"):
+        return last_backward.end_s
+    stage = pipeline.stages[j]
+    gc = table.get(stage.device_type, stage.tp)
+    head = gc.head_s if j == len(pipeline.stages) - 1 else 0.0
+    done = head if kind == "head" else head + (stage.layers[1] - lowest) * gc.layer_s
+    total = gc.stage_time(stage.num_layers, j == 0, j == len(pipeline.stages) - 1)
+    return last_backward.start_s + (last_backward.end_s - last_backward.start_s) * done / total
 
 
 def price_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> Plan:

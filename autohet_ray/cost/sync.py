@@ -13,6 +13,7 @@ its buckets.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import GRAD_SYNC_BYTES, allreduce_time, inter_link, intra_link
@@ -22,25 +23,29 @@ from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.db import ProfileDB
 
 
-def _holder_sets(plan: Plan, num_layers: int) -> dict[tuple[int, int], dict[tuple, float]]:
-    """(pipeline, stage) -> {holder set: parameters (full, unsharded) in that bucket}."""
-    buckets: dict[tuple[int, int], dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+def _holder_sets(plan: Plan, num_layers: int) -> dict[tuple[int, int], dict[tuple, int]]:
+    """(pipeline, stage) -> {(unit kind, holder set, lowest layer): units in that bucket}. The layers of one
+    bucket are contiguous (an intersection of stage ranges); the lowest one's gradient is final last."""
+    buckets: dict[tuple[int, int], dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
     owner = [[next(j for j, s in enumerate(p.stages) if s.layers[0] <= layer < s.layers[1])
               for layer in range(num_layers)] for p in plan.pipelines]
+    lowest: dict[tuple, int] = {}
     for layer in range(num_layers):
         holders = tuple((k, owner[k][layer]) for k in range(len(plan.pipelines)))
+        lowest.setdefault(holders, layer)
         for k, j in holders:
-            buckets[(k, j)][("layer", holders)] += 1
+            buckets[(k, j)][("layer", holders, lowest[holders])] += 1
     firsts = tuple((k, 0) for k in range(len(plan.pipelines)))
     lasts = tuple((k, len(p.stages) - 1) for k, p in enumerate(plan.pipelines))
     for k, j in firsts:
-        buckets[(k, j)][("embedding", firsts)] += 1
+        buckets[(k, j)][("embedding", firsts, None)] += 1
     for k, j in lasts:
-        buckets[(k, j)][("head", lasts)] += 1
+        buckets[(k, j)][("head", lasts, None)] += 1
     return buckets
 
 
-Bucket = tuple[tuple[tuple[int, int], ...], float]      # (holder stages, all-reduce seconds)
+Unit = tuple[str, int | None]        # ("layer", lowest layer of the bucket), ("embedding", None), ("head", None)
+Bucket = tuple[tuple[tuple[int, int], ...], float, Unit]      # (holder stages, all-reduce seconds, last unit)
 
 
 def sync_buckets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> dict[tuple[int, int],
@@ -55,7 +60,7 @@ def sync_buckets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profil
     out: dict[tuple[int, int], list[Bucket]] = {}
     for key, bucket in buckets.items():
         stage, items = stages[key], []
-        for (kind, holders), count in bucket.items():
+        for (kind, holders, lowest), count in bucket.items():
             members = [stages[h] for h in holders]
             whole = count * params[kind] * GRAD_SYNC_BYTES
             shard = whole / (stage.tp if len({s.tp for s in members}) == 1 else 1)
@@ -63,7 +68,7 @@ def sync_buckets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profil
                 seconds = allreduce_time(shard, len(members), intra_link(profile, cluster, stage.device_type))
             else:
                 seconds = _hierarchical(whole, shard, members, lanes, cluster, profile)
-            items.append((holders, seconds))
+            items.append((holders, seconds, (kind, lowest)))
         out[key] = items
     return out
 
@@ -90,32 +95,50 @@ def _hierarchical(whole: float, shard: float, members, lanes, cluster, profile) 
     if local > 1:
         link = intra_link(profile, cluster, members[0].device_type)
         seconds += 2 * (shard / link.bandwidth_Bps + link.latency_s)
-    slowest = min((inter_link(profile, cluster, a, b, share=max(lanes[a], lanes[b]))
-                   for a in nodes for b in nodes if a < b), key=lambda x: x.bandwidth_Bps)
-    return seconds + allreduce_time(whole, len(nodes), slowest)
+    return seconds + allreduce_time(whole, len(nodes), _slowest_pair_link(nodes, lanes, cluster, profile))
 
 
-def gradient_sync_times(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> dict[str, float]:
-    """Seconds each device ("node:gpu") spends in cross-pipeline gradient all-reduces per iteration."""
+def _slowest_pair_link(nodes: list[str], lanes, cluster, profile):
+    """The slowest link between any two of the nodes. A pair's link depends only on the two nodes' NIC
+    speeds and stream counts, so one representative per distinct (NIC, streams) class is enough."""
+    classes: dict[tuple[float, int], list[str]] = defaultdict(list)
+    for n in nodes:
+        classes[(cluster.nic_bytes_per_s(n), lanes[n])].append(n)
+    reps = list(classes.values())
+    pairs = [(x[0], y[0]) for i, x in enumerate(reps) for y in reps[i + 1:]] + \
+        [(x[0], x[1]) for x in reps if len(x) > 1]
+    return min((inter_link(profile, cluster, a, b, share=max(lanes[a], lanes[b])) for a, b in pairs),
+               key=lambda x: x.bandwidth_Bps)
+
+
+def gradient_sync_times(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+                        buckets: dict[tuple[int, int], list[Bucket]] | None = None) -> dict[str, float]:
+    """Seconds each device ("node:gpu") spends in cross-pipeline gradient all-reduces per iteration
+    (`buckets`: this plan's `sync_buckets`, when already computed)."""
     times: dict[str, float] = {}
-    for (k, j), items in sync_buckets(plan, cluster, model, profile).items():
+    buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
+    for (k, j), items in buckets.items():
         if not items:
             continue
         stage = plan.pipelines[k].stages[j]
         for d in stage.devices:
-            times[f"{stage.node}:{d}"] = sum(duration for _, duration in items)
+            times[f"{stage.node}:{d}"] = sum(item[1] for item in items)
     return times
 
 
 def sync_end_times(buckets: dict[tuple[int, int], list[Bucket]],
-                   backward_done: dict[tuple[int, int], float]) -> dict[tuple[int, int], float]:
-    """When each stage's gradients are synchronized: a bucket starts once every holder has finished its last
-    backward (the runtime launches all-reduces from gradient hooks, so later stages' sync overlaps the
-    earlier stages' cool-down), and a stage runs its buckets one after another."""
-    ends = {}
+                   ready: Callable[[tuple[int, int], Unit], float]) -> dict[tuple[int, int], float]:
+    """When each stage's gradients are synchronized. `ready(stage, unit)` is when that stage's last backward
+    has made the unit's gradient final. A bucket starts once it is final in every holder (the runtime posts
+    all-reduces from gradient hooks during the last backward, so sync overlaps the rest of that backward and
+    the cool-down of earlier stages), and a stage runs its buckets one after another."""
+    ends, starts = {}, {}               # a bucket's start is shared by all its holders: computed once
     for key, items in buckets.items():
-        t = backward_done[key]
-        for start, duration in sorted((max(backward_done[h] for h in holders), d) for holders, d in items):
+        t = 0.0
+        for holders, duration, unit in items:
+            if (holders, unit) not in starts:
+                starts[(holders, unit)] = max(ready(h, unit) for h in holders)
+        for start, duration in sorted((starts[(holders, unit)], d) for holders, d, unit in items):
             t = max(t, start) + duration
-        ends[key] = t
+        ends[key] = max(t, ready(key, ("stage", None)))
     return ends

@@ -136,12 +136,15 @@ class ElasticGroup:
         """Reset the actors worth keeping (not in `skip`, their in-flight call settled within the timeout) for
         the next plan: node name -> actors. Every other actor is killed. The group is empty afterwards."""
         # only the survivors' calls are awaited: a lost rank's call settles when Ray's health checks give up
+        start = time.perf_counter()
         waiting = [ref for r, ref in enumerate(inflight) if r not in skip]
         settled = set(ray.wait(waiting, num_returns=len(waiting), timeout=timeout_s)[0]) if waiting else set()
         candidates = {r: a for r, a in enumerate(self.actors)
                       if r not in skip and (not inflight or inflight[r] in settled)}
+        settled_at = time.perf_counter()
         resets = {r: a.reset.remote() for r, a in candidates.items()}
         done = set(ray.wait(list(resets.values()), num_returns=len(resets), timeout=timeout_s)[0]) if resets else set()
+        self.salvage_phases = {"settle_s": settled_at - start, "reset_s": time.perf_counter() - settled_at}
         keep: dict[str, list] = {}
         for rank, actor in enumerate(self.actors):
             ok = rank in resets and resets[rank] in done

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
+from autohet_ray.cost.evaluate import Evaluation, evaluate_plan, plan_tables
 from autohet_ray.cost.sync import gradient_sync_times
-from autohet_ray.cost.terms import OPTIMIZER_BYTES_PER_PARAM, GroupCostTable
+from autohet_ray.cost.terms import OPTIMIZER_BYTES_PER_PARAM
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan
@@ -41,14 +41,13 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
                       evaluation: Evaluation | None = None) -> list[dict[str, float]]:
     """Per plan rank, op name -> predicted seconds (time scale 1). Plain data, for the stage actors."""
     ev = evaluation or evaluate_plan(plan, cluster, model, profile)
-    table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=plan.micro_batch,
-                           seq_len=plan.seq_len)
+    tables = plan_tables(plan, cluster, model, profile)
     sync = gradient_sync_times(plan, cluster, model, profile)
     out = []
     for info in build_rank_map(plan, model.num_layers).ranks:
         k, j = info.pipeline, info.stage
         stages = plan.pipelines[k].stages
-        gc = table.get(stages[j].device_type, stages[j].tp)
+        gc = tables[k].get(stages[j].device_type, stages[j].tp)
         total = ev.stage_times_s[k][j]
         fwd = total * gc.layer_fwd_fraction
         links = ev.link_times_s[k]

@@ -284,6 +284,7 @@ class ElasticController:
         completed = self.step_index
         salvage_start = time.perf_counter()
         reuse = self.group.salvage(getattr(self, "_inflight", []), set(lost["dead_ranks"]))
+        salvage_phases = {f"salvage_{k}": v for k, v in self.group.salvage_phases.items()}
         self.committer.forget_pending()
         for node in lost["lost_nodes"]:
             self.committer.drop_keeper(node)
@@ -291,7 +292,8 @@ class ElasticController:
         self.lost += lost["lost_nodes"]
         salvage_s = time.perf_counter() - salvage_start
         report = self.replan(mode=mode, reason=lost["message"], reuse=reuse)
-        report |= {"detect_s": detect_s, "step_failed_s": seen_at - t0, "salvage_s": salvage_s, **lost,
+        report |= {"detect_s": detect_s, "step_failed_s": seen_at - t0, "salvage_s": salvage_s,
+                   **salvage_phases, **lost,
                    "lost_steps": completed - report["restored_step"]}
         report["total_s"] = time.perf_counter() - t0       # every phase, and whatever lies between them
         self.recoveries[-1] = report

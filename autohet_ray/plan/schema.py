@@ -1,8 +1,10 @@
 """The plan: versioned JSON that the planner writes and the runtime executes.
 
 Pipelines are data-parallel replicas; each has its own stages (a TP group of one GPU type on one node, with a
-contiguous layer range [start, end) over transformer layers) and its own micro-batch count. The embedding
-belongs to every pipeline's first stage and the head to its last stage.
+contiguous layer range [start, end) over transformer layers), its own micro-batch count and, optionally, its
+own micro-batch size (default: the plan's `micro_batch`), so that the batch can be split across pipelines of
+different speeds in steps finer than one micro-batch. The embedding belongs to every pipeline's first stage
+and the head to its last stage. Pipeline k takes the samples after those of pipelines 0 .. k-1.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from dataclasses import dataclass, field, replace
 
 from autohet_ray import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2           # 2: optional per-pipeline micro_batch (version 1 plans are read as well)
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,9 +38,13 @@ class Stage:
 class Pipeline:
     num_microbatches: int
     stages: tuple[Stage, ...]
+    micro_batch: int | None = None   # samples per micro-batch in this pipeline; None: the plan's
 
     def to_dict(self) -> dict:
-        return {"num_microbatches": self.num_microbatches, "stages": [s.to_dict() for s in self.stages]}
+        out = {"num_microbatches": self.num_microbatches, "stages": [s.to_dict() for s in self.stages]}
+        if self.micro_batch is not None:
+            out["micro_batch"] = self.micro_batch
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +72,18 @@ class Plan:
     model_spec: dict | None = None   # full ModelSpec fields, so a custom model travels with the plan
     cluster: str = ""
     predicted: Predicted | None = None
+
+    def micro_batch_of(self, k: int) -> int:
+        """Samples per micro-batch in pipeline k."""
+        mb = self.pipelines[k].micro_batch
+        return self.micro_batch if mb is None else mb
+
+    def samples_of(self, k: int) -> int:
+        return self.pipelines[k].num_microbatches * self.micro_batch_of(k)
+
+    def sample_offset(self, k: int) -> int:
+        """Index of pipeline k's first sample in the global batch."""
+        return sum(self.samples_of(i) for i in range(k))
 
     @property
     def num_devices(self) -> int:
@@ -122,8 +141,9 @@ def plan_from_dict(raw) -> Plan:
     if not isinstance(raw, dict):
         raise ConfigError("plan: expected a JSON object")
     version = raw.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ConfigError(f"plan: schema_version={version!r}; this version reads schema_version {SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise ConfigError(f"plan: schema_version={version!r}; this version reads schema_version "
+                          f"{' or '.join(map(str, READABLE_VERSIONS))}")
     pipelines_raw = _need(raw, "pipelines", "plan")
     if not isinstance(pipelines_raw, list) or not pipelines_raw:
         raise ConfigError("plan: 'pipelines' must be a non-empty list")
@@ -133,8 +153,10 @@ def plan_from_dict(raw) -> Plan:
         if not isinstance(stages_raw, list) or not stages_raw:
             raise ConfigError(f"plan: pipelines[{k}].stages must be a non-empty list")
         stages = tuple(_stage_from_dict(s, f"pipelines[{k}].stages[{j}]") for j, s in enumerate(stages_raw))
+        mb = p.get("micro_batch") if version >= 2 else None
         pipelines.append(Pipeline(num_microbatches=_int(_need(p, "num_microbatches", f"pipelines[{k}]"),
-                                                        f"pipelines[{k}].num_microbatches"), stages=stages))
+                                                        f"pipelines[{k}].num_microbatches"), stages=stages,
+                                  micro_batch=None if mb is None else _int(mb, f"pipelines[{k}].micro_batch")))
     return Plan(model=str(_need(raw, "model", "plan")), model_spec=raw.get("model_spec"),
                 cluster=str(raw.get("cluster", "")),
                 global_batch=_int(_need(raw, "global_batch", "plan"), "global_batch"),

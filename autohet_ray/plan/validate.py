@@ -15,12 +15,22 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     """Raise ConfigError naming the first problem found."""
     if plan.micro_batch < 1 or plan.global_batch < 1:
         raise ConfigError(f"plan: global_batch={plan.global_batch} and micro_batch={plan.micro_batch} must be >= 1")
-    if plan.global_batch % plan.micro_batch:
-        raise ConfigError(f"plan: global_batch={plan.global_batch} is not divisible by micro_batch={plan.micro_batch}")
-    total_mb = plan.global_batch // plan.micro_batch
-    got = sum(p.num_microbatches for p in plan.pipelines)
-    if got != total_mb:
-        raise ConfigError(f"plan: pipelines' num_microbatches sum to {got}, but global_batch/micro_batch = {total_mb}")
+    for k, pipeline in enumerate(plan.pipelines):
+        if pipeline.micro_batch is not None and pipeline.micro_batch < 1:
+            raise ConfigError(f"plan: pipelines[{k}].micro_batch={pipeline.micro_batch} must be >= 1")
+    if all(p.micro_batch is None for p in plan.pipelines):
+        if plan.global_batch % plan.micro_batch:
+            raise ConfigError(f"plan: global_batch={plan.global_batch} is not divisible by "
+                              f"micro_batch={plan.micro_batch}")
+        total_mb = plan.global_batch // plan.micro_batch
+        got = sum(p.num_microbatches for p in plan.pipelines)
+        if got != total_mb:
+            raise ConfigError(f"plan: pipelines' num_microbatches sum to {got}, but global_batch/micro_batch = "
+                              f"{total_mb}")
+    got = sum(plan.samples_of(k) for k in range(len(plan.pipelines)))
+    if got != plan.global_batch:
+        raise ConfigError(f"plan: pipelines take {got} samples (num_microbatches x micro_batch), but "
+                          f"global_batch={plan.global_batch}")
     used: dict[tuple[str, int], str] = {}
     for k, pipeline in enumerate(plan.pipelines):
         if pipeline.num_microbatches < 1:

@@ -21,6 +21,7 @@ class Grouping:
     counts: dict[int, int]       # template index -> number of pipelines
     capacity: int                # micro-batches finished by the deadline
     deadline_s: float
+    others: tuple["Grouping", ...] = ()     # other solutions SCIP found that also finish the batch
 
 
 def _room(cluster: Cluster, device: str, tp: int) -> int:
@@ -53,8 +54,15 @@ def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microb
     model.optimize()
     if model.getNSols() == 0:
         return Grouping({}, 0, deadline_s)
-    best = model.getBestSol()
-    counts = {i: int(round(model.getSolVal(best, var))) for i, var in n.items()}
+    best = _as_grouping(model, model.getBestSol(), n, caps, deadline_s)
+    others = {tuple(sorted(g.counts.items())): g for g in (_as_grouping(model, sol, n, caps, deadline_s)
+                                                            for sol in model.getSols())
+              if g.capacity >= total_microbatches and g.counts != best.counts}
+    return Grouping(best.counts, best.capacity, deadline_s, tuple(others.values()))
+
+
+def _as_grouping(model, sol, n, caps, deadline_s) -> Grouping:
+    counts = {i: int(round(model.getSolVal(sol, var))) for i, var in n.items()}
     counts = {i: c for i, c in counts.items() if c > 0}
     return Grouping(counts, sum(caps[i] * c for i, c in counts.items()), deadline_s)
 

@@ -15,6 +15,7 @@ from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_pla
 from autohet_ray.planner.batch import allocate_microbatches
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
 from autohet_ray.planner.polish import polish
+from autohet_ray.planner.rebalance import rebalance_micro_batches
 from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first)
 from autohet_ray.planner.split import best_split
@@ -23,8 +24,11 @@ from autohet_ray.profile.db import ProfileDB
 SMALL_CLUSTER_GPUS = 16       # up to here: every stage order and up to 3 group kinds per pipeline
 BISECTION_STEPS = 40
 CANDIDATES_PER_BATCH = 6
+DEADLINE_SLACKS = (0.01, 0.02, 0.04)   # small clusters: also solve this much above the smallest deadline
+SMALL_CANDIDATES = 40         # small clusters: full-model evaluations are cheap, the deadline model is rough
 SHORTLIST = 300
 MAX_MICROBATCH_TOKENS = 8192
+EXACT_TIMES_UP_TO = 256       # small clusters: exact per-template times for up to this many micro-batches
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,20 +87,31 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
     if global_batch < 1:
         raise ConfigError(f"global batch {global_batch} must be a positive integer")
     clock = _Deadline(time.perf_counter(), time_limit_s)
-    best = _Best()
+    best, per_size = _Best(), []
     for plan in incumbents:
         best.offer(plan, evaluate_plan(plan, cluster, model, profile))
     for mb in micro_batch_candidates(global_batch, profile, micro_batch):
         if clock.over():
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len)
-        _plan_for_micro_batch(table, cluster, global_batch, clock, best)
+        local = _Best()
+        _plan_for_micro_batch(table, cluster, global_batch, clock, local)
+        best.templates += local.templates
+        if local.plan is not None:
+            per_size.append((local.plan, local.evaluation))
+            best.offer(local.plan, local.evaluation)
     if best.plan is None:
         raise ConfigError(_no_fit_message(cluster, model, profile, seq_len))
     table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
                            seq_len=seq_len)
     best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
                                         exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS)
+    if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
+        # each size's best plan, with smaller micro-batches where they balance the batch better
+        for plan, ev in [(best.plan, best.evaluation)] + per_size:
+            if clock.over():
+                break
+            best.offer(*rebalance_micro_batches(plan, ev, cluster, model, profile))
     plan = best.plan.with_predicted(best.evaluation.predicted())
     return PlanResult(plan=plan, evaluation=best.evaluation, solve_time_s=time.perf_counter() - clock.start,
                       num_templates=best.templates, hit_time_limit=clock.hit)
@@ -112,8 +127,13 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
     replicated = _replicated(templates, cluster, total)
     shortlist = _shortlist(templates)
     warm = _warm_start(replicated[0], templates, shortlist) if replicated else None
-    for grouping in replicated + _groupings(shortlist, cluster, total, clock, warm):
-        plan = _realize(grouping, templates, table, cluster, global_batch)
+    small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
+    solved = _groupings(shortlist, cluster, total, clock, warm,
+                        candidates=SMALL_CANDIDATES if small else CANDIDATES_PER_BATCH,
+                        slacks=DEADLINE_SLACKS if small else ())
+    # replicated groupings index `templates`, the program's index the shortlist
+    for grouping, pool in [(g, templates) for g in replicated] + [(g, shortlist) for g in solved]:
+        plan = _realize(grouping, pool, table, cluster, global_batch)
         if plan is not None:
             best.offer(plan, evaluate_plan(plan, cluster, table.model, table.profile, table))
 
@@ -140,6 +160,8 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
         for usage in multisets(kinds, available, max_stages, 3, mixed_tp=small):
             if clock.over():
                 break
+            if not _fits_cluster(usage, cluster):
+                continue
             first = slow_first(usage, speed)
             evals = [evaluate_template(o, cluster, table, total_microbatches, links)
                      for o in orderings(usage, False)] if small else \
@@ -152,9 +174,20 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
             evals = [e for e in evals if e is not None]
             if evals:
                 found[tuple(sorted(usage.items()))] = min(evals, key=score)
+        if small and found:
+            found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO))
+                     for k, t in found.items()}
         if found or max_stages >= model.num_layers or clock.over():
             return list(found.values())
         max_stages = min(model.num_layers, max_stages * 2)
+
+
+def _fits_cluster(usage: dict, cluster: Cluster) -> bool:
+    """At least one pipeline of this usage fits in the GPUs of each type (TP degrees of one type add up)."""
+    need: dict[str, int] = {}
+    for (device, tp), count in usage.items():
+        need[device] = need.get(device, 0) + count * tp
+    return all(cluster.gpus_of(d) >= n for d, n in need.items())
 
 
 def _replicated(templates: list[TemplateEval], cluster: Cluster, total: int) -> list[Grouping]:
@@ -191,9 +224,11 @@ def _warm_start(grouping: Grouping, templates: list[TemplateEval], shortlist: li
     return {index[id(templates[i])]: copies} if id(templates[i]) in index else None
 
 
-def _groupings(templates, cluster, total, clock, warm_start=None):
-    """Groupings at the smallest deadlines that finish the batch, best first."""
-    hi = min(t.sync_s + t.fixed_s + (total - 1) * t.bottleneck_s for t in templates)
+def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CANDIDATES_PER_BATCH, slacks=()):
+    """Groupings at the smallest deadlines that finish the batch, best first, each followed by the other
+    solutions SCIP found at that deadline (the deadline model is an estimate: the full cost model decides)."""
+    hi = min(t.sync_nic_s + (t.exact_s[total - 1] if len(t.exact_s) >= total else
+                             t.fixed_s + (total - 1) * t.bottleneck_s) for t in templates)
     lo = min(t.fixed_s for t in templates)
     feasible = []
     for _ in range(BISECTION_STEPS):
@@ -210,13 +245,19 @@ def _groupings(templates, cluster, total, clock, warm_start=None):
         g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())), warm_start)
         if g.capacity >= total:
             feasible.append(g)
+    for slack in slacks:               # near-ties under the estimate, for the full cost model to rank
+        if clock.over() or not feasible:
+            break
+        g = solve_grouping(templates, cluster, total, feasible[-1].deadline_s * (1 + slack),
+                           min(10.0, max(0.1, clock.left() / 4)), warm_start)
+        feasible.insert(0, g)
     seen, out = set(), []
-    for g in reversed(feasible):
+    for g in [g for best in reversed(feasible) for g in (best, *best.others)]:
         key = tuple(sorted(g.counts.items()))
         if key not in seen:
             seen.add(key)
             out.append(g)
-    return out[:CANDIDATES_PER_BATCH]
+    return out[:candidates]
 
 
 def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, cluster: Cluster,

@@ -6,9 +6,10 @@ split keep only the best ordering, which is how "slow GPUs on early stages" is f
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import (GRAD_SYNC_BYTES, GroupCostTable, activation_message_bytes, inter_link,
@@ -24,8 +25,10 @@ class TemplateEval:
     kinds: tuple[Kind, ...]      # stage order
     split: Split                 # exact split for many micro-batches (memory with p - j in flight)
     link_s: tuple[float, ...]
-    sync_s: float                # busiest device's gradient sync if copies co-locate each stage (NVLink)
+    sync_s: float                # exposed gradient sync if copies co-locate each stage (NVLink)
     sync_nic_s: float            # the same if its gradients cross the node NIC (mixed with other pipelines)
+    exact_s: tuple[float, ...] = ()   # optional: 1F1B time with m micro-batches at index m - 1, each m with
+    #                                   its own best split (small clusters; else the affine estimate is used)
 
     @property
     def bottleneck_s(self) -> float:
@@ -51,8 +54,21 @@ class TemplateEval:
         return (num_microbatches - 1) * self.bottleneck_s + self.fixed_s + sync
 
     def max_microbatches(self, deadline_s: float) -> int:
-        budget = deadline_s - self.sync_nic_s - self.fixed_s
+        budget = deadline_s - self.sync_nic_s
+        if self.exact_s:
+            return bisect.bisect_right(self.exact_s, budget + 1e-12)
+        budget -= self.fixed_s
         return 0 if budget < 0 else int(budget / self.bottleneck_s + 1e-9) + 1
+
+    def with_exact_times(self, table: GroupCostTable, max_microbatches: int) -> "TemplateEval":
+        """The same template with its exact time for every micro-batch count up to `max_microbatches`
+        (a split that is best for many micro-batches can be poor for few)."""
+        groups = [table.get(*k) for k in self.kinds]
+        times = []
+        for m in range(1, max_microbatches + 1):
+            split = best_split(groups, table.model.num_layers, m, list(self.link_s))
+            times.append(split.time_s if split else float("inf"))
+        return replace(self, exact_s=tuple(itertools.accumulate(times, max)))
 
 
 def group_kinds(cluster: Cluster, model) -> list[Kind]:
@@ -108,22 +124,28 @@ def _widest_node(cluster: Cluster, device: str):
     return max((n for n in cluster.nodes if n.device == device), key=lambda n: (n.count, -n.nic_gbps))
 
 
-def sync_estimate(kinds: tuple[Kind, ...], split: Split, table: GroupCostTable, links: LinkCache,
-                  over_nic: bool) -> float:
-    """Busiest device's all-reduce time: over NVLink/PCIe when copies of this pipeline keep each stage on one
-    node (the placer co-locates the same stage of identical pipelines), or through its node's NIC when mixed
-    with pipelines of other shapes: one copy of each stage's gradients per node crosses the NIC (hierarchical
-    all-reduce), and the stages of one type share their node's NIC."""
+def sync_estimate(kinds: tuple[Kind, ...], split: Split, link_s: list[float], table: GroupCostTable,
+                  links: LinkCache, over_nic: bool) -> float:
+    """Exposed gradient sync: how far the busiest stage's all-reduces run past the pipeline's end. They run
+    over NVLink/PCIe when copies of this pipeline keep each stage on one node (the placer co-locates the same
+    stage of identical pipelines), or through the node's NIC when mixed with pipelines of other shapes: one
+    copy of each stage's gradients per node crosses the NIC (hierarchical all-reduce), and the stages of one
+    type share their node's NIC. They start during the stage's last backward (gradient hooks) and overlap
+    the cool-down of the stages before it."""
     worst, p = 0.0, len(kinds)
     per_type = {d: sum(1 for k in kinds if k[0] == d) for d, _ in kinds}
+    window = 0.0                          # from the start of stage j's last backward to the pipeline's end
     for j, ((device, tp), n) in enumerate(zip(kinds, split.counts)):
-        shard = table.get(device, tp).stage_params(n, j == 0, j == p - 1) * GRAD_SYNC_BYTES
+        gc = table.get(device, tp)
+        window += split.stage_s[j] * (1 - gc.layer_fwd_fraction) + (link_s[j - 1] if j else 0.0)
+        shard = gc.stage_params(n, j == 0, j == p - 1) * GRAD_SYNC_BYTES
         if over_nic:
-            seconds = 2 * shard * tp * per_type[device] / links.sync_bandwidth(device, True)
+            nodes = len(links.cluster.nodes)            # a ring over at most every node
+            seconds = 2 * (nodes - 1) / nodes * shard * tp * per_type[device] / links.sync_bandwidth(device, True)
         else:
             seconds = 2 * shard / links.sync_bandwidth(device, False)
-        worst = max(worst, seconds)
-    return worst
+        worst = max(worst, seconds - window)
+    return max(0.0, worst)
 
 
 def evaluate_template(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable,
@@ -134,8 +156,8 @@ def evaluate_template(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCos
     split = best_split(groups, table.model.num_layers, reference_microbatches, link_s)
     if split is None:
         return None
-    return TemplateEval(kinds, split, tuple(link_s), sync_estimate(kinds, split, table, links, False),
-                        sync_estimate(kinds, split, table, links, True))
+    return TemplateEval(kinds, split, tuple(link_s), sync_estimate(kinds, split, link_s, table, links, False),
+                        sync_estimate(kinds, split, link_s, table, links, True))
 
 
 def multisets(kinds: list[Kind], available: dict[Kind, int], max_stages: int, max_types: int,

@@ -34,10 +34,13 @@ def check_plan(plan: Plan, spec: ModelSpec) -> None:
         if expected != spec.num_layers:
             raise ConfigError(f"plan: pipelines[{k}] covers layers [0, {expected}) but {spec.name} has "
                               f"{spec.num_layers} layers")
-    samples = plan.micro_batch * sum(p.num_microbatches for p in plan.pipelines)
+    for k, pipeline in enumerate(plan.pipelines):
+        if plan.micro_batch_of(k) < 1:
+            raise ConfigError(f"plan: pipelines[{k}].micro_batch={plan.micro_batch_of(k)} must be >= 1")
+    samples = sum(plan.samples_of(k) for k in range(len(plan.pipelines)))
     if samples != plan.global_batch:
-        raise ConfigError(f"plan: global_batch={plan.global_batch} but micro_batch={plan.micro_batch} x "
-                          f"total num_microbatches gives {samples}")
+        raise ConfigError(f"plan: global_batch={plan.global_batch} but the pipelines' micro_batch x "
+                          f"num_microbatches add up to {samples}")
 
 
 def check_batch(batch, plan: Plan, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:

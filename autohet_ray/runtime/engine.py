@@ -75,7 +75,7 @@ class Engine:
         for name, p in self.params.items():
             p.register_post_accumulate_grad_hook(lambda _, name=name: self.grad_sync.on_grad(name))
         self.actions = SCHEDULES[schedule](len(stages), info.stage, plan.pipelines[info.pipeline].num_microbatches)
-        self.sample_offset = plan.micro_batch * sum(p.num_microbatches for p in plan.pipelines[:info.pipeline])
+        self.sample_offset = plan.sample_offset(info.pipeline)
         self.step = 0
 
     def _global(self, plan_rank: int) -> int:
@@ -98,11 +98,11 @@ class Engine:
         mine, me = to_global(self.rank_map.tp_group(self.rank)), self._global(self.rank)
         return Bridge(prev=route(mine, to_global(self.rank_map.prev_stage(self.rank)), me),
                       next=route(mine, to_global(self.rank_map.next_stage(self.rank)), me),
-                      tp_group=self.tp.group, shape=(self.plan.micro_batch, self.plan.seq_len, self.spec.hidden),
+                      tp_group=self.tp.group, shape=(self.plan.micro_batch_of(self.info.pipeline), self.plan.seq_len, self.spec.hidden),
                       dtype=self.dtype, device=self.device)
 
     def _microbatches(self, ids: torch.Tensor, labels: torch.Tensor) -> MicroBatches:
-        mb, m = self.plan.micro_batch, self.plan.pipelines[self.info.pipeline].num_microbatches
+        mb, m = self.plan.micro_batch_of(self.info.pipeline), self.plan.pipelines[self.info.pipeline].num_microbatches
         starts = [self.sample_offset + i * mb for i in range(m)]
         take = lambda t, use: [t[s: s + mb].to(self.device) for s in starts] if use else []  # noqa: E731
         return MicroBatches(input_ids=take(ids, self.first), labels=take(labels, self.last),

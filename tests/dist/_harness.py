@@ -17,19 +17,20 @@ GRAD_TOL, PARAM_TOL = 1e-5, 1e-4
 DTYPE = torch.float64
 
 
-def pipeline(num_microbatches: int, *stages: tuple[int, int, int]) -> Pipeline:
-    """stages: (start, end, tp) each; devices are numbered per pipeline on a fake node."""
+def pipeline(num_microbatches: int, *stages: tuple[int, int, int], micro_batch: int | None = None) -> Pipeline:
+    """stages: (start, end, tp) each; devices are numbered per pipeline on a fake node. `micro_batch`: this
+    pipeline's own micro-batch size (default: the plan's)."""
     built, device = [], 0
     for start, end, tp in stages:
         built.append(Stage(layers=(start, end), tp=tp, device_type="cpu", node=f"n{num_microbatches}",
                            devices=tuple(range(device, device + tp))))
         device += tp
-    return Pipeline(num_microbatches=num_microbatches, stages=tuple(built))
+    return Pipeline(num_microbatches=num_microbatches, stages=tuple(built), micro_batch=micro_batch)
 
 
 def make_plan(spec: ModelSpec, *pipelines: Pipeline) -> Plan:
-    total = sum(p.num_microbatches for p in pipelines)
-    return Plan(model=spec.name, global_batch=MICRO_BATCH * total, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN,
+    total = sum(p.num_microbatches * (p.micro_batch or MICRO_BATCH) for p in pipelines)
+    return Plan(model=spec.name, global_batch=total, micro_batch=MICRO_BATCH, seq_len=SEQ_LEN,
                 pipelines=tuple(pipelines))
 
 

@@ -15,6 +15,10 @@ from autohet_ray.runtime import run_world
 SHAPES = {
     # two pipelines, same TP, different stage boundaries: layer-wise buckets; uneven micro-batches
     "layerwise_2x2": (4, FAMILY_SPECS, (pipeline(2, (0, 1, 1), (1, 4, 1)), pipeline(3, (0, 3, 1), (3, 4, 1)))),
+    # per-pipeline micro-batch sizes: 2 x 2 samples next to 3 x 1 (and 1 x 3 next to 2 x 2 with TP2)
+    "mb_sizes": (4, FAMILY_SPECS, (pipeline(2, (0, 1, 1), (1, 4, 1)),
+                                   pipeline(3, (0, 3, 1), (3, 4, 1), micro_batch=1))),
+    "mb_sizes_tp2": (4, FAMILY_SPECS, (pipeline(1, (0, 4, 2), micro_batch=3), pipeline(2, (0, 2, 1), (2, 4, 1)))),
     # one pipeline, TP2 -> TP2 (rank-to-rank bridge)
     "tp2_tp2": (4, FAMILY_SPECS, (pipeline(3, (0, 2, 2), (2, 4, 2)),)),
     # pipelines with 2 and 3 stages, uneven layer splits and micro-batch counts

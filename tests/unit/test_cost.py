@@ -25,7 +25,10 @@ def _profile(intra_latency=1 * MS, inter_latency=2 * MS):
     layers = {"embedding": LayerProfile(fwd_s=0.5 * MS, bwd_s=0.5 * MS, param_bytes=0, activation_bytes=100),
               "layer": LayerProfile(fwd_s=1 * MS, bwd_s=2 * MS, param_bytes=0, activation_bytes=1000),
               "head": LayerProfile(fwd_s=1 * MS, bwd_s=1 * MS, param_bytes=0, activation_bytes=500)}
-    return ProfileDB(kind="measured", model=MODEL.name, seq_len=16, entries={("X", 1, 1): layers},
+    double = {k: LayerProfile(fwd_s=2 * v.fwd_s, bwd_s=2 * v.bwd_s, param_bytes=v.param_bytes,
+                              activation_bytes=2 * v.activation_bytes) for k, v in layers.items()}
+    return ProfileDB(kind="measured", model=MODEL.name, seq_len=16,
+                     entries={("X", 1, 1): layers, ("X", 1, 2): double},
                      links={"intra:X": LinkProfile(bandwidth_Bps=1e12, latency_s=intra_latency),
                             "inter": LinkProfile(bandwidth_Bps=1e12, latency_s=inter_latency)})
 
@@ -101,6 +104,19 @@ def test_exact_timeline_of_two_stages():
     assert ev.pipeline_times_s[0] == pytest.approx(15 * MS + 2 * link)
 
 
+def test_each_pipeline_is_priced_at_its_own_micro_batch_size():
+    def two_stages(m, devices, micro_batch=None):
+        return Pipeline(num_microbatches=m, micro_batch=micro_batch,
+                        stages=(_stage((0, 2), devices=(devices[0],)), _stage((2, 4), devices=(devices[1],))))
+    mixed = Plan(model=MODEL.name, global_batch=3 + 2 * 2, micro_batch=1, seq_len=16,
+                 pipelines=(two_stages(3, (0, 1)), two_stages(2, (2, 3), micro_batch=2)))
+    alone = Plan(model=MODEL.name, global_batch=4, micro_batch=2, seq_len=16, pipelines=(two_stages(2, (2, 3)),))
+    ev, ev_alone = (evaluate_plan(p, _cluster(), MODEL, _profile()) for p in (mixed, alone))
+    assert ev.pipeline_times_s[1] == pytest.approx(ev_alone.pipeline_times_s[0])
+    assert ev.stage_times_s[1] == pytest.approx(tuple(2 * t for t in ev.stage_times_s[0]))
+    assert ev.samples_per_s == pytest.approx(7 / ev.iteration_time_s)
+
+
 def test_gradient_sync_intra_node_by_hand():
     p0 = Pipeline(num_microbatches=2, stages=(_stage((0, 4)),))
     p1 = Pipeline(num_microbatches=1, stages=(_stage((0, 4), devices=(1,)),))
@@ -144,12 +160,17 @@ def test_later_stages_sync_while_earlier_stages_cool_down():
     pipes = [Pipeline(num_microbatches=4, stages=(_stage((0, 2), node="n0", devices=(k,)),
                                                   _stage((2, 4), node="n1", devices=(k,)))) for k in range(2)]
     ev = evaluate_plan(_plan(pipes), cluster, MODEL, _profile(intra_latency=3 * MS))
-    # stage 1 finishes its backward b0 + link = 5.5 ms before stage 0; its all-reduces (2 buckets x 6 ms latency)
-    # start then; stage 0's (2 x 6 ms) start when stage 0 is done, so the iteration ends 12 ms after the pipeline
+    # each all-reduce is 2 x 3 ms of latency. Stage 1 finishes its backward b0 + link = 5.5 ms before stage 0 and
+    # syncs then. Stage 0's last backward (4.5 ms: layers 1, 0, then the embedding) makes layers 0-1 final after
+    # their share of the stage (6 of 7 ms of fwd+bwd): that bucket starts 4.5 * 6 / 7 ms into it, the embedding's
+    # once it ends (and once the first bucket is done)
     assert ev.sync_time_s == pytest.approx(12 * MS, rel=1e-3)
-    assert ev.iteration_time_s == pytest.approx(max(ev.pipeline_times_s) + 12 * MS + ev.optimizer_time_s, rel=1e-3)
+    end = max(ev.pipeline_times_s)
+    assert ev.iteration_time_s == pytest.approx(end - 4.5 * MS + 4.5 * MS * 6 / 7 + 12 * MS + ev.optimizer_time_s,
+                                                rel=1e-3)
     # now the last stages sync across nodes (10 ms latency: 2 buckets x 20 ms) while the first stages still
-    # cool down: stage 1 is done 4.5 ms (stage 0's last backward) + 10 ms (the link) before the pipeline ends
+    # cool down: stage 1 is done 4.5 ms (stage 0's last backward) + 10 ms (the link) before the pipeline ends.
+    # Its head bucket starts after the head's share (2 of 8 ms) of its 5 ms last backward, the layers' at its end
     cluster3 = _cluster((("n0", 2), ("n1", 1), ("n2", 1)))
     late = _plan([Pipeline(num_microbatches=4, stages=(_stage((0, 2), node="n0", devices=(k,)),
                                                         _stage((2, 4), node=f"n{k + 1}", devices=(0,))))
@@ -157,6 +178,9 @@ def test_later_stages_sync_while_earlier_stages_cool_down():
     ev2 = evaluate_plan(late, cluster3, MODEL, _profile(intra_latency=3 * MS, inter_latency=10 * MS))
     end = max(ev2.pipeline_times_s)
     assert ev2.sync_time_s == pytest.approx(40 * MS, rel=1e-3)
+    stage1_done = end - 14.5 * MS
+    head_sync_end = stage1_done - 5 * MS + 5 * MS * 2 / 8 + 20 * MS
     # (bytes over the shared NIC add ~0.2 ms to the 40 ms of latency)
-    assert ev2.iteration_time_s == pytest.approx(end - 14.5 * MS + 40 * MS + ev2.optimizer_time_s, rel=5e-3)
+    assert ev2.iteration_time_s == pytest.approx(max(head_sync_end, stage1_done) + 20 * MS + ev2.optimizer_time_s,
+                                                 rel=5e-3)
     assert ev2.iteration_time_s < end + ev2.sync_time_s - 10 * MS

@@ -31,9 +31,32 @@ def test_round_trip_json():
     again = plan_from_json(plan.to_json())
     assert again == plan
     raw = json.loads(plan.to_json())
-    assert raw["schema_version"] == 1 and raw["pipelines"][0]["stages"][1]["layers"] == [6, 24]
+    assert raw["schema_version"] == 2 and raw["pipelines"][0]["stages"][1]["layers"] == [6, 24]
+    assert "micro_batch" not in raw["pipelines"][0]
     assert raw["predicted"]["peak_memory_bytes"] == 123
     validate_plan(plan, CLUSTER, MODEL)
+
+
+def test_per_pipeline_micro_batch_round_trips_and_version_1_still_reads():
+    plan = _plan(pipelines=(_plan().pipelines[0], Pipeline(num_microbatches=6, stages=_plan().pipelines[1].stages,
+                                                            micro_batch=1)))
+    assert [plan.samples_of(k) for k in range(2)] == [10, 6] and plan.sample_offset(1) == 10
+    raw = json.loads(plan.to_json())
+    assert raw["pipelines"][1]["micro_batch"] == 1
+    assert plan_from_dict(raw) == plan
+    validate_plan(plan, CLUSTER, MODEL)
+    raw["schema_version"] = 1                  # version 1 had no per-pipeline size: the field is not read
+    del raw["pipelines"][1]["micro_batch"]
+    assert plan_from_dict(raw) == _plan(pipelines=(plan.pipelines[0], _plan(
+        pipelines=(Pipeline(num_microbatches=6, stages=plan.pipelines[1].stages),)).pipelines[0]))
+    with pytest.raises(ConfigError, match="pipelines take 20 samples .* but global_batch=16"):
+        validate_plan(_plan(pipelines=(plan.pipelines[0], Pipeline(num_microbatches=5,
+                                                                   stages=plan.pipelines[1].stages,
+                                                                   micro_batch=2))), CLUSTER, MODEL)
+    with pytest.raises(ConfigError, match=r"pipelines\[1\].micro_batch=0 must be >= 1"):
+        validate_plan(_plan(pipelines=(plan.pipelines[0], Pipeline(num_microbatches=6,
+                                                                   stages=plan.pipelines[1].stages,
+                                                                   micro_batch=0))), CLUSTER, MODEL)
 
 
 def _with_stage(pipeline: int, stage: int, **changes):

@@ -1,0 +1,112 @@
+"""Per-pipeline micro-batch sizes: split the global batch across pipelines in steps finer than one micro-batch.
+
+With one micro-batch size for the whole plan, a pipeline's share of the batch moves in steps of that size; on a
+fast and a slow data-parallel replica of a large model, one step can be a tenth of the iteration. Here each
+pipeline keeps its stages and layer split but may run smaller micro-batches (profiled sizes up to the plan's, so
+its activation memory does not grow). For a deadline D a pipeline can take n samples if n = m * mb for a size mb
+whose 1F1B time with m micro-batches is within D; a bitset subset-sum tells whether the chosen counts can add up
+to exactly the global batch, and bisection finds the smallest such D. The full cost model then decides.
+"""
+from __future__ import annotations
+
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.cost.evaluate import Evaluation, evaluate_plan, stage_link_time
+from autohet_ray.cost.pipeline import steady_period
+from autohet_ray.cost.terms import GroupCostTable
+from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schema import Pipeline, Plan
+from autohet_ray.profile.db import ProfileDB
+
+BISECTION_STEPS = 30
+
+
+def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, profile) -> tuple[float, float]:
+    """(fixed, period): pipeline k's closed-form 1F1B time with m micro-batches of size mb is
+    fixed + (m - 1) * period."""
+    stages = plan.pipelines[k].stages
+    p = len(stages)
+    stage_s = [table.get(s.device_type, s.tp).stage_time(s.num_layers, j == 0, j == p - 1)
+               for j, s in enumerate(stages)]
+    link_s = [stage_link_time(plan, cluster, profile, model, a, b, mb) for a, b in zip(stages, stages[1:])]
+    return sum(stage_s) + 2 * sum(link_s), steady_period(stage_s, link_s)
+
+
+def _options(shapes: dict[int, tuple[float, float]], deadline_s: float, limit: int) -> dict[int, int]:
+    """Sample counts reachable by the deadline -> the micro-batch size that reaches them soonest."""
+    best: dict[int, tuple[float, int]] = {}
+    for mb, (fixed, period) in shapes.items():
+        if deadline_s < fixed:
+            continue
+        most = min(limit // mb, int((deadline_s - fixed) / period + 1e-9) + 1 if period > 0 else limit // mb)
+        for m in range(1, most + 1):
+            t = fixed + (m - 1) * period
+            if m * mb not in best or t < best[m * mb][0]:
+                best[m * mb] = (t, mb)
+    return {n: mb for n, (_, mb) in best.items()}
+
+
+def _exact_split(options: list[dict[int, int]], total: int) -> list[tuple[int, int]] | None:
+    """(samples, micro-batch size) per pipeline adding up to `total`, or None (bitset subset-sum)."""
+    mask = (1 << (total + 1)) - 1
+    reach = [1]
+    for opts in options:
+        acc = 0
+        for n in opts:
+            acc |= reach[-1] << n
+        reach.append(acc & mask)
+    if not (reach[-1] >> total) & 1:
+        return None
+    out, left = [], total
+    for k in range(len(options) - 1, -1, -1):
+        n = next(n for n in sorted(options[k], reverse=True) if n <= left and (reach[k] >> (left - n)) & 1)
+        out.append((n, options[k][n]))
+        left -= n
+    assert left == 0
+    return out[::-1]
+
+
+def _sizes(plan: Plan, k: int, profile: ProfileDB) -> list[int]:
+    """Profiled micro-batch sizes up to pipeline k's own that every one of its stages has an entry for."""
+    own = plan.micro_batch_of(k)
+    have = sorted({key[2] for key in profile.entries if key[2] <= own})
+    return [mb for mb in have
+            if all(profile.has(s.device_type, s.tp, mb) for s in plan.pipelines[k].stages)]
+
+
+def rebalance_micro_batches(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: ModelSpec,
+                            profile: ProfileDB) -> tuple[Plan, Evaluation]:
+    """The plan with per-pipeline micro-batch sizes and counts when the cost model prices it faster (and it
+    fits); otherwise the plan unchanged."""
+    if len(plan.pipelines) < 2:
+        return plan, evaluation
+    tables: dict[int, GroupCostTable] = {}
+    shapes = []
+    for k in range(len(plan.pipelines)):
+        shape = {}
+        for mb in _sizes(plan, k, profile):
+            table = tables.setdefault(mb, GroupCostTable(model=model, cluster=cluster, profile=profile,
+                                                         micro_batch=mb, seq_len=plan.seq_len))
+            shape[mb] = _affine(plan, k, mb, table, cluster, model, profile)
+        shapes.append(shape)
+    own = [shapes[k][plan.micro_batch_of(k)] for k in range(len(plan.pipelines))]
+    hi = max(f + (p.num_microbatches - 1) * d for (f, d), p in zip(own, plan.pipelines))
+    lo, found = 0.0, None
+    for _ in range(BISECTION_STEPS):
+        mid = (lo + hi) / 2
+        split = _exact_split([_options(s, mid, plan.global_batch) for s in shapes], plan.global_batch)
+        if split is None:
+            lo = mid
+        else:
+            hi, found = mid, split
+    if found is None:
+        return plan, evaluation
+    pipelines = tuple(Pipeline(num_microbatches=n // mb, stages=p.stages,
+                               micro_batch=None if mb == plan.micro_batch else mb)
+                      for (n, mb), p in zip(found, plan.pipelines))
+    candidate = Plan(model=plan.model, model_spec=plan.model_spec, cluster=plan.cluster,
+                     global_batch=plan.global_batch, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
+                     pipelines=pipelines)
+    ev = evaluate_plan(candidate, cluster, model, profile)
+    if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
+        return candidate, ev
+    return plan, evaluation
