@@ -3,7 +3,8 @@ node keeper (every step), a peer node's keeper (every step) and the cloud tier (
 its chunks of a saved step from the cheapest tier that holds them.
 
 A threaded actor (max_concurrency=3): `fast_records(step)` answers while the next `train_step` computes, so
-the driver commits a step's manifest without stalling compute, and `where()` answers health pings.
+the driver commits a step's manifest without stalling compute. `where()` (health pings) and
+`abort_collectives()` run in their own "control" threads, so they answer even when every other thread waits.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from autohet_ray.layout import Chunk
 from autohet_ray.orchestrate.elastic_tiers import build_tier
+from autohet_ray.runtime.abort import CollectiveSockets
 
 STEP_KEY = "optim.step"
 
@@ -55,6 +57,7 @@ class ElasticWorker:
         self.handles: dict = {}
         torch.set_num_threads(1)
 
+    @ray.method(concurrency_group="control")
     def where(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"rank": self.rank, "node_id": ctx.get_node_id(), "pid": os.getpid(),
@@ -81,13 +84,26 @@ class ElasticWorker:
         start = time.perf_counter()
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0", GLOO_SOCKET_IFNAME=socket_ifname)
+        sockets = CollectiveSockets()
         dist.init_process_group("gloo", rank=self.rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
         from autohet_ray.orchestrate.pacer import EmulationPacer
         self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
                              seed=seed, lr=lr, dtype=getattr(torch, dtype),
                              pacer=EmulationPacer(**pacer) if pacer else None)
+        sockets.capture()                     # the engine has built every subgroup
+        self.collective_sockets = sockets
         return {"rank": self.rank, "setup_s": time.perf_counter() - start}
+
+    @ray.method(concurrency_group="control")
+    def abort_collectives(self) -> int:
+        """Make a running `train_step` fail fast: it stops at its next forward or backward, and a collective
+        it waits in is woken. Called from another thread by the driver once a node is known lost. Returns the
+        sockets shut down."""
+        if self.engine is not None:
+            self.engine.abort()               # stop computing at the next forward or backward
+        sockets, self.collective_sockets = getattr(self, "collective_sockets", None), None
+        return sockets.abort() if sockets is not None else 0
 
     def holdings(self) -> list[tuple[str, Chunk, int]]:
         """(name, chunk, bytes) of everything this rank would save (for place_copies)."""

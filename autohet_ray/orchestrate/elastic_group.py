@@ -56,7 +56,8 @@ class ElasticGroup:
         addresses = raylet_addresses(node_ids[name] for name in names)
         self.raylets = {name: addresses[node_ids[name]] for name in names}
         self.silent_probes: dict[str, int] = {}
-        remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3)(ElasticWorker)
+        remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3,
+                                concurrency_groups={"control": 2})(ElasticWorker)
         reuse = reuse if reuse is not None else {}
         self.actors, self.num_reused = [], 0
         for rank, slot in enumerate(self.slots):
@@ -138,6 +139,10 @@ class ElasticGroup:
         # only the survivors' calls are awaited: a lost rank's call settles when Ray's health checks give up
         start = time.perf_counter()
         waiting = [ref for r, ref in enumerate(inflight) if r not in skip]
+        if waiting:     # wake survivors blocked in collectives with lost or failed ranks (threaded actors)
+            for r, actor in enumerate(self.actors):
+                if r not in skip:
+                    actor.abort_collectives.remote()
         settled = set(ray.wait(waiting, num_returns=len(waiting), timeout=timeout_s)[0]) if waiting else set()
         candidates = {r: a for r, a in enumerate(self.actors)
                       if r not in skip and (not inflight or inflight[r] in settled)}

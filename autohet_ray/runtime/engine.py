@@ -108,6 +108,11 @@ class Engine:
         return MicroBatches(input_ids=take(ids, self.first), labels=take(labels, self.last),
                             num_tokens=int((labels != IGNORE_INDEX).sum()))
 
+    def abort(self) -> None:
+        """Make a step running in another thread fail at its next forward or backward (thread-safe); the
+        engine is not usable afterwards."""
+        self.executor.stop.set()
+
     def train_step(self, batch) -> dict:
         """One optimizer step on the whole global batch (every rank gets the same batch)."""
         ids, labels = check_batch(batch, self.plan, self.spec)

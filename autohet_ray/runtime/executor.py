@@ -1,6 +1,7 @@
 """Runs one stage's schedule (a list of forward/backward actions) for one step."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -44,12 +45,17 @@ class MicroBatches:
     num_tokens: int                     # labelled tokens in the whole global batch (the loss divisor)
 
 
+class StepAborted(RuntimeError):
+    """The step was stopped from another thread (the job is recovering from a lost node)."""
+
+
 class StageExecutor:
     def __init__(self, *, model: torch.nn.Module, bridge: Bridge, tp: TPContext, first: bool, last: bool,
                  clock: Clock, before_last_backward=None):
         self.model, self.bridge, self.tp, self.clock = model, bridge, tp, clock
         self.first, self.last = first, last
         self.before_last_backward = before_last_backward     # called once per step (e.g. arm grad sync)
+        self.stop = threading.Event()      # set from another thread: the step fails at the next action
 
     def run(self, actions: tuple[Action, ...], data: MicroBatches) -> torch.Tensor:
         """Run every action; returns this stage's summed loss contribution (0 unless last stage)."""
@@ -57,6 +63,8 @@ class StageExecutor:
         total = torch.zeros((), dtype=torch.float64, device=next(self.model.parameters()).device)
         last_backward = max(n for n, a in enumerate(actions) if a.kind != FORWARD)
         for n, action in enumerate(actions):
+            if self.stop.is_set():
+                raise StepAborted(f"step aborted before {action.kind} of micro-batch {action.microbatch}")
             i = action.microbatch
             if action.kind == FORWARD:
                 saved[i] = self._forward(i, data)

@@ -55,3 +55,28 @@ def test_engine_needs_an_initialized_process_group():
     with pytest.raises(ConfigError, match="init_process_group"):
         Engine(plan=make_plan(SPEC, pipeline(2, (0, 4, 1))), model_spec=SPEC, rank=0)
 
+
+
+def _aborted(rank: int, world_size: int) -> list[str]:
+    """Rank 0 (stage 0) is told to abort while rank 1 (stage 1) would wait for its activations forever."""
+    import threading
+    import time
+    from autohet_ray.runtime.executor import StepAborted
+    plan = make_plan(SPEC, pipeline(4, (0, 2, 1), (2, 4, 1)))
+    engine = Engine(plan=plan, model_spec=SPEC, rank=rank)
+    batch = make_batch(SPEC, plan, 0)
+    if rank == 1:
+        return ["stage 1 skipped the step"]
+    threading.Timer(0.2, engine.abort).start()
+    engine.executor.bridge.send_activation = lambda out: time.sleep(0.1)    # slow stage 0 down, no peer needed
+    start = time.perf_counter()
+    try:
+        engine.train_step(batch)
+        return ["no error"]
+    except StepAborted as exc:
+        return [f"aborted after {time.perf_counter() - start:.2f} s: {exc}"]
+
+
+def test_abort_stops_a_running_step_at_the_next_action():
+    message = run_world(_aborted, 2)[0][0]
+    assert message.startswith("aborted after 0.") and "before" in message, message

@@ -1,0 +1,75 @@
+"""Aborting blocked gloo collectives from another thread (runtime/abort.py) on real processes: a rank that
+vanishes without a TCP reset (SIGSTOP) leaves a survivor blocked in an all-reduce with it and another blocked
+in a recv from that survivor. Shutting down the survivors' group sockets fails both calls at once (not after the
+group's 60 s timeout), and the survivors then form a new group that works."""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import threading
+import time
+
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, new_port: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+    from autohet_ray.runtime.abort import CollectiveSockets
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    sockets = CollectiveSockets()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
+                            timeout=datetime.timedelta(seconds=60))
+    pair = dist.new_group([0, 1])
+    captured = sockets.capture()
+    dist.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)         # gone without closing a socket
+        return
+    start = time.perf_counter()
+    threading.Timer(0.5 if rank == 1 else 1.0, lambda: out.put(("shut", rank, sockets.abort()))).start()
+    try:
+        if rank == 1:
+            dist.all_reduce(torch.ones(4))           # needs the stopped rank 2
+        else:
+            dist.recv(torch.zeros(4), src=1, group=pair)   # rank 1 never sends
+        out.put(("returned", rank, time.perf_counter() - start))
+    except RuntimeError as err:
+        out.put(("failed", rank, time.perf_counter() - start, "closed" in str(err).lower()))
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{new_port}", rank=rank, world_size=2)
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    out.put(("new group", rank, t.tolist(), captured))
+
+
+def test_abort_wakes_blocked_collectives_and_the_process_can_rejoin():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port, new_port = _free_port(), _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, new_port, out)) for r in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        events = [out.get(timeout=120) for _ in range(6)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+    failed = {e[1]: e for e in events if e[0] == "failed"}
+    assert set(failed) == {0, 1}, events
+    # rank 1 is woken by its own abort at 0.5 s; rank 0 by rank 1's (its peer closed) before its own at 1 s
+    assert failed[1][2] < 5 and failed[1][3], failed[1]
+    assert failed[0][2] < 5 and failed[0][3], failed[0]
+    shut = {e[1]: e[2] for e in events if e[0] == "shut"}
+    assert shut[1] >= 1
+    rejoined = {e[1]: e for e in events if e[0] == "new group"}
+    assert set(rejoined) == {0, 1} and all(e[2] == [3.0, 3.0, 3.0] and e[3] >= 2 for e in rejoined.values())
