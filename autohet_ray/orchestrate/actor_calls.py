@@ -8,7 +8,7 @@ import time
 import ray
 from ray.exceptions import GetTimeoutError
 
-WATCH_EVERY_S = 0.25
+WATCH_EVERY_S = 0.1
 
 
 def gather_in_rank_order(refs: list, timeout_s: float | None,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 
 import ray
@@ -63,10 +62,13 @@ class ElasticWorker:
         return {"rank": self.rank, "node_id": ctx.get_node_id(), "pid": os.getpid(),
                 "labels": dict(ctx.get_node_labels())}
 
-    def free_port(self) -> tuple[str, int]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return "127.0.0.1", s.getsockname()[1]
+    def host_store(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+        """Start the rendezvous store here (as rank 0) before any rank joins: a rank whose client connects
+        before the store listens backs off for ~0.3 s (measured), which a recovery would wait for."""
+        import torch.distributed as dist
+        self._store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        return "127.0.0.1", self._store.port
 
     def setup(self, *, master_addr: str, master_port: int, world_size: int, plan: dict, model_spec: dict,
               seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str = "lo",
@@ -81,19 +83,24 @@ class ElasticWorker:
         from autohet_ray.plan.schema import plan_from_dict
         from autohet_ray.runtime.engine import Engine
 
-        start = time.perf_counter()
+        started_at, start = time.time(), time.perf_counter()
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0", GLOO_SOCKET_IFNAME=socket_ifname)
         sockets = CollectiveSockets()
-        dist.init_process_group("gloo", rank=self.rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        timeout = datetime.timedelta(seconds=collective_timeout_s)
+        store = getattr(self, "_store", None) if self.rank == 0 else None
+        if store is None:
+            store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=world_size, timeout=timeout)
+        joined = time.perf_counter()
         from autohet_ray.orchestrate.pacer import EmulationPacer
         self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
                              seed=seed, lr=lr, dtype=getattr(torch, dtype),
                              pacer=EmulationPacer(**pacer) if pacer else None)
         sockets.capture()                     # the engine has built every subgroup
         self.collective_sockets = sockets
-        return {"rank": self.rank, "setup_s": time.perf_counter() - start}
+        return {"rank": self.rank, "setup_s": time.perf_counter() - start, "started_at": started_at,
+                "join_s": joined - start, "engine_s": time.perf_counter() - joined}
 
     @ray.method(concurrency_group="control")
     def abort_collectives(self) -> int:
@@ -184,6 +191,7 @@ class ElasticWorker:
         self.engine, self.handles = None, {}
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._store = None
         return os.getpid()
 
     def close_snapshots(self, wait: bool = True) -> None:

@@ -106,16 +106,19 @@ class ElasticGroup:
               timeout_s: float = 120.0, pacers: list[dict | None] | None = None) -> dict:
         """Rendezvous through rank 0's free port and build every Engine (concurrently: init blocks until all
         ranks join). Returns the setup seconds."""
-        start = time.perf_counter()
-        addr, port = self.gather([self.actors[0].free_port.remote()], timeout_s)[0]
+        start, submitted = time.perf_counter(), time.time()
+        addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s)],
+                                 timeout_s)[0]
         plan = self.plan.to_dict()
         refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
                                    model_spec=model_spec, seed=seed, lr=lr, dtype=dtype, rank=rank,
                                    collective_timeout_s=collective_timeout_s,
                                    pacer=pacers[rank] if pacers else None)
                 for rank, actor in enumerate(self.actors)]
-        self.gather(refs, timeout_s)
-        return {"setup_s": time.perf_counter() - start}
+        ranks = self.gather(refs, timeout_s)
+        return {"setup_s": time.perf_counter() - start,       # slowest rank: queued before setup ran, the
+                "queued_s_max": max(r["started_at"] for r in ranks) - submitted,   # rendezvous, the Engine
+                "join_s_max": max(r["join_s"] for r in ranks), "engine_s_max": max(r["engine_s"] for r in ranks)}
 
     def ping(self, timeout_s: float = 1.0) -> tuple[list[int], list[int]]:
         """(dead, silent): ranks whose actor Ray reports dead when pinged, and ranks that did not answer within

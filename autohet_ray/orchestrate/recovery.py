@@ -97,18 +97,21 @@ class ElasticController:
         for leftover in (a for actors in reuse.values() for a in actors):
             ray.kill(leftover, no_restart=True)
         pacers, paced = self._pacers()
-        self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr, dtype=self.job.dtype,
-                         collective_timeout_s=self.job.collective_timeout_s, timeout_s=self.job.setup_timeout_s,
-                         pacers=pacers)
+        setup = self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr,
+                                 dtype=self.job.dtype, collective_timeout_s=self.job.collective_timeout_s,
+                                 timeout_s=self.job.setup_timeout_s, pacers=pacers)
         t2 = time.perf_counter()
-        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": plan_summary(self.plan), **paced,
+        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, **{f"restart_{k}": v for k, v in setup.items() if k != "setup_s"},
+                  "plan": plan_summary(self.plan), **paced,
                   "num_ranks": len(self.group.actors), "reused_actors": self.group.num_reused}
         self.step_index = 0
         if restore:
             report |= self._restore(restore)
         self.snapped = set()
         if self.job.checkpoint:
+            start = time.perf_counter()
             self._configure_snapshots()
+            report["configure_snapshots_s"] = time.perf_counter() - start
         return report
 
     def _configure_snapshots(self) -> None:

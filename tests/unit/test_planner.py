@@ -121,3 +121,25 @@ def test_grouping_program_accepts_a_warm_start_and_respects_node_room():
     used = {d: sum(c * tp * n for i, n in g.counts.items() for (dd, tp), c in templates[i].usage().items() if dd == d)
             for d in ("H800", "H20")}
     assert used["H800"] <= 4 and used["H20"] <= 4 and g.capacity >= 32
+
+
+def test_program_groupings_realize_the_templates_they_count():
+    """The grouping program indexes the shortlist (sorted by throughput), not the full template list: each
+    realized plan must hold exactly the pipeline shapes the program chose."""
+    import time
+    from autohet_ray.cost.terms import GroupCostTable
+    from autohet_ray.planner import search
+    cluster, spec = _cluster(("H800", 1), ("A100-80GB", 1), ("H20", 2)), PRESETS["bert-large"]
+    profile = analytic_profile(spec, cluster, spec.max_seq_len, micro_batches=(2,))
+    table = GroupCostTable(model=spec, cluster=cluster, profile=profile, micro_batch=2, seq_len=spec.max_seq_len)
+    clock = search._Deadline(time.perf_counter(), 60)
+    templates = search.enumerate_templates(table, cluster, 32, clock)
+    shortlist = search._shortlist(templates)
+    assert [t.kinds for t in shortlist] != [t.kinds for t in templates]      # the two orders differ here
+    groupings = search._groupings(shortlist, cluster, 32, clock, slacks=search.DEADLINE_SLACKS)
+    assert groupings
+    for g in groupings:
+        plan = search._realize(g, shortlist, table, cluster, 64)
+        assert plan is not None
+        chosen = sorted(shortlist[i].kinds for i, c in g.counts.items() for _ in range(c))
+        assert sorted(tuple((s.device_type, s.tp) for s in p.stages) for p in plan.pipelines) == chosen
