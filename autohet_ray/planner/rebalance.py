@@ -65,25 +65,33 @@ def _exact_split(options: list[dict[int, int]], total: int) -> list[tuple[int, i
     return out[::-1]
 
 
-def _sizes(plan: Plan, k: int, profile: ProfileDB) -> list[int]:
-    """Profiled micro-batch sizes up to pipeline k's own that every one of its stages has an entry for."""
-    own = plan.micro_batch_of(k)
-    have = sorted({key[2] for key in profile.entries if key[2] <= own})
+def _sizes(plan: Plan, k: int, profile: ProfileDB, largest: int) -> list[int]:
+    """Profiled micro-batch sizes up to `largest` that every stage of pipeline k has an entry for."""
+    have = sorted({key[2] for key in profile.entries if key[2] <= largest})
     return [mb for mb in have
             if all(profile.has(s.device_type, s.tp, mb) for s in plan.pipelines[k].stages)]
 
 
 def rebalance_micro_batches(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: ModelSpec,
-                            profile: ProfileDB) -> tuple[Plan, Evaluation]:
+                            profile: ProfileDB, largest: int | None = None) -> tuple[Plan, Evaluation]:
     """The plan with per-pipeline micro-batch sizes and counts when the cost model prices it faster (and it
-    fits); otherwise the plan unchanged."""
+    fits); otherwise the plan unchanged. Sizes up to each pipeline's own are tried first (activation memory
+    cannot grow), then sizes up to `largest` (the planner's largest candidate; the cost model checks memory)."""
     if len(plan.pipelines) < 2:
         return plan, evaluation
+    best = (plan, evaluation)
+    for larger in (False, True) if largest else (False,):
+        best = _rebalance(plan, best[1], cluster, model, profile, largest if larger else None) or best
+    return best
+
+
+def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+               largest: int | None) -> tuple[Plan, Evaluation] | None:
     tables: dict[int, GroupCostTable] = {}
     shapes = []
     for k in range(len(plan.pipelines)):
         shape = {}
-        for mb in _sizes(plan, k, profile):
+        for mb in _sizes(plan, k, profile, largest or plan.micro_batch_of(k)):
             table = tables.setdefault(mb, GroupCostTable(model=model, cluster=cluster, profile=profile,
                                                          micro_batch=mb, seq_len=plan.seq_len))
             shape[mb] = _affine(plan, k, mb, table, cluster, model, profile)
@@ -99,7 +107,7 @@ def rebalance_micro_batches(plan: Plan, evaluation: Evaluation, cluster: Cluster
         else:
             hi, found = mid, split
     if found is None:
-        return plan, evaluation
+        return None
     pipelines = tuple(Pipeline(num_microbatches=n // mb, stages=p.stages,
                                micro_batch=None if mb == plan.micro_batch else mb)
                       for (n, mb), p in zip(found, plan.pipelines))
@@ -109,4 +117,4 @@ def rebalance_micro_batches(plan: Plan, evaluation: Evaluation, cluster: Cluster
     ev = evaluate_plan(candidate, cluster, model, profile)
     if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
         return candidate, ev
-    return plan, evaluation
+    return None

@@ -90,7 +90,8 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
     best, per_size = _Best(), []
     for plan in incumbents:
         best.offer(plan, evaluate_plan(plan, cluster, model, profile))
-    for mb in micro_batch_candidates(global_batch, profile, micro_batch):
+    sizes = micro_batch_candidates(global_batch, profile, micro_batch)
+    for mb in sizes:
         if clock.over():
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len)
@@ -111,7 +112,7 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
         for plan, ev in [(best.plan, best.evaluation)] + per_size:
             if clock.over():
                 break
-            best.offer(*rebalance_micro_batches(plan, ev, cluster, model, profile))
+            best.offer(*rebalance_micro_batches(plan, ev, cluster, model, profile, largest=max(sizes)))
     plan = best.plan.with_predicted(best.evaluation.predicted())
     return PlanResult(plan=plan, evaluation=best.evaluation, solve_time_s=time.perf_counter() - clock.start,
                       num_templates=best.templates, hit_time_limit=clock.hit)
