@@ -40,7 +40,9 @@ def _print_phase(report: dict, tag: str) -> None:
     elif phase == "plan":
         plan = report["plan"]
         shape = " | ".join("+".join(f"{s['device_type']}x{s['tp']}[{s['layers'][0]},{s['layers'][1]})"
-                                    for s in p["stages"]) + f" m={p['num_microbatches']}" for p in plan["pipelines"])
+                                    for s in p["stages"])
+                          + f" m={p['num_microbatches']}x{p.get('micro_batch') or plan['micro_batch']}"
+                          for p in plan["pipelines"])
         print(f"plan: {shape}")
         print(f"  predicted {report['predicted_iteration_s']:.4f} s/iteration, "
               f"{report['predicted_samples_per_s']:.1f} samples/s{tag}  [{secs:.1f} s]")
