@@ -65,6 +65,15 @@ def _exact_split(options: list[dict[int, int]], total: int) -> list[tuple[int, i
     return out[::-1]
 
 
+def _with_shares(plan: Plan, shares: list[tuple[int, int]]) -> Plan:
+    """The plan with pipeline k taking shares[k] = (samples, micro-batch size)."""
+    pipelines = tuple(Pipeline(num_microbatches=n // mb, stages=p.stages,
+                               micro_batch=None if mb == plan.micro_batch else mb)
+                      for (n, mb), p in zip(shares, plan.pipelines))
+    return Plan(model=plan.model, model_spec=plan.model_spec, cluster=plan.cluster, global_batch=plan.global_batch,
+                micro_batch=plan.micro_batch, seq_len=plan.seq_len, pipelines=pipelines)
+
+
 def _sizes(plan: Plan, k: int, profile: ProfileDB, largest: int) -> list[int]:
     """Profiled micro-batch sizes up to `largest` that every stage of pipeline k has an entry for."""
     have = sorted({key[2] for key in profile.entries if key[2] <= largest})
@@ -108,12 +117,7 @@ def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: Mode
             hi, found = mid, split
     if found is None:
         return None
-    pipelines = tuple(Pipeline(num_microbatches=n // mb, stages=p.stages,
-                               micro_batch=None if mb == plan.micro_batch else mb)
-                      for (n, mb), p in zip(found, plan.pipelines))
-    candidate = Plan(model=plan.model, model_spec=plan.model_spec, cluster=plan.cluster,
-                     global_batch=plan.global_batch, micro_batch=plan.micro_batch, seq_len=plan.seq_len,
-                     pipelines=pipelines)
+    candidate = _with_shares(plan, found)
     ev = evaluate_plan(candidate, cluster, model, profile)
     if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
         return candidate, ev
