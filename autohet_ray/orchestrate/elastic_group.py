@@ -15,6 +15,8 @@ from autohet_ray.orchestrate.elastic_actor import ElasticWorker
 from autohet_ray.orchestrate.liveness import probe, raylet_addresses
 from autohet_ray.plan.schema import Plan
 
+ABORT_WAIT_S = 2.0
+
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -142,11 +144,11 @@ class ElasticGroup:
         # only the survivors' calls are awaited: a lost rank's call settles when Ray's health checks give up
         start = time.perf_counter()
         waiting = [ref for r, ref in enumerate(inflight) if r not in skip]
-        if waiting:     # wake survivors blocked in collectives with lost or failed ranks (threaded actors)
-            for r, actor in enumerate(self.actors):
-                if r not in skip:
-                    actor.abort_collectives.remote()
+        # wake survivors blocked in collectives with lost or failed ranks (threaded actors)
+        aborts = [a.abort_collectives.remote() for r, a in enumerate(self.actors) if r not in skip] if waiting else []
         settled = set(ray.wait(waiting, num_returns=len(waiting), timeout=timeout_s)[0]) if waiting else set()
+        if aborts:      # done before any reset, so a late abort can never reach the next plan's group
+            ray.wait(aborts, num_returns=len(aborts), timeout=ABORT_WAIT_S)
         candidates = {r: a for r, a in enumerate(self.actors)
                       if r not in skip and (not inflight or inflight[r] in settled)}
         settled_at = time.perf_counter()
