@@ -139,8 +139,8 @@ def fail_node(ctl, cluster, name: str) -> dict:
 
 def phases(rec: dict) -> dict:
     keys = ("detect_s", "step_failed_s", "salvage_s", "salvage_settle_s", "salvage_reset_s", "discover_s",
-            "replan_s", "restart_s", "restart_queued_s_max", "restart_join_s_max", "restart_engine_s_max", "fetch_s", "load_s", "configure_snapshots_s",
-            "first_step_s", "total_s")
+            "replan_s", "restart_s", "restart_queued_s_max", "restart_join_s_max", "restart_engine_s_max",
+            "fetch_s", "load_s", "configure_snapshots_s", "first_step_s", "total_s")
     return {k: round(rec[k], 3) for k in keys if k in rec} | {"fetch_s_by_tier": {t: round(s, 3) for t, s in
                                                                        rec["fetch_s_by_tier"].items()}}
 

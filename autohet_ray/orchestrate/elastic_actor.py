@@ -84,8 +84,7 @@ class ElasticWorker:
         from autohet_ray.runtime.engine import Engine
 
         started_at, start = time.time(), time.perf_counter()
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0", GLOO_SOCKET_IFNAME=socket_ifname)
+        os.environ.update(LOCAL_RANK="0", GLOO_SOCKET_IFNAME=socket_ifname)   # the store is passed explicitly
         sockets = CollectiveSockets()
         timeout = datetime.timedelta(seconds=collective_timeout_s)
         store = getattr(self, "_store", None) if self.rank == 0 else None

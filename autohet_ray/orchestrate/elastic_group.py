@@ -106,8 +106,8 @@ class ElasticGroup:
 
     def setup(self, *, model_spec: dict, seed: int, lr: float, dtype: str, collective_timeout_s: float,
               timeout_s: float = 120.0, pacers: list[dict | None] | None = None) -> dict:
-        """Rendezvous through rank 0's free port and build every Engine (concurrently: init blocks until all
-        ranks join). Returns the setup seconds."""
+        """Rendezvous through a store rank 0 hosts before the others join, and build every Engine
+        (concurrently: init blocks until all ranks join). Returns the seconds, and the slowest rank's parts."""
         start, submitted = time.perf_counter(), time.time()
         addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s)],
                                  timeout_s)[0]

@@ -101,8 +101,8 @@ class ElasticController:
                                  dtype=self.job.dtype, collective_timeout_s=self.job.collective_timeout_s,
                                  timeout_s=self.job.setup_timeout_s, pacers=pacers)
         t2 = time.perf_counter()
-        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, **{f"restart_{k}": v for k, v in setup.items() if k != "setup_s"},
-                  "plan": plan_summary(self.plan), **paced,
+        restart_parts = {f"restart_{k}": v for k, v in setup.items() if k != "setup_s"}
+        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, **restart_parts, "plan": plan_summary(self.plan), **paced,
                   "num_ranks": len(self.group.actors), "reused_actors": self.group.num_reused}
         self.step_index = 0
         if restore:

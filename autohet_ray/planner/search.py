@@ -109,7 +109,7 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
                                         exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS)
     if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
         # each size's best plan, with smaller micro-batches where they balance the batch better
-        for plan, ev in [(best.plan, best.evaluation)] + per_size:
+        for plan, ev in [(best.plan, best.evaluation)] + [e for e in per_size if e[0] is not best.plan]:
             if clock.over():
                 break
             best.offer(*rebalance_micro_batches(plan, ev, cluster, model, profile, largest=max(sizes)))
@@ -183,12 +183,16 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
         max_stages = min(model.num_layers, max_stages * 2)
 
 
-def _fits_cluster(usage: dict, cluster: Cluster) -> bool:
-    """At least one pipeline of this usage fits in the GPUs of each type (TP degrees of one type add up)."""
+def _gpus_needed(usage: dict) -> dict[str, int]:
+    """GPUs of each type one pipeline of this usage takes (TP degrees of one type add up)."""
     need: dict[str, int] = {}
     for (device, tp), count in usage.items():
         need[device] = need.get(device, 0) + count * tp
-    return all(cluster.gpus_of(d) >= n for d, n in need.items())
+    return need
+
+
+def _fits_cluster(usage: dict, cluster: Cluster) -> bool:
+    return all(cluster.gpus_of(d) >= n for d, n in _gpus_needed(usage).items())
 
 
 def _replicated(templates: list[TemplateEval], cluster: Cluster, total: int) -> list[Grouping]:
@@ -205,10 +209,7 @@ def _replicated(templates: list[TemplateEval], cluster: Cluster, total: int) -> 
 
 
 def _max_copies(t: TemplateEval, cluster: Cluster) -> int:
-    need: dict[str, int] = {}
-    for (device, tp), count in t.usage().items():
-        need[device] = need.get(device, 0) + count * tp
-    return min(cluster.gpus_of(d) // n for d, n in need.items())
+    return min(cluster.gpus_of(d) // n for d, n in _gpus_needed(t.usage()).items())
 
 
 def _shortlist(templates: list[TemplateEval]) -> list[TemplateEval]:

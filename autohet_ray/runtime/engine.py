@@ -48,6 +48,7 @@ class Engine:
         self._check_world(rank)
         info = self.rank_map.ranks[rank]
         self.info = info
+        self.micro_batch = plan.micro_batch_of(info.pipeline)     # this pipeline's samples per micro-batch
         stages = plan.pipelines[info.pipeline].stages
         self.first, self.last = info.stage == 0, info.stage == len(stages) - 1
         self.device = resolve_device(device, world_group)
@@ -98,11 +99,11 @@ class Engine:
         mine, me = to_global(self.rank_map.tp_group(self.rank)), self._global(self.rank)
         return Bridge(prev=route(mine, to_global(self.rank_map.prev_stage(self.rank)), me),
                       next=route(mine, to_global(self.rank_map.next_stage(self.rank)), me),
-                      tp_group=self.tp.group, shape=(self.plan.micro_batch_of(self.info.pipeline), self.plan.seq_len, self.spec.hidden),
+                      tp_group=self.tp.group, shape=(self.micro_batch, self.plan.seq_len, self.spec.hidden),
                       dtype=self.dtype, device=self.device)
 
     def _microbatches(self, ids: torch.Tensor, labels: torch.Tensor) -> MicroBatches:
-        mb, m = self.plan.micro_batch_of(self.info.pipeline), self.plan.pipelines[self.info.pipeline].num_microbatches
+        mb, m = self.micro_batch, self.plan.pipelines[self.info.pipeline].num_microbatches
         starts = [self.sample_offset + i * mb for i in range(m)]
         take = lambda t, use: [t[s: s + mb].to(self.device) for s in starts] if use else []  # noqa: E731
         return MicroBatches(input_ids=take(ids, self.first), labels=take(labels, self.last),
