@@ -16,6 +16,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, required=True)
     p.add_argument("--seq-len", type=int)
     p.add_argument("--micro-batch", type=int)
+    _schedule_option(p)
     p.add_argument("--profile", help="profile DB JSON (default: analytic, from the device catalog)")
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--out")
@@ -47,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _schedule_option(parser) -> None:
+    parser.add_argument("--schedule", default="auto",
+                        help="pipeline schedule: auto (the faster that fits in memory), 1f1b, or zb-h1 "
+                             "(zero-bubble: weight gradients deferred into the pipeline's idle time)")
+
+
 def _train_parser(sub) -> None:
     t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train")
     t.add_argument("--cluster", required=True, help="cluster file (nodes, GPU types, links)")
@@ -64,6 +71,7 @@ def _train_parser(sub) -> None:
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
     t.add_argument("--seq-len", type=int)
     t.add_argument("--micro-batch", type=int)
+    _schedule_option(t)
     t.add_argument("--profile", default="analytic", help="analytic, measured (profile on Ray), or a profile JSON")
     t.add_argument("--profile-cache", help="directory caching measured profiles")
     t.add_argument("--seed", type=int, default=0)

@@ -6,6 +6,7 @@ import json
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.model.spec import load_model, model_from_dict
+from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, load_plan
 from autohet_ray.planner import plan_with_baselines
 from autohet_ray.profile.analytic import analytic_profile
@@ -41,7 +42,8 @@ def cmd_plan(args) -> int:
     profile = _profile(args, model, cluster, seq_len)
     result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
                                             global_batch=args.global_batch, seq_len=seq_len,
-                                            micro_batch=args.micro_batch, time_limit_s=args.time_limit)
+                                            micro_batch=args.micro_batch, time_limit_s=args.time_limit,
+                                            schedules=schedule_choices(args.schedule))
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
@@ -54,7 +56,8 @@ def cmd_plan(args) -> int:
         return 0
     ev = result.evaluation
     print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {args.global_batch}, "
-          f"micro-batch {result.plan.micro_batch}, seq {seq_len}  [{profile.kind} profile]")
+          f"micro-batch {result.plan.micro_batch}, seq {seq_len}, schedule {result.plan.schedule}  "
+          f"[{profile.kind} profile]")
     print(plan_table(result.plan, ev.memory_bytes))
     print(f"predicted: {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
           f"(slowest pipeline {max(ev.pipeline_times_s):.3f} s; grad sync {ev.sync_time_s:.3f} s, overlapping "

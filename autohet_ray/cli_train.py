@@ -22,7 +22,8 @@ def _bar(done: int, total: int) -> str:
 def _job(args, cluster, model) -> dict:
     return {"model": model.to_dict(), "global_batch": args.global_batch, "steps": args.steps,
             "cluster": cluster.to_dict(), "plan": load_plan(args.plan).to_dict() if args.plan else None,
-            "seq_len": args.seq_len, "micro_batch": args.micro_batch, "emulate": args.emulate,
+            "seq_len": args.seq_len, "micro_batch": args.micro_batch, "schedule": args.schedule,
+            "emulate": args.emulate,
             "time_scale": 1.0 if args.time_scale == "auto" else float(args.time_scale),
             "iteration_wall_s": AUTO_ITERATION_WALL_S if args.time_scale == "auto" else None,
             "profile": args.profile, "profile_cache": args.profile_cache,

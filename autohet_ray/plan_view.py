@@ -2,18 +2,22 @@
 from __future__ import annotations
 
 from autohet_ray.cost.timeline import Slot, simulate
+from autohet_ray.plan.schedule import SPLIT_BACKWARD
 from autohet_ray.plan.schema import Plan
 
 MAX_TEXT_COLUMNS = 100
+SLOT_COLORS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
 
 
 def _slots(plan: Plan) -> list[list[Slot]]:
-    """Per pipeline, its 1F1B timeline with stage times proportional to layers (backward = 2 x forward);
-    relative, since a plan file carries no profile."""
+    """Per pipeline, its schedule's timeline with stage times proportional to layers (backward = 2 x forward,
+    split evenly into B and W under a split-backward schedule); relative, since a plan file has no profile."""
     out = []
+    split = plan.schedule in SPLIT_BACKWARD
     for p in plan.pipelines:
         fwd = [s.num_layers for s in p.stages]
-        out.append(simulate(fwd, [2 * f for f in fwd], [0.0] * (len(fwd) - 1), p.num_microbatches))
+        out.append(simulate(fwd, [(1 if split else 2) * f for f in fwd], [0.0] * (len(fwd) - 1),
+                            p.num_microbatches, plan.schedule, fwd if split else None))
     return out
 
 
@@ -27,7 +31,8 @@ def timeline_text(plan: Plan) -> str:
     horizon = max(s.end_s for t in timelines for s in t)
     scale = MAX_TEXT_COLUMNS / horizon
     lines = [f"{plan.model}: {len(plan.pipelines)} pipelines, global batch {plan.global_batch}, "
-             f"micro-batch {_sizes(plan)} (F = forward, B = backward; time relative to layers held)"]
+             f"micro-batch {_sizes(plan)}, {plan.schedule} (F = forward, B = backward, W = weight gradients; "
+             "time relative to layers held)"]
     if plan.predicted:
         lines.append(f"predicted {plan.predicted.iteration_time_s:.3f} s/iteration, "
                      f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind}]")
@@ -36,7 +41,7 @@ def timeline_text(plan: Plan) -> str:
             row = [" "] * (MAX_TEXT_COLUMNS + 1)
             for s in (s for s in slots if s.stage == j):
                 for c in range(int(s.start_s * scale), max(int(s.start_s * scale) + 1, int(s.end_s * scale))):
-                    row[min(c, MAX_TEXT_COLUMNS)] = s.kind if s.kind == "B" else "F"
+                    row[min(c, MAX_TEXT_COLUMNS)] = s.kind
             label = f"p{k} s{j} {stage.device_type}x{stage.tp} L[{stage.layers[0]},{stage.layers[1]})"
             lines.append(f"{label:<28}|{''.join(row)}|")
     if plan.predicted and plan.predicted.peak_memory_bytes_per_device:
@@ -55,15 +60,14 @@ def draw_plan(plan: Plan, path: str) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 1 + 0.4 * len(rows)), gridspec_kw={"width_ratios": [3, 1]})
     for y, (k, j) in enumerate(rows):
         for s in (s for s in timelines[k] if s.stage == j):
-            ax.barh(y, s.end_s - s.start_s, left=s.start_s, color="tab:blue" if s.kind == "F" else "tab:orange",
-                    edgecolor="white")
+            ax.barh(y, s.end_s - s.start_s, left=s.start_s, color=SLOT_COLORS[s.kind], edgecolor="white")
             ax.text((s.start_s + s.end_s) / 2, y, str(s.microbatch), ha="center", va="center", fontsize=6)
     labels = [f"p{k} s{j} {plan.pipelines[k].stages[j].device_type}x{plan.pipelines[k].stages[j].tp}"
               for k, j in rows]
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
-    ax.set_xlabel("time (relative; blue = forward, orange = backward)")
-    ax.set_title(f"{plan.model}: 1F1B timeline per pipeline")
+    ax.set_xlabel("time (relative; blue = forward, orange = backward, green = weight gradients)")
+    ax.set_title(f"{plan.model}: {plan.schedule} timeline per pipeline")
     devices = sorted(mem)
     bx.barh(range(len(devices)), [mem[d] / 1e9 for d in devices])
     bx.set_yticks(range(len(devices)), devices, fontsize=6)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from autohet_ray.cost.evaluate import evaluate_plan, stage_link_time
+from autohet_ray.cost.evaluate import best_schedule, stage_link_time
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.planner.batch import allocate_microbatches
@@ -93,7 +93,7 @@ def exhaustive_best(cluster, model, profile, global_batch, seq_len, micro_batche
                     plan = _realize(choice, total, model, global_batch, mb, seq_len, bound)
                     if plan is None:
                         continue
-                    ev = evaluate_plan(plan, cluster, model, profile, table)
+                    plan, ev = best_schedule(plan, cluster, model, profile, table)
                     if ev.feasible and (best is None or ev.iteration_time_s < best[1].iteration_time_s):
                         best = (plan, ev)
     return best

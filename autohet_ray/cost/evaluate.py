@@ -1,8 +1,9 @@
 """Iteration time and per-device peak memory of any plan (pure and deterministic).
 
-Each stage's iteration = its last backward in the (event-simulated) 1F1B timeline of its pipeline, then its
-layer-wise gradient all-reduces across pipelines (each starting once all holders are done, so later stages
-sync while earlier ones cool down), then its optimizer step; the iteration ends with the slowest stage.
+Each stage's iteration = its last gradient action (the last backward; under a split-backward schedule the
+last weight-gradient action) in the event-simulated timeline of its pipeline's schedule, then its layer-wise
+gradient all-reduces across pipelines (each starting once all holders are done, so later stages sync while
+earlier ones cool down), then its optimizer step; the iteration ends with the slowest stage.
 """
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from dataclasses import dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.pipeline import in_flight
 from autohet_ray.cost.timeline import simulate
 from autohet_ray.cost.sync import gradient_sync_times, sync_buckets, sync_end_times
 from autohet_ray.cost.terms import (OPTIMIZER_BYTES_PER_PARAM, GroupCostTable, activation_message_bytes,
                                     inter_link, intra_link, p2p_time)
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD, in_flight_bound
 from autohet_ray.plan.schema import Plan, Predicted
 from autohet_ray.plan.validate import validate_plan
 from autohet_ray.profile.db import ProfileDB
@@ -70,7 +71,8 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
     tables = plan_tables(plan, cluster, model, profile, table)
     stage_times, link_times, pipe_times = [], [], []
     memory, capacity, opt_time = {}, {}, 0.0
-    last_backward, opt_s = {}, {}
+    last_grad, opt_s = {}, {}
+    split = plan.schedule in SPLIT_BACKWARD
     for k, pipeline in enumerate(plan.pipelines):
         p, m, table = len(pipeline.stages), pipeline.num_microbatches, tables[k]
         times = []
@@ -78,7 +80,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
             gc = table.get(stage.device_type, stage.tp)
             first, last = j == 0, j == p - 1
             times.append(gc.stage_time(stage.num_layers, first, last))
-            mem = gc.stage_memory(stage.num_layers, first, last, in_flight(j, p, m))
+            mem = gc.stage_memory(stage.num_layers, first, last, in_flight_bound(plan.schedule, p, j, m))
             params = gc.stage_params(stage.num_layers, first, last)
             opt_s[(k, j)] = params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps
             opt_time = max(opt_time, opt_s[(k, j)])
@@ -89,17 +91,19 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                  for a, b in zip(pipeline.stages, pipeline.stages[1:])]
         stage_times.append(tuple(times))
         link_times.append(tuple(links))
-        fwd = [t * table.get(s.device_type, s.tp).layer_fwd_fraction for t, s in zip(times, pipeline.stages)]
-        slots = simulate(fwd, [t - f for t, f in zip(times, fwd)], links, m)
+        parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1)
+                 for j, s in enumerate(pipeline.stages)]
+        slots = simulate([f for f, _, _ in parts], [b + (0.0 if split else w) for _, b, w in parts], links, m,
+                         plan.schedule, [w for _, _, w in parts] if split else None)
         pipe_times.append(max(slot.end_s for slot in slots))
         for slot in slots:
-            if slot.kind == "B" and slot.microbatch == m - 1:
-                last_backward[(k, slot.stage)] = slot
+            if slot.kind == ("W" if split else "B") and slot.microbatch == m - 1:
+                last_grad[(k, slot.stage)] = slot
     buckets = sync_buckets(plan, cluster, model, profile)
     sync = max(gradient_sync_times(plan, cluster, model, profile, buckets).values(), default=0.0)
     synced = sync_end_times(buckets,
                             lambda key, unit: _gradient_final(plan.pipelines[key[0]], key[1], tables[key[0]],
-                                                                      last_backward[key], unit))
+                                                                      last_grad[key], unit, split))
     iteration = max(synced[key] + opt_s[key] for key in synced)
     over = {d: memory[d] - capacity[d] for d in memory if memory[d] > capacity[d]}
     reason = ""
@@ -114,18 +118,39 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                       profile_kind=profile.kind)
 
 
-def _gradient_final(pipeline, j: int, table: GroupCostTable, last_backward, unit) -> float:
-    """When a unit's gradient is final on stage j: its last backward runs the head, then the layers from the
-    last to the first, then the embedding, each taking its share of the stage's compute."""
+def _gradient_final(pipeline, j: int, table: GroupCostTable, last, unit, split: bool) -> float:
+    """When a unit's gradient is final on stage j: its last gradient action (`last`: the last backward, or
+    the last W) runs the head, then the layers from the last to the first, then the embedding, each taking
+    its share of that action (under a split schedule the embedding's gradient is final before the last W)."""
     kind, lowest = unit
-    if kind in ("stage", "embedding"):
-        return last_backward.end_s
+    if kind == "stage":
+        return last.end_s
+    if kind == "embedding":
+        return last.start_s if split else last.end_s
     stage = pipeline.stages[j]
     gc = table.get(stage.device_type, stage.tp)
-    head = gc.head_s if j == len(pipeline.stages) - 1 else 0.0
-    done = head if kind == "head" else head + (stage.layers[1] - lowest) * gc.layer_s
-    total = gc.stage_time(stage.num_layers, j == 0, j == len(pipeline.stages) - 1)
-    return last_backward.start_s + (last_backward.end_s - last_backward.start_s) * done / total
+    is_last = j == len(pipeline.stages) - 1
+    head, per_layer = (gc.head_wgrad_s, gc.layer_wgrad_s) if split else (gc.head_s, gc.layer_s)
+    head = head if is_last else 0.0
+    done = head if kind == "head" else head + (stage.layers[1] - lowest) * per_layer
+    total = head + stage.num_layers * per_layer if split else gc.stage_time(stage.num_layers, j == 0, is_last)
+    return last.start_s + (last.end_s - last.start_s) * done / total if total > 0 else last.end_s
+
+
+def best_schedule(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+                  table: GroupCostTable | None = None,
+                  schedules: tuple[str, ...] = PLAN_SCHEDULES) -> tuple[Plan, Evaluation]:
+    """The plan under the fastest of `schedules` that fits in memory (under the first if none fits)."""
+    best = None
+    for schedule in schedules:
+        candidate = plan.with_schedule(schedule)
+        ev = evaluate_plan(candidate, cluster, model, profile, table)
+        if best is None or (ev.feasible, -ev.iteration_time_s) > (best[1].feasible, -best[1].iteration_time_s):
+            best = (candidate, ev)
+    if not best[1].feasible:
+        first = plan.with_schedule(schedules[0])
+        return first, evaluate_plan(first, cluster, model, profile, table)
+    return best
 
 
 def price_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> Plan:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.model.costs import layer_params
+from autohet_ray.model.costs import layer_params, weight_grad_share
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.profile.db import LinkProfile, ProfileDB
 
@@ -29,6 +29,8 @@ class GroupCost:
     embed_s: float
     head_s: float
     layer_fwd_fraction: float     # forward share of layer_s (for timelines)
+    layer_wgrad_s: float          # weight-gradient part of one layer's backward (split-backward schedules)
+    head_wgrad_s: float
     layer_params: float           # parameters of one layer on one rank
     embed_params: float
     head_params: float
@@ -40,6 +42,13 @@ class GroupCost:
 
     def stage_time(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_s + (self.embed_s if first else 0.0) + (self.head_s if last else 0.0)
+
+    def stage_split(self, num_layers: int, first: bool, last: bool) -> tuple[float, float, float]:
+        """(forward, input-gradient backward, weight-gradient) seconds of one micro-batch on a stage."""
+        total = self.stage_time(num_layers, first, last)
+        fwd = total * self.layer_fwd_fraction
+        wgrad = num_layers * self.layer_wgrad_s + (self.head_wgrad_s if last else 0.0)
+        return fwd, total - fwd - wgrad, wgrad
 
     def stage_params(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_params + (self.embed_params if first else 0) + (self.head_params if last else 0)
@@ -115,6 +124,9 @@ class GroupCostTable:
             layer_s=layer.fwd_s + layer.bwd_s + 4 * ar, embed_s=embed.fwd_s + embed.bwd_s + ar,
             head_s=head.fwd_s + head.bwd_s + ar,
             layer_fwd_fraction=(layer.fwd_s + 2 * ar) / (layer.fwd_s + layer.bwd_s + 4 * ar),
+            # measured profiles time the backward whole: split it by the FLOP shares
+            layer_wgrad_s=layer.bwd_s * weight_grad_share(self.model, "layer", self.seq_len),
+            head_wgrad_s=head.bwd_s * weight_grad_share(self.model, "head", self.seq_len),
             layer_params=layer_params(self.model, "layer") / tp,
             embed_params=layer_params(self.model, "embedding") / tp,
             head_params=layer_params(self.model, "head") / tp,

@@ -1,42 +1,46 @@
-"""Event simulation of one pipeline's 1F1B schedule: when each stage runs which micro-batch.
+"""Event simulation of one pipeline's schedule: when each stage runs which micro-batch.
 
-Used to draw plans and to check the closed-form 1F1B time of `pipeline.one_f_one_b_time`.
+Every stage runs its actions (plan/schedule.py) in order. A forward needs the previous stage's forward plus
+the link; a backward needs the next stage's backward plus the link (on the last stage, its own forward); a
+weight-gradient action (W, split-backward schedules) needs only its own stage's backward, which comes before
+it in the order. Links are full duplex and carry one message at a time per direction.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from autohet_ray.plan.schedule import BACKWARD, FORWARD, SCHEDULES, WGRAD
 
 
 @dataclass(frozen=True)
 class Slot:
     stage: int
     microbatch: int
-    kind: str          # "F" or "B"
+    kind: str          # "F", "B" or "W"
     start_s: float
     end_s: float
 
 
 def one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
-    """Stage's actions: warm-up forwards, then alternate one forward / one backward, then cool-down backwards."""
-    warmup = min(num_stages - stage - 1, num_microbatches)
-    order = [("F", i) for i in range(warmup)]
-    f, b = warmup, 0
-    while f < num_microbatches:
-        order += [("F", f), ("B", b)]
-        f, b = f + 1, b + 1
-    order += [("B", i) for i in range(b, num_microbatches)]
-    return order
+    """Stage's 1F1B actions as (kind, micro-batch): warm-up forwards, one forward / one backward, cool-down."""
+    return schedule_order("1f1b", stage, num_stages, num_microbatches)
 
 
-def simulate(fwd_s: list[float], bwd_s: list[float], link_s: list[float], num_microbatches: int) -> list[Slot]:
-    """Start/end of every action; a forward needs the previous stage's forward plus the link, a backward the
-    next stage's backward plus the link; each stage runs its actions in 1F1B order; links are full duplex and
-    carry one message at a time per direction."""
+def schedule_order(schedule: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
+    return [(a.kind, a.microbatch) for a in SCHEDULES[schedule](num_stages, stage, num_microbatches)]
+
+
+def simulate(fwd_s: list[float], bwd_s: list[float], link_s: list[float], num_microbatches: int,
+             schedule: str = "1f1b", wgrad_s: list[float] | None = None) -> list[Slot]:
+    """Start/end of every action. `bwd_s[j]` is stage j's backward; under a split-backward schedule it is the
+    input-gradient part only and `wgrad_s[j]` the weight-gradient action."""
     p = len(fwd_s)
-    orders = [one_f_one_b_order(j, p, num_microbatches) for j in range(p)]
-    done: dict[tuple[str, int, int], float] = {}
+    assert len(bwd_s) == p and len(link_s) == p - 1 and (wgrad_s is None or len(wgrad_s) == p)
+    duration = {FORWARD: fwd_s, BACKWARD: bwd_s, WGRAD: wgrad_s}
+    orders = [schedule_order(schedule, j, p, num_microbatches) for j in range(p)]
+    assert wgrad_s is not None or not any(k == WGRAD for o in orders for k, _ in o), schedule
     pos, free = [0] * p, [0.0] * p
-    link_free = {("F", l): 0.0 for l in range(p - 1)} | {("B", l): 0.0 for l in range(p - 1)}
+    link_free = {(FORWARD, l): 0.0 for l in range(p - 1)} | {(BACKWARD, l): 0.0 for l in range(p - 1)}
     arrive: dict[tuple[str, int, int], float] = {}
     slots: list[Slot] = []
     progress = True
@@ -50,32 +54,34 @@ def simulate(fwd_s: list[float], bwd_s: list[float], link_s: list[float], num_mi
             if dep is None:
                 continue
             start = max(free[j], dep)
-            end = start + (fwd_s[j] if kind == "F" else bwd_s[j])
+            end = start + duration[kind][j]
             slots.append(Slot(j, i, kind, start, end))
-            done[(kind, i, j)] = free[j] = end
+            free[j] = end
             pos[j] += 1
             progress = True
             _send(kind, i, j, p, end, link_s, link_free, arrive)
-    assert all(pos[j] == len(orders[j]) for j in range(p)), "1F1B schedule deadlocked"
+    assert all(pos[j] == len(orders[j]) for j in range(p)), f"{schedule} schedule deadlocked"
     return slots
 
 
 def _ready(kind: str, i: int, j: int, p: int, arrive: dict) -> float | None:
-    if kind == "F":
-        return 0.0 if j == 0 else arrive.get(("F", i, j))
+    if kind == WGRAD:
+        return 0.0                     # its backward ran earlier on this stage
+    if kind == FORWARD:
+        return 0.0 if j == 0 else arrive.get((FORWARD, i, j))
     if j == p - 1:
         return arrive.get(("Fdone", i, j), None)
-    return arrive.get(("B", i, j))
+    return arrive.get((BACKWARD, i, j))
 
 
 def _send(kind, i, j, p, end, link_s, link_free, arrive) -> None:
-    if kind == "F" and j == p - 1:
+    if kind == FORWARD and j == p - 1:
         arrive[("Fdone", i, j)] = end
-    elif kind == "F":
-        start = max(end, link_free[("F", j)])
-        link_free[("F", j)] = start + link_s[j]
-        arrive[("F", i, j + 1)] = start + link_s[j]
-    elif j > 0:
-        start = max(end, link_free[("B", j - 1)])
-        link_free[("B", j - 1)] = start + link_s[j - 1]
-        arrive[("B", i, j - 1)] = start + link_s[j - 1]
+    elif kind == FORWARD:
+        start = max(end, link_free[(FORWARD, j)])
+        link_free[(FORWARD, j)] = start + link_s[j]
+        arrive[(FORWARD, i, j + 1)] = start + link_s[j]
+    elif kind == BACKWARD and j > 0:
+        start = max(end, link_free[(BACKWARD, j - 1)])
+        link_free[(BACKWARD, j - 1)] = start + link_s[j - 1]
+        arrive[(BACKWARD, i, j - 1)] = start + link_s[j - 1]

@@ -42,6 +42,16 @@ def layer_flops_per_token(spec: ModelSpec, kind: str, seq_len: int) -> float:
     return 2.0 * matmul + attention
 
 
+def weight_grad_share(spec: ModelSpec, kind: str, seq_len: int) -> float:
+    """Share of a layer kind's backward FLOPs that compute weight gradients (one GEMM per weight: the forward's
+    matmul FLOPs); the rest computes input gradients. Split-backward schedules run the two parts apart."""
+    forward = layer_flops_per_token(spec, kind, seq_len)
+    if kind == "embedding" or forward == 0:
+        return 0.0
+    matmul = forward if kind == "head" else 2.0 * layer_params(spec, "layer")
+    return matmul / (2 * forward)
+
+
 def activation_bytes_per_token(spec: ModelSpec, kind: str, tp: int) -> float:
     """Bytes one token keeps for backward on one rank of a TP group of `tp`."""
     h, f = spec.hidden, spec.ffn_hidden

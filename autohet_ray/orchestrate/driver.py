@@ -101,7 +101,8 @@ class Driver:
             result, found = plan_with_baselines(cluster=cluster, model=self.model, profile=self.profile_db,
                                                 global_batch=self.job.global_batch, seq_len=self.priced_seq_len,
                                                 micro_batch=self.job.micro_batch,
-                                                time_limit_s=self.job.plan_time_limit_s)
+                                                time_limit_s=self.job.plan_time_limit_s,
+                                                schedules=self.job.schedules())
             plan, solve_s = result.plan, result.solve_time_s
             baselines = {n: b.evaluation.iteration_time_s for n, b in found.items() if b.evaluation is not None}
         check_plan_fits(plan, self.found)

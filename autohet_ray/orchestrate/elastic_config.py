@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.cluster.spec import Cluster
+from autohet_ray.plan.schedule import schedule_choices
 
 RESTORE_MODES = ("local_first", "cloud_only")
 DTYPES = ("float32", "float64")
@@ -26,6 +27,8 @@ class ElasticJob:
     """Tokens per sample (default: the model's max_seq_len)."""
     micro_batch: int | None = None
     """Fix the planner's micro-batch size."""
+    schedule: str = "auto"
+    """Pipeline schedule: "auto" (the faster that fits), "1f1b" or "zb-h1"; re-plans keep the choice."""
     plan: dict | None = None
     """The plan of the first launch (default: plan now); every re-plan uses the planner on the live nodes."""
     checkpoint: bool = True
@@ -61,8 +64,13 @@ class ElasticJob:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r}; valid on CPU: {', '.join(DTYPES)}")
+        schedule_choices(self.schedule)
         if not isinstance(self.storage, dict) or "kind" not in self.storage:
             raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
+
+    def schedules(self) -> tuple[str, ...]:
+        """The schedules the planner may choose from."""
+        return schedule_choices(self.schedule)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.orchestrate.elastic_tiers import storage_spec
+from autohet_ray.plan.schedule import schedule_choices
 
 PROFILE_MODES = ("analytic", "measured")
 DTYPES = ("float32", "float64", "bfloat16")
@@ -23,6 +24,7 @@ class TrainJob:
     seq_len: int | None = None           # tokens per sample the model runs (default: model's max_seq_len)
     priced_seq_len: int | None = None    # tokens per sample the plan is priced for (default: seq_len)
     micro_batch: int | None = None       # fix the planner's micro-batch size
+    schedule: str = "auto"               # pipeline schedule: "auto" (the faster that fits), "1f1b" or "zb-h1"
     emulate: bool = False                # pace stage actors to the profile's predicted times (emulated GPUs)
     time_scale: float = 1.0              # emulated seconds x time_scale = wall seconds
     iteration_wall_s: float | None = None  # instead of time_scale: pace so one predicted iteration takes this
@@ -50,8 +52,13 @@ class TrainJob:
             raise ConfigError(f"dtype={self.dtype!r}; valid: {', '.join(DTYPES)}")
         if self.profile not in PROFILE_MODES and not self.profile.endswith(".json"):
             raise ConfigError(f"profile={self.profile!r}; valid: {', '.join(PROFILE_MODES)}, or a profile DB .json")
+        schedule_choices(self.schedule)
         if self.storage is not None:
             storage_spec(self.storage)          # a directory or s3://bucket/prefix, else ConfigError
+
+    def schedules(self) -> tuple[str, ...]:
+        """The schedules the planner may choose from."""
+        return schedule_choices(self.schedule)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -3,7 +3,8 @@ device or link, times a time-scale factor. Only the clock differs from a real ru
 (compute, gloo p2p and collectives) really runs.
 
 Targets per op (seconds at time scale 1), the same figures `cost.evaluate_plan` prices a plan with:
-forward / backward: this stage's per-micro-batch time split by the layer forward fraction; send_activation /
+forward / backward / wgrad: this stage's per-micro-batch time split by the layer forward fraction (and, under a
+split-backward schedule, the weight-gradient share into wgrad); send_activation /
 send_grad: the link to the next / previous stage; grad_sync: this device's cross-pipeline all-reduce seconds;
 optimizer: this stage's optimizer step (the cost model ends each stage with its own sync and optimizer).
 A send is held for its link time (so the peer receives it that much later) and the sender is credited with
@@ -28,11 +29,12 @@ from autohet_ray.cost.evaluate import Evaluation, evaluate_plan, plan_tables
 from autohet_ray.cost.sync import gradient_sync_times
 from autohet_ray.cost.terms import OPTIMIZER_BYTES_PER_PARAM
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schedule import SPLIT_BACKWARD
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.db import ProfileDB
 
-PACED_OPS = ("forward", "backward", "send_activation", "send_grad", "grad_sync", "optimizer")
+PACED_OPS = ("forward", "backward", "wgrad", "send_activation", "send_grad", "grad_sync", "optimizer")
 UNPACED_OPS = ("recv_activation", "recv_grad")
 SEND_OPS = ("send_activation", "send_grad")
 
@@ -48,11 +50,13 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
         k, j = info.pipeline, info.stage
         stages = plan.pipelines[k].stages
         gc = tables[k].get(stages[j].device_type, stages[j].tp)
-        total = ev.stage_times_s[k][j]
-        fwd = total * gc.layer_fwd_fraction
+        last = j == len(stages) - 1
+        fwd, bwd, wgrad = gc.stage_split(stages[j].num_layers, j == 0, last)
+        if plan.schedule not in SPLIT_BACKWARD:
+            bwd, wgrad = bwd + wgrad, 0.0
         links = ev.link_times_s[k]
-        params = gc.stage_params(stages[j].num_layers, j == 0, j == len(stages) - 1)
-        out.append({"forward": fwd, "backward": total - fwd,
+        params = gc.stage_params(stages[j].num_layers, j == 0, last)
+        out.append({"forward": fwd, "backward": bwd, "wgrad": wgrad,
                     "send_activation": links[j] if j < len(links) else 0.0,
                     "send_grad": links[j - 1] if j > 0 else 0.0,
                     "grad_sync": sync.get(f"{info.node}:{info.device}", 0.0),

@@ -89,7 +89,8 @@ class ElasticController:
             self.plan = plan_training(cluster=self.found.cluster, model=self.model, profile=self.profile,
                                       global_batch=self.job.global_batch, seq_len=self.seq_len,
                                       micro_batch=self.job.micro_batch,
-                                      time_limit_s=self.job.plan_time_limit_s).plan
+                                      time_limit_s=self.job.plan_time_limit_s,
+                                      schedules=self.job.schedules()).plan
         check_plan_fits(self.plan, self.found)
         t1 = time.perf_counter()
         reuse = reuse if reuse is not None else {}

@@ -5,6 +5,7 @@ contiguous layer range [start, end) over transformer layers), its own micro-batc
 own micro-batch size (default: the plan's `micro_batch`), so that the batch can be split across pipelines of
 different speeds in steps finer than one micro-batch. The embedding belongs to every pipeline's first stage
 and the head to its last stage. Pipeline k takes the samples after those of pipelines 0 .. k-1.
+`schedule` names the pipeline schedule every pipeline runs (see plan/schedule.py: "1f1b" or "zb-h1").
 """
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import json
 from dataclasses import dataclass, field, replace
 
 from autohet_ray import ConfigError
+from autohet_ray.plan.schedule import PLAN_SCHEDULES
 
-SCHEMA_VERSION = 2           # 2: optional per-pipeline micro_batch (version 1 plans are read as well)
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3           # 2: optional per-pipeline micro_batch; 3: schedule (older plans are read as 1f1b)
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +74,11 @@ class Plan:
     model_spec: dict | None = None   # full ModelSpec fields, so a custom model travels with the plan
     cluster: str = ""
     predicted: Predicted | None = None
+    schedule: str = "1f1b"           # pipeline schedule of every pipeline (plan/schedule.py)
+
+    def __post_init__(self):
+        if self.schedule not in PLAN_SCHEDULES:
+            raise ConfigError(f"plan: schedule={self.schedule!r}; valid: {', '.join(PLAN_SCHEDULES)}")
 
     def micro_batch_of(self, k: int) -> int:
         """Samples per micro-batch in pipeline k."""
@@ -92,10 +99,13 @@ class Plan:
     def with_predicted(self, predicted: Predicted) -> "Plan":
         return replace(self, predicted=predicted)
 
+    def with_schedule(self, schedule: str) -> "Plan":
+        return self if schedule == self.schedule else replace(self, schedule=schedule, predicted=None)
+
     def to_dict(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "model": self.model, "model_spec": self.model_spec,
                 "cluster": self.cluster, "global_batch": self.global_batch, "micro_batch": self.micro_batch,
-                "seq_len": self.seq_len, "pipelines": [p.to_dict() for p in self.pipelines],
+                "seq_len": self.seq_len, "schedule": self.schedule, "pipelines": [p.to_dict() for p in self.pipelines],
                 "predicted": self.predicted.to_dict() if self.predicted else None}
 
     def to_json(self) -> str:
@@ -162,6 +172,7 @@ def plan_from_dict(raw) -> Plan:
                 global_batch=_int(_need(raw, "global_batch", "plan"), "global_batch"),
                 micro_batch=_int(_need(raw, "micro_batch", "plan"), "micro_batch"),
                 seq_len=_int(_need(raw, "seq_len", "plan"), "seq_len"), pipelines=tuple(pipelines),
+                schedule=str(raw.get("schedule", "1f1b")) if version >= 3 else "1f1b",
                 predicted=_predicted_from_dict(raw.get("predicted")))
 
 

@@ -8,7 +8,8 @@ replicas, chosen by stage speed (the slowest replica's stage j sets stage j's sp
 split across replicas by replica speed.
 Both search every TP, PP, DP, micro-batch and node-type order over all GPUs (the rule "one uniform
 TP x PP x DP for all GPUs"); with `subsets=True` they may also leave whole GPU types idle, which a user of
-Megatron could do by hand (reported separately, as a stronger reference).
+Megatron could do by hand (reported separately, as a stronger reference). Like the planner's plans, each
+runs the faster schedule the cost model prices (1F1B or zero-bubble H1), so gains come from the layout alone.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import itertools
 from dataclasses import dataclass
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
+from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.planner.batch import allocate_microbatches
 from autohet_ray.planner.split import best_split
@@ -88,7 +90,8 @@ def _whale_balance(table: GroupCostTable, grid, total: int):
 
 
 def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int,
-                  seq_len: int, micro_batches: list[int], subsets: bool = False) -> BaselineResult:
+                  seq_len: int, micro_batches: list[int], subsets: bool = False,
+                  schedules: tuple[str, ...] = PLAN_SCHEDULES) -> BaselineResult:
     assert name in ("megatron", "whale")
     best_plan, best_ev, reason = None, None, "no uniform (TP, PP, DP) layout exists for this cluster"
     for mb in micro_batches:
@@ -109,7 +112,7 @@ def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: Pro
                 counts, micro = balanced
             plan = _plan(model, cluster, grid, counts, micro, global_batch=global_batch, micro_batch=mb,
                          seq_len=seq_len)
-            ev = evaluate_plan(plan, cluster, model, profile, table)
+            plan, ev = best_schedule(plan, cluster, model, profile, table, schedules)
             if not ev.feasible:
                 reason = f"every uniform layout runs out of memory (e.g. tp={tp} pp={pp} dp={dp}: {ev.reason})"
                 continue

@@ -7,8 +7,9 @@ stage order of each pipeline shape is re-split and priced with the full evaluato
 from __future__ import annotations
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
+from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.terms import GroupCostTable
+from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
 from autohet_ray.planner.space import orderings, template_links
@@ -16,7 +17,7 @@ from autohet_ray.planner.split import best_split
 
 
 def polish(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: Cluster, exhaustive: bool,
-           max_evaluations: int = 400) -> tuple[Plan, Evaluation]:
+           max_evaluations: int = 400, schedules: tuple[str, ...] = PLAN_SCHEDULES) -> tuple[Plan, Evaluation]:
     choices = [PipelineChoice(tuple((s.device_type, s.tp) for s in p.stages), tuple(s.num_layers for s in p.stages),
                               p.num_microbatches) for p in plan.pipelines]
     budget = max_evaluations
@@ -36,7 +37,7 @@ def polish(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: C
                                    micro_batch=plan.micro_batch, seq_len=plan.seq_len)
             except PlacementError:
                 continue
-            ev = evaluate_plan(cplan, cluster, table.model, table.profile, table)
+            cplan, ev = best_schedule(cplan, cluster, table.model, table.profile, table, schedules)
             if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
                 plan, evaluation, choices, shape = cplan, ev, candidate, order
     return plan, evaluation

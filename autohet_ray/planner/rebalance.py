@@ -4,16 +4,17 @@ With one micro-batch size for the whole plan, a pipeline's share of the batch mo
 fast and a slow data-parallel replica of a large model, one step can be a tenth of the iteration. Here each
 pipeline keeps its stages and layer split but may run smaller micro-batches (profiled sizes up to the plan's, so
 its activation memory does not grow). For a deadline D a pipeline can take n samples if n = m * mb for a size mb
-whose 1F1B time with m micro-batches is within D; a bitset subset-sum tells whether the chosen counts can add up
+whose time with m micro-batches (closed form, under the plan's schedule) is within D; a bitset subset-sum tells whether the chosen counts can add up
 to exactly the global batch, and bisection finds the smallest such D. The full cost model then decides.
 """
 from __future__ import annotations
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.evaluate import Evaluation, evaluate_plan, stage_link_time
+from autohet_ray.cost.evaluate import Evaluation, best_schedule, stage_link_time
 from autohet_ray.cost.pipeline import steady_period
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import Pipeline, Plan
 from autohet_ray.profile.db import ProfileDB
 
@@ -21,14 +22,17 @@ BISECTION_STEPS = 30
 
 
 def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, profile) -> tuple[float, float]:
-    """(fixed, period): pipeline k's closed-form 1F1B time with m micro-batches of size mb is
-    fixed + (m - 1) * period."""
+    """(fixed, period): pipeline k's closed-form time with m micro-batches of size mb is
+    fixed + (m - 1) * period (1F1B's, less the zero-bubble saving under a split-backward schedule)."""
     stages = plan.pipelines[k].stages
     p = len(stages)
-    stage_s = [table.get(s.device_type, s.tp).stage_time(s.num_layers, j == 0, j == p - 1)
-               for j, s in enumerate(stages)]
+    parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1)
+             for j, s in enumerate(stages)]
+    stage_s = [sum(part) for part in parts]
     link_s = [stage_link_time(plan, cluster, profile, model, a, b, mb) for a, b in zip(stages, stages[1:])]
-    return sum(stage_s) + 2 * sum(link_s), steady_period(stage_s, link_s)
+    wgrad = [w for _, _, w in parts]
+    saving = 2 * (sum(wgrad) - max(wgrad)) if plan.schedule in SPLIT_BACKWARD else 0.0
+    return sum(stage_s) + 2 * sum(link_s) - saving, steady_period(stage_s, link_s)
 
 
 def _options(shapes: dict[int, tuple[float, float]], deadline_s: float, limit: int) -> dict[int, int]:
@@ -82,7 +86,8 @@ def _sizes(plan: Plan, k: int, profile: ProfileDB, largest: int) -> list[int]:
 
 
 def rebalance_micro_batches(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: ModelSpec,
-                            profile: ProfileDB, largest: int | None = None) -> tuple[Plan, Evaluation]:
+                            profile: ProfileDB, largest: int | None = None,
+                            schedules: tuple[str, ...] = PLAN_SCHEDULES) -> tuple[Plan, Evaluation]:
     """The plan with per-pipeline micro-batch sizes and counts when the cost model prices it faster (and it
     fits); otherwise the plan unchanged. Sizes up to each pipeline's own are tried first (activation memory
     cannot grow), then sizes up to `largest` (the planner's largest candidate; the cost model checks memory)."""
@@ -90,12 +95,12 @@ def rebalance_micro_batches(plan: Plan, evaluation: Evaluation, cluster: Cluster
         return plan, evaluation
     best = (plan, evaluation)
     for larger in (False, True) if largest else (False,):
-        best = _rebalance(plan, best[1], cluster, model, profile, largest if larger else None) or best
+        best = _rebalance(plan, best[1], cluster, model, profile, largest if larger else None, schedules) or best
     return best
 
 
 def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
-               largest: int | None) -> tuple[Plan, Evaluation] | None:
+               largest: int | None, schedules: tuple[str, ...]) -> tuple[Plan, Evaluation] | None:
     tables: dict[int, GroupCostTable] = {}
     shapes = []
     for k in range(len(plan.pipelines)):
@@ -118,7 +123,7 @@ def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: Mode
     if found is None:
         return None
     candidate = _with_shares(plan, found)
-    ev = evaluate_plan(candidate, cluster, model, profile)
+    candidate, ev = best_schedule(candidate, cluster, model, profile, schedules=schedules)
     if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
         return candidate, ev
     return None

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
+from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
 from autohet_ray.planner.batch import allocate_microbatches
@@ -17,7 +18,7 @@ from autohet_ray.planner.grouping import Grouping, kinds_available, solve_groupi
 from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
 from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
-                                      slow_first)
+                                      slow_first, zero_bubble_saving)
 from autohet_ray.planner.split import best_split
 from autohet_ray.profile.db import ProfileDB
 
@@ -79,24 +80,32 @@ def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: i
     return [m for m in have if m * profile.seq_len <= MAX_MICROBATCH_TOKENS] or have[:1]
 
 
+def check_schedules(schedules: tuple[str, ...]) -> None:
+    bad = [s for s in schedules if s not in PLAN_SCHEDULES]
+    if not schedules or bad:
+        raise ConfigError(f"schedule {', '.join(map(repr, bad)) or '(none)'}; valid: {', '.join(PLAN_SCHEDULES)}")
+
+
 def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                   micro_batch: int | None = None, time_limit_s: float = 60.0,
-                  incumbents: tuple[Plan, ...] = ()) -> PlanResult:
-    """The fastest plan found within the time limit. `incumbents` (e.g. the baselines' plans) are evaluated
-    as candidates too, so the result is never worse than them."""
+                  incumbents: tuple[Plan, ...] = (), schedules: tuple[str, ...] = PLAN_SCHEDULES) -> PlanResult:
+    """The fastest plan found within the time limit, each candidate under the fastest of `schedules` that
+    fits. `incumbents` (e.g. the baselines' plans) are evaluated as candidates too, so the result is never
+    worse than them."""
     if global_batch < 1:
         raise ConfigError(f"global batch {global_batch} must be a positive integer")
+    check_schedules(schedules)
     clock = _Deadline(time.perf_counter(), time_limit_s)
     best, per_size = _Best(), []
     for plan in incumbents:
-        best.offer(plan, evaluate_plan(plan, cluster, model, profile))
+        best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
     sizes = micro_batch_candidates(global_batch, profile, micro_batch)
     for mb in sizes:
         if clock.over():
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len)
         local = _Best()
-        _plan_for_micro_batch(table, cluster, global_batch, clock, local)
+        _plan_for_micro_batch(table, cluster, global_batch, clock, local, schedules)
         best.templates += local.templates
         if local.plan is not None:
             per_size.append((local.plan, local.evaluation))
@@ -106,22 +115,24 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
     table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
                            seq_len=seq_len)
     best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
-                                        exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS)
+                                        exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules)
     if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
         # each size's best plan, with smaller micro-batches where they balance the batch better
         for plan, ev in [(best.plan, best.evaluation)] + [e for e in per_size if e[0] is not best.plan]:
             if clock.over():
                 break
-            best.offer(*rebalance_micro_batches(plan, ev, cluster, model, profile, largest=max(sizes)))
+            best.offer(*rebalance_micro_batches(plan, ev, cluster, model, profile, largest=max(sizes),
+                                                schedules=schedules))
     plan = best.plan.with_predicted(best.evaluation.predicted())
     return PlanResult(plan=plan, evaluation=best.evaluation, solve_time_s=time.perf_counter() - clock.start,
                       num_templates=best.templates, hit_time_limit=clock.hit)
 
 
 def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch: int, clock: _Deadline,
-                          best: _Best) -> None:
+                          best: _Best, schedules: tuple[str, ...]) -> None:
     total = global_batch // table.micro_batch
-    templates = enumerate_templates(table, cluster, total, clock)
+    zero_bubble = any(s in SPLIT_BACKWARD for s in schedules)
+    templates = enumerate_templates(table, cluster, total, clock, zero_bubble)
     best.templates += len(templates)
     if not templates:
         return
@@ -134,13 +145,13 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
                         slacks=DEADLINE_SLACKS if small else ())
     # replicated groupings index `templates`, the program's index the shortlist
     for grouping, pool in [(g, templates) for g in replicated] + [(g, shortlist) for g in solved]:
-        plan = _realize(grouping, pool, table, cluster, global_batch)
+        plan = _realize(grouping, pool, table, cluster, global_batch, zero_bubble)
         if plan is not None:
-            best.offer(plan, evaluate_plan(plan, cluster, table.model, table.profile, table))
+            best.offer(*best_schedule(plan, cluster, table.model, table.profile, table, schedules))
 
 
 def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatches: int,
-                        clock: _Deadline) -> list[TemplateEval]:
+                        clock: _Deadline, zero_bubble: bool = True) -> list[TemplateEval]:
     """Best stage order per GPU usage, for pipelines of up to `max_stages` stages (raised until one fits).
 
     Small clusters: every order of same-kind blocks (which kind holds the embedding and which the head), and
@@ -164,19 +175,19 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
             if not _fits_cluster(usage, cluster):
                 continue
             first = slow_first(usage, speed)
-            evals = [evaluate_template(o, cluster, table, total_microbatches, links)
+            evals = [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble)
                      for o in orderings(usage, False)] if small else \
-                [evaluate_template(first, cluster, table, total_microbatches, links)]
+                [evaluate_template(first, cluster, table, total_microbatches, links, zero_bubble)]
             if any(e is None or e.split.memory_bound for e in evals):
                 # the order can only change the split through memory: then try the other orders too
                 tried = {e.kinds for e in evals if e is not None} | {first}
-                evals += [evaluate_template(o, cluster, table, total_microbatches, links)
+                evals += [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble)
                           for o in orderings(usage, exhaustive=small) if o not in tried]
             evals = [e for e in evals if e is not None]
             if evals:
                 found[tuple(sorted(usage.items()))] = min(evals, key=score)
         if small and found:
-            found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO))
+            found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO), zero_bubble)
                      for k, t in found.items()}
         if found or max_stages >= model.num_layers or clock.over():
             return list(found.values())
@@ -263,7 +274,7 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
 
 
 def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, cluster: Cluster,
-             global_batch: int) -> Plan | None:
+             global_batch: int, zero_bubble: bool) -> Plan | None:
     """Exact micro-batch allocation and per-pipeline split for a grouping, placed on nodes."""
     model, total = table.model, global_batch // table.micro_batch
     pipelines = [templates[i] for i, c in sorted(grouping.counts.items()) for _ in range(c)]
@@ -277,7 +288,10 @@ def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, clu
             memo[key] = best_split([table.get(*k) for k in t.kinds], model.num_layers, m, list(t.link_s))
         return memo[key]
 
-    fns = [lambda m, t=t: s.time_s if (s := split_for(t, m)) else float("inf") for t in pipelines]
+    groups = {t.kinds: [table.get(*k) for k in t.kinds] for t in pipelines}
+    saving = lambda t, s, m: zero_bubble_saving(groups[t.kinds], s, m) if zero_bubble else 0.0  # noqa: E731
+    fns = [lambda m, t=t: s.time_s - saving(t, s, m) if (s := split_for(t, m)) else float("inf")
+           for t in pipelines]
     counts = allocate_microbatches(fns, total)
     if counts is None or any(split_for(t, m) is None for t, m in zip(pipelines, counts)):
         return None

@@ -27,8 +27,9 @@ class TemplateEval:
     link_s: tuple[float, ...]
     sync_s: float                # exposed gradient sync if copies co-locate each stage (NVLink)
     sync_nic_s: float            # the same if its gradients cross the node NIC (mixed with other pipelines)
-    exact_s: tuple[float, ...] = ()   # optional: 1F1B time with m micro-batches at index m - 1, each m with
+    exact_s: tuple[float, ...] = ()   # optional: time with m micro-batches at index m - 1, each m with
     #                                   its own best split (small clusters; else the affine estimate is used)
+    zb_saving_s: float = 0.0     # how much sooner zero-bubble H1 ends than 1F1B (0 if it does not fit)
 
     @property
     def bottleneck_s(self) -> float:
@@ -36,8 +37,8 @@ class TemplateEval:
 
     @property
     def fixed_s(self) -> float:
-        """time(m) ~= (m - 1) * bottleneck + fixed."""
-        return sum(self.split.stage_s) + 2 * sum(self.link_s)
+        """time(m) ~= (m - 1) * bottleneck + fixed, under the faster schedule."""
+        return sum(self.split.stage_s) + 2 * sum(self.link_s) - self.zb_saving_s
 
     def usage(self) -> dict[Kind, int]:
         out: dict[Kind, int] = {}
@@ -60,15 +61,32 @@ class TemplateEval:
         budget -= self.fixed_s
         return 0 if budget < 0 else int(budget / self.bottleneck_s + 1e-9) + 1
 
-    def with_exact_times(self, table: GroupCostTable, max_microbatches: int) -> "TemplateEval":
+    def with_exact_times(self, table: GroupCostTable, max_microbatches: int,
+                         zero_bubble: bool = True) -> "TemplateEval":
         """The same template with its exact time for every micro-batch count up to `max_microbatches`
         (a split that is best for many micro-batches can be poor for few)."""
         groups = [table.get(*k) for k in self.kinds]
         times = []
         for m in range(1, max_microbatches + 1):
             split = best_split(groups, table.model.num_layers, m, list(self.link_s))
-            times.append(split.time_s if split else float("inf"))
+            saving = zero_bubble_saving(groups, split, m) if split and zero_bubble else 0.0
+            times.append(split.time_s - saving if split else float("inf"))
         return replace(self, exact_s=tuple(itertools.accumulate(times, max)))
+
+
+def zero_bubble_saving(groups: list, split: Split, num_microbatches: int) -> float:
+    """How much sooner zero-bubble H1 ends than 1F1B: 2 (sum of W - largest W), the paper's uniform-stage
+    bubble difference 2 (p - 1) W generalized (never above the simulated saving on random pipelines).
+    0 when ZB-H1's extra activations (p micro-batches on every stage) do not fit, or with fewer micro-batches
+    than stages."""
+    p = len(groups)
+    if num_microbatches < p:
+        return 0.0
+    for j, (g, n) in enumerate(zip(groups, split.counts)):
+        if g.stage_memory(n, j == 0, j == p - 1, p) > g.capacity_bytes:
+            return 0.0
+    wgrad = [g.stage_split(n, j == 0, j == p - 1)[2] for j, (g, n) in enumerate(zip(groups, split.counts))]
+    return 2 * (sum(wgrad) - max(wgrad))
 
 
 def group_kinds(cluster: Cluster, model) -> list[Kind]:
@@ -149,7 +167,8 @@ def sync_estimate(kinds: tuple[Kind, ...], split: Split, link_s: list[float], ta
 
 
 def evaluate_template(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable,
-                      reference_microbatches: int, links: LinkCache | None = None) -> TemplateEval | None:
+                      reference_microbatches: int, links: LinkCache | None = None,
+                      zero_bubble: bool = True) -> TemplateEval | None:
     links = links or LinkCache(cluster, table)
     groups = [table.get(d, t) for d, t in kinds]
     link_s = template_links(kinds, cluster, table, links)
@@ -157,7 +176,8 @@ def evaluate_template(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCos
     if split is None:
         return None
     return TemplateEval(kinds, split, tuple(link_s), sync_estimate(kinds, split, link_s, table, links, False),
-                        sync_estimate(kinds, split, link_s, table, links, True))
+                        sync_estimate(kinds, split, link_s, table, links, True),
+                        zb_saving_s=zero_bubble_saving(groups, split, reference_microbatches) if zero_bubble else 0.0)
 
 
 def multisets(kinds: list[Kind], available: dict[Kind, int], max_stages: int, max_types: int,

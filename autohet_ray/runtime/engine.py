@@ -20,8 +20,9 @@ from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync
 from autohet_ray.runtime.groups import create_groups
 from autohet_ray.runtime.optim import StateDict, clip_, load_optimizer_state, optimizer_state, squared_norm
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
-from autohet_ray.runtime.schedule import SCHEDULES
-from autohet_ray.runtime.tp import TPContext
+from autohet_ray.plan.schedule import SCHEDULES, SPLIT_BACKWARD
+from autohet_ray.runtime.tp import ColumnParallelLinear, RowParallelLinear, TPContext
+from autohet_ray.runtime.wgrad import WeightGradStore
 
 
 class Engine:
@@ -31,15 +32,18 @@ class Engine:
 
     train_step returns {"loss", "grad_norm" (before clipping), "step", "timings"}; timings are this rank's
     seconds per op name summed over the step ("forward", "backward", "send_activation", "recv_activation",
-    "send_grad", "recv_grad", "grad_sync", "optimizer") plus "step" (wall time of the whole step).
+    "send_grad", "recv_grad", "grad_sync", "optimizer", and "wgrad" under a split-backward schedule such as
+    "zb-h1") plus "step" (wall time of the whole step).
+    `schedule`: the pipeline schedule (plan/schedule.py); None runs the plan's.
     state_dict: name -> (CPU tensor, global shape, Chunk) for parameters ("layers.3.mlp.fc1.weight"), AdamW
     state ("optim.<param>.exp_avg", "optim.<param>.exp_avg_sq") and "optim.step" (0-dim, whole chunk).
     """
 
     def __init__(self, *, plan: Plan, model_spec: ModelSpec, rank: int, world_group=None, seed: int = 0,
                  lr: float = 1e-3, weight_decay: float = 0.0, max_grad_norm: float | None = 1.0, device=None,
-                 dtype=None, pacer=None, schedule: str = "1f1b"):
+                 dtype=None, pacer=None, schedule: str | None = None):
         check_plan(plan, model_spec)
+        schedule = schedule or getattr(plan, "schedule", "1f1b")
         if schedule not in SCHEDULES:
             raise ConfigError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
         self.plan, self.spec, self.rank, self.max_grad_norm = plan, model_spec, rank, max_grad_norm
@@ -71,13 +75,28 @@ class Engine:
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=lr, weight_decay=weight_decay)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
+        store, deferred = self._defer_weight_grads() if schedule in SPLIT_BACKWARD else (None, {})
         self.executor = StageExecutor(model=self.model, bridge=self.bridge, tp=self.tp, first=self.first,
-                                      last=self.last, clock=self.clock, before_last_backward=self.grad_sync.arm)
+                                      last=self.last, clock=self.clock, before_last_backward=self.grad_sync.arm,
+                                      wgrad=store,
+                                      on_final_weight_grad=lambda p: self.grad_sync.on_grad(deferred[p]))
+        # a deferred weight's gradient is final after the step's last W, not when autograd calls its hook
         for name, p in self.params.items():
-            p.register_post_accumulate_grad_hook(lambda _, name=name: self.grad_sync.on_grad(name))
+            if p not in deferred:
+                p.register_post_accumulate_grad_hook(lambda _, name=name: self.grad_sync.on_grad(name))
         self.actions = SCHEDULES[schedule](len(stages), info.stage, plan.pipelines[info.pipeline].num_microbatches)
         self.sample_offset = plan.sample_offset(info.pipeline)
         self.step = 0
+
+    def _defer_weight_grads(self) -> tuple[WeightGradStore, dict[torch.nn.Parameter, str]]:
+        """Attach one store to every TP linear; their weights, by parameter -> name."""
+        store, names = WeightGradStore(), {p: n for n, p in self.params.items()}
+        deferred = {}
+        for module in self.model.modules():
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+                module.wgrad_store = store
+                deferred[module.weight] = names[module.weight]
+        return store, deferred
 
     def _global(self, plan_rank: int) -> int:
         return plan_rank if self.world_group is None else dist.get_global_rank(self.world_group, plan_rank)

@@ -1,16 +1,18 @@
-"""Runs one stage's schedule (a list of forward/backward actions) for one step."""
+"""Runs one stage's schedule (a list of forward, backward and weight-gradient actions) for one step."""
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from autohet_ray.runtime.bridge import Bridge
-from autohet_ray.runtime.schedule import FORWARD, Action
+from autohet_ray.plan.schedule import BACKWARD, FORWARD, WGRAD, Action
 from autohet_ray.runtime.tp import TPContext
 from autohet_ray.runtime.vocab_ce import vocab_parallel_cross_entropy
+from autohet_ray.runtime.wgrad import WeightGradStore
 
 
 class Clock:
@@ -50,18 +52,26 @@ class StepAborted(RuntimeError):
 
 
 class StageExecutor:
+    """`wgrad`: the store of the stage's deferred linears, for schedules with W actions: backwards capture
+    their micro-batch's weight gradients, W actions flush them; the step's last W calls
+    `on_final_weight_grad(weight)` for each weight whose gradient it completes."""
+
     def __init__(self, *, model: torch.nn.Module, bridge: Bridge, tp: TPContext, first: bool, last: bool,
-                 clock: Clock, before_last_backward=None):
+                 clock: Clock, before_last_backward=None, wgrad: WeightGradStore | None = None,
+                 on_final_weight_grad=None):
         self.model, self.bridge, self.tp, self.clock = model, bridge, tp, clock
         self.first, self.last = first, last
         self.before_last_backward = before_last_backward     # called once per step (e.g. arm grad sync)
+        self.wgrad, self.on_final_weight_grad = wgrad, on_final_weight_grad
         self.stop = threading.Event()      # set from another thread: the step fails at the next action
 
     def run(self, actions: tuple[Action, ...], data: MicroBatches) -> torch.Tensor:
         """Run every action; returns this stage's summed loss contribution (0 unless last stage)."""
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         total = torch.zeros((), dtype=torch.float64, device=next(self.model.parameters()).device)
-        last_backward = max(n for n, a in enumerate(actions) if a.kind != FORWARD)
+        last_backward = max(n for n, a in enumerate(actions) if a.kind == BACKWARD)
+        last_wgrad = max((n for n, a in enumerate(actions) if a.kind == WGRAD), default=None)
+        assert last_wgrad is None or self.wgrad is not None, "W actions need a WeightGradStore"
         for n, action in enumerate(actions):
             if self.stop.is_set():
                 raise StepAborted(f"step aborted before {action.kind} of micro-batch {action.microbatch}")
@@ -70,11 +80,16 @@ class StageExecutor:
                 saved[i] = self._forward(i, data)
                 if self.last:
                     total += saved[i][1].detach().double()
-            else:
+            elif action.kind == BACKWARD:
                 if n == last_backward and self.before_last_backward is not None:
                     self.before_last_backward()
-                self._backward(i, *saved.pop(i))
+                self._backward(i, *saved.pop(i), split=last_wgrad is not None)
+            else:
+                on_final = self.on_final_weight_grad if n == last_wgrad else None
+                self.clock.run("wgrad", lambda: self.wgrad.flush(i, on_final), microbatch=i)
         assert not saved, f"micro-batches {sorted(saved)} never ran backward"
+        assert self.wgrad is None or not self.wgrad.pending(), \
+            f"micro-batches {self.wgrad.pending()} never ran W"
         return total
 
     def _forward(self, i: int, data: MicroBatches):
@@ -97,14 +112,18 @@ class StageExecutor:
         loss = vocab_parallel_cross_entropy(out, data.labels[i], tp=self.tp)
         return loss.sum() / data.num_tokens
 
-    def _backward(self, i: int, x: torch.Tensor | None, out: torch.Tensor) -> None:
-        if self.last:
-            self.clock.run("backward", out.backward, microbatch=i)
-        else:
+    def _backward(self, i: int, x: torch.Tensor | None, out: torch.Tensor, split: bool) -> None:
+        grad = None
+        if not self.last:
             grad = self.clock.run("recv_grad", self.bridge.recv_grad, microbatch=i,
                                   num_bytes=self.bridge.message_bytes)
-            self.clock.run("backward", lambda: torch.autograd.backward(out, grad), microbatch=i)
+        self.clock.run("backward", lambda: self._autograd(i, out, grad, split), microbatch=i)
         if x is not None:
             g = x.grad
             self.clock.run("send_grad", lambda: self.bridge.send_grad(g), microbatch=i,
                            num_bytes=g.numel() * g.element_size())
+
+    def _autograd(self, i: int, out: torch.Tensor, grad: torch.Tensor | None, split: bool) -> None:
+        """Backpropagate a micro-batch; under a split schedule leave the deferred weight gradients to W."""
+        with self.wgrad.capture(i) if split else nullcontext():
+            torch.autograd.backward(out, grad)

@@ -3,6 +3,9 @@
 `f` (copy_to_tp: identity forward, all-reduce backward) enters a column-parallel region; `g`
 (reduce_from_tp: all-reduce forward, identity backward) leaves a row-parallel one. Activations between
 layers are replicated across the TP ranks of a stage.
+With a `wgrad_store` set (split-backward schedules) the TP linears can leave their weight gradients to later W
+actions (wgrad.py); those need no TP communication (each rank's gradient comes from its own input shard and
+output gradient).
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from autohet_ray.runtime.wgrad import WeightGradStore, linear
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,9 +78,10 @@ class ColumnParallelLinear(nn.Module):
         local = _local(out_features, tp, "out_features")
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(local, device=device, dtype=dtype)) if bias else None
+        self.wgrad_store: WeightGradStore | None = None     # set for split-backward schedules (wgrad.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_tp(x, self.tp), self.weight, self.bias)
+        return linear(copy_to_tp(x, self.tp), self.weight, self.bias, self.wgrad_store)
 
 
 class RowParallelLinear(nn.Module):
@@ -87,9 +93,10 @@ class RowParallelLinear(nn.Module):
         local = _local(in_features, tp, "in_features")
         self.weight = nn.Parameter(torch.empty(out_features, local, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        self.wgrad_store: WeightGradStore | None = None     # set for split-backward schedules (wgrad.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.tp)
+        y = reduce_from_tp(linear(x, self.weight, None, self.wgrad_store), self.tp)
         return y + self.bias if self.bias is not None else y
 
 

@@ -67,19 +67,27 @@ class RecordingPacer:
         self.calls.append((op, info))
 
 
-def _engine(case: Case, rank: int, pacer=None) -> Engine:
-    return Engine(plan=case.plan, model_spec=case.spec, rank=rank, seed=7, lr=LR, weight_decay=WEIGHT_DECAY,
-                  max_grad_norm=MAX_GRAD_NORM, dtype=DTYPE, schedule=case.schedule, pacer=pacer)
+def _engine(case: Case, rank: int, overlap: list, pacer=None) -> Engine:
+    engine = Engine(plan=case.plan, model_spec=case.spec, rank=rank, seed=7, lr=LR, weight_decay=WEIGHT_DECAY,
+                    max_grad_norm=MAX_GRAD_NORM, dtype=DTYPE, schedule=case.schedule, pacer=pacer)
+    sync, start = engine.grad_sync, engine.grad_sync.start
+
+    def watched_start():            # records (buckets posted during the backward, buckets of this rank)
+        overlap.append((sync._posted, len(sync.ops)))
+        start()
+    sync.start = watched_start
+    return engine
 
 
 def run_case(rank: int, case: Case) -> dict:
     pacer = RecordingPacer() if case.record_pacer else None
-    engine = _engine(case, rank, pacer)
-    out = {"losses": [], "norms": [], "pace": None, "pipeline": engine.info.pipeline}
+    overlap: list[tuple[int, int]] = []
+    engine = _engine(case, rank, overlap, pacer)
+    out = {"losses": [], "norms": [], "pace": None, "pipeline": engine.info.pipeline, "overlap": overlap}
     for step in range(case.steps):
         if case.resume_after is not None and step == case.resume_after:
             state = engine.state_dict()
-            engine = _engine(case, rank)
+            engine = _engine(case, rank, overlap)
             engine.load_state_dict(state)
         result = engine.train_step(make_batch(case.spec, case.plan, step))
         assert result["step"] == step + 1
@@ -140,6 +148,9 @@ def compare(case: Case, per_rank: list[dict], ref: dict) -> Report:
                 if err > tol:
                     report.problems.append(f"rank {rank} {key} {name} {chunk}: relative error {err:.2e}")
     _check_coverage(per_rank, ref, report)
+    for rank, got in enumerate(per_rank):
+        if any(posted != total for posted, total in got["overlap"]):
+            report.problems.append(f"rank {rank}: buckets posted during the backward / all: {got['overlap']}")
     return report
 
 

@@ -35,6 +35,10 @@ def _errors(rank: int, world_size: int) -> list[str]:
             messages.append("no error")
         except ConfigError as exc:
             messages.append(str(exc))
+    kinds = lambda e: "".join(sorted({a.kind for a in e.actions}))  # noqa: E731
+    zb = good.with_schedule("zb-h1")            # the plan's schedule unless the caller names one
+    messages.append(f"{kinds(Engine(plan=zb, model_spec=SPEC, rank=rank))} "
+                    f"{kinds(Engine(plan=zb, model_spec=SPEC, rank=rank, schedule='1f1b'))} {kinds(engine)}")
     messages.append(f"ok {engine.train_step(batch)['loss']:.6f}")     # still usable after rejected batches
     return messages
 
@@ -42,12 +46,13 @@ def _errors(rank: int, world_size: int) -> list[str]:
 def test_engine_rejects_bad_input():
     per_rank = run_world(_errors, 2)
     assert per_rank[0][:-1] == per_rank[1][:-1] and per_rank[0][-1] == per_rank[1][-1]
-    world, dtype, schedule, rows, cols, missing, ok = per_rank[0]
+    world, dtype, schedule, rows, cols, missing, kinds, ok = per_rank[0]
     assert "plan uses 3 devices but the process group has 2" in world
     assert "bfloat16" in dtype and "zigzag" in schedule
     assert "shape (2, 8)" in rows and "(4, 8)" in rows
     assert "shape (4, 4)" in cols
     assert "'labels'" in missing
+    assert kinds == "BFW BF BF"
     assert ok.startswith("ok ")
 
 

@@ -36,3 +36,11 @@ def test_s3_storage(monkeypatch):
 def test_bad_storage_is_rejected_before_anything_runs(storage, fragment):
     with pytest.raises(ConfigError, match=fragment):
         job_from_dict({"model": {}, "global_batch": 8, "steps": 1, "cluster": {}, "storage": storage})
+
+
+def test_job_schedule_choice():
+    job = {"model": {}, "global_batch": 8, "steps": 1, "cluster": {}}
+    assert job_from_dict(job).schedules() == ("1f1b", "zb-h1")
+    assert job_from_dict({**job, "schedule": "1f1b"}).schedules() == ("1f1b",)
+    with pytest.raises(ConfigError, match="schedule='gpipe'; valid: auto, 1f1b, zb-h1"):
+        job_from_dict({**job, "schedule": "gpipe"})

@@ -31,10 +31,23 @@ def test_round_trip_json():
     again = plan_from_json(plan.to_json())
     assert again == plan
     raw = json.loads(plan.to_json())
-    assert raw["schema_version"] == 2 and raw["pipelines"][0]["stages"][1]["layers"] == [6, 24]
+    assert raw["schema_version"] == 3 and raw["pipelines"][0]["stages"][1]["layers"] == [6, 24]
+    assert raw["schedule"] == "1f1b"
     assert "micro_batch" not in raw["pipelines"][0]
     assert raw["predicted"]["peak_memory_bytes"] == 123
     validate_plan(plan, CLUSTER, MODEL)
+
+
+def test_schedule_round_trips_older_plans_read_as_1f1b_and_unknown_is_refused():
+    plan = _plan(schedule="zb-h1")
+    raw = json.loads(plan.to_json())
+    assert raw["schedule"] == "zb-h1" and plan_from_dict(raw) == plan
+    raw["schema_version"] = 2                  # version 2 had no schedule: the field is not read
+    assert plan_from_dict(raw).schedule == "1f1b"
+    raw["schema_version"], raw["schedule"] = 3, "interleaved"
+    with pytest.raises(ConfigError, match="schedule='interleaved'; valid: 1f1b, zb-h1"):
+        plan_from_dict(raw)
+    assert plan.with_schedule("1f1b").predicted is None and plan.with_schedule("zb-h1") is plan
 
 
 def test_per_pipeline_micro_batch_round_trips_and_version_1_still_reads():

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from autohet_ray import ConfigError
 from autohet_ray.cluster import cluster_from_dict, load_cluster
 from autohet_ray.cost import evaluate_plan
 from autohet_ray.model import PRESETS
@@ -49,6 +50,23 @@ def test_plan_never_worse_than_baselines_and_prediction_is_consistent(cluster_fi
     again = evaluate_plan(result.plan, cluster, spec, profile)
     assert again.iteration_time_s == pytest.approx(result.plan.predicted.iteration_time_s)
     assert again.feasible and result.plan.predicted.profile_kind == "analytic"
+
+
+def test_schedule_choice_can_be_restricted_and_zero_bubble_wins_on_deep_pipelines():
+    cluster, spec = load_cluster("jobs/clusters/paper-24.yaml"), PRESETS["bert-large"]
+    profile = analytic_profile(spec, cluster, 512, micro_batches=(8,))
+    runs = {s: plan_with_baselines(cluster=cluster, model=spec, profile=profile, global_batch=768, seq_len=512,
+                                   schedules=s) for s in (("1f1b",), ("1f1b", "zb-h1"))}
+    only, auto = runs[("1f1b",)], runs[("1f1b", "zb-h1")]
+    assert only[0].plan.schedule == "1f1b" and all(b.plan.schedule == "1f1b" for b in only[1].values())
+    # 8 copies of a 3-stage pipeline either way; zero-bubble H1 removes most of its bubble (cost model)
+    for result, _ in (only, auto):
+        assert [len(p.stages) for p in result.plan.pipelines] == [3] * 8
+    assert auto[0].plan.schedule == "zb-h1"
+    assert auto[0].evaluation.iteration_time_s < 0.95 * only[0].evaluation.iteration_time_s
+    with pytest.raises(ConfigError, match="schedule 'interleaved'; valid: 1f1b, zb-h1"):
+        plan_with_baselines(cluster=cluster, model=spec, profile=profile, global_batch=768, seq_len=512,
+                            schedules=("interleaved",))
 
 
 def test_homogeneous_cluster_matches_megatron_or_better():
@@ -139,7 +157,7 @@ def test_program_groupings_realize_the_templates_they_count():
     groupings = search._groupings(shortlist, cluster, 32, clock, slacks=search.DEADLINE_SLACKS)
     assert groupings
     for g in groupings:
-        plan = search._realize(g, shortlist, table, cluster, 64)
+        plan = search._realize(g, shortlist, table, cluster, 64, True)
         assert plan is not None
         chosen = sorted(shortlist[i].kinds for i, c in g.counts.items() for _ in range(c))
         assert sorted(tuple((s.device_type, s.tp) for s in p.stages) for p in plan.pipelines) == chosen

@@ -12,6 +12,7 @@ from autohet_ray.planner.split import best_split
 
 def _group(layer_s, embed_s=0.1, head_s=0.3, capacity=10**12, layer_params=1000.0, act=10):
     return GroupCost(device_type="X", tp=1, layer_s=layer_s, embed_s=embed_s, head_s=head_s, layer_fwd_fraction=1 / 3,
+                     layer_wgrad_s=layer_s / 3, head_wgrad_s=head_s / 3,
                      layer_params=layer_params, embed_params=500.0, head_params=500.0, layer_act_bytes=act,
                      embed_act_bytes=act, head_act_bytes=act, capacity_bytes=capacity, hbm_Bps=1e12)
 
