@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.timeline import simulate
+from autohet_ray.cost.timeline import simulate_cached
 from autohet_ray.cost.sync import gradient_sync_times, sync_buckets, sync_end_times
 from autohet_ray.cost.terms import (OPTIMIZER_BYTES_PER_PARAM, GroupCostTable, activation_message_bytes,
                                     inter_link, intra_link, p2p_time)
@@ -65,8 +65,9 @@ def stage_link_time(plan: Plan, cluster: Cluster, profile: ProfileDB, model: Mod
 
 
 def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
-                  table: GroupCostTable | None = None) -> Evaluation:
-    """Price a plan; raises ConfigError if it is structurally invalid, reports infeasible memory in the result."""
+                  table: GroupCostTable | None = None, buckets: dict | None = None) -> Evaluation:
+    """Price a plan; raises ConfigError if it is structurally invalid, reports infeasible memory in the result.
+    `buckets`: the plan's `sync_buckets` when already computed (they do not depend on the schedule)."""
     validate_plan(plan, cluster, model)
     tables = plan_tables(plan, cluster, model, profile, table)
     stage_times, link_times, pipe_times = [], [], []
@@ -93,13 +94,13 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
         link_times.append(tuple(links))
         parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1)
                  for j, s in enumerate(pipeline.stages)]
-        slots = simulate([f for f, _, _ in parts], [b + (0.0 if split else w) for _, b, w in parts], links, m,
-                         plan.schedule, [w for _, _, w in parts] if split else None)
+        slots = simulate_cached(tuple(f for f, _, _ in parts), tuple(b + (0.0 if split else w) for _, b, w in parts),
+                                tuple(links), m, plan.schedule, tuple(w for _, _, w in parts) if split else None)
         pipe_times.append(max(slot.end_s for slot in slots))
         for slot in slots:
             if slot.kind == ("W" if split else "B") and slot.microbatch == m - 1:
                 last_grad[(k, slot.stage)] = slot
-    buckets = sync_buckets(plan, cluster, model, profile)
+    buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
     sync = max(gradient_sync_times(plan, cluster, model, profile, buckets).values(), default=0.0)
     synced = sync_end_times(buckets,
                             lambda key, unit: _gradient_final(plan.pipelines[key[0]], key[1], tables[key[0]],
@@ -140,16 +141,19 @@ def _gradient_final(pipeline, j: int, table: GroupCostTable, last, unit, split: 
 def best_schedule(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
                   table: GroupCostTable | None = None,
                   schedules: tuple[str, ...] = PLAN_SCHEDULES) -> tuple[Plan, Evaluation]:
-    """The plan under the fastest of `schedules` that fits in memory (under the first if none fits)."""
-    best = None
+    """The plan under the fastest of `schedules` that fits in memory (under the first if none fits). Split-
+    backward schedules are skipped when every pipeline has one stage (no bubble to fill; 1F1B is as fast)."""
+    if all(len(p.stages) == 1 for p in plan.pipelines) and any(s not in SPLIT_BACKWARD for s in schedules):
+        schedules = tuple(s for s in schedules if s not in SPLIT_BACKWARD)
+    best, buckets = None, sync_buckets(plan, cluster, model, profile)
     for schedule in schedules:
         candidate = plan.with_schedule(schedule)
-        ev = evaluate_plan(candidate, cluster, model, profile, table)
+        ev = evaluate_plan(candidate, cluster, model, profile, table, buckets)
         if best is None or (ev.feasible, -ev.iteration_time_s) > (best[1].feasible, -best[1].iteration_time_s):
             best = (candidate, ev)
     if not best[1].feasible:
         first = plan.with_schedule(schedules[0])
-        return first, evaluate_plan(first, cluster, model, profile, table)
+        return first, evaluate_plan(first, cluster, model, profile, table, buckets)
     return best
 
 

@@ -8,6 +8,7 @@ it in the order. Links are full duplex and carry one message at a time per direc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autohet_ray.plan.schedule import BACKWARD, FORWARD, SCHEDULES, WGRAD
 
@@ -27,7 +28,12 @@ def one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int) -> lis
 
 
 def schedule_order(schedule: str, stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
-    return [(a.kind, a.microbatch) for a in SCHEDULES[schedule](num_stages, stage, num_microbatches)]
+    return list(_order(schedule, stage, num_stages, num_microbatches))
+
+
+@lru_cache(maxsize=4096)
+def _order(schedule: str, stage: int, num_stages: int, num_microbatches: int) -> tuple[tuple[str, int], ...]:
+    return tuple((a.kind, a.microbatch) for a in SCHEDULES[schedule](num_stages, stage, num_microbatches))
 
 
 def simulate(fwd_s: list[float], bwd_s: list[float], link_s: list[float], num_microbatches: int,
@@ -37,7 +43,7 @@ def simulate(fwd_s: list[float], bwd_s: list[float], link_s: list[float], num_mi
     p = len(fwd_s)
     assert len(bwd_s) == p and len(link_s) == p - 1 and (wgrad_s is None or len(wgrad_s) == p)
     duration = {FORWARD: fwd_s, BACKWARD: bwd_s, WGRAD: wgrad_s}
-    orders = [schedule_order(schedule, j, p, num_microbatches) for j in range(p)]
+    orders = [_order(schedule, j, p, num_microbatches) for j in range(p)]
     assert wgrad_s is not None or not any(k == WGRAD for o in orders for k, _ in o), schedule
     pos, free = [0] * p, [0.0] * p
     link_free = {(FORWARD, l): 0.0 for l in range(p - 1)} | {(BACKWARD, l): 0.0 for l in range(p - 1)}
@@ -47,21 +53,30 @@ def simulate(fwd_s: list[float], bwd_s: list[float], link_s: list[float], num_mi
     while progress:
         progress = False
         for j in range(p):
-            if pos[j] == len(orders[j]):
-                continue
-            kind, i = orders[j][pos[j]]
-            dep = _ready(kind, i, j, p, arrive)
-            if dep is None:
-                continue
-            start = max(free[j], dep)
-            end = start + duration[kind][j]
-            slots.append(Slot(j, i, kind, start, end))
-            free[j] = end
-            pos[j] += 1
-            progress = True
-            _send(kind, i, j, p, end, link_s, link_free, arrive)
+            while pos[j] < len(orders[j]):          # this stage's actions until one waits for a peer
+                kind, i = orders[j][pos[j]]
+                dep = _ready(kind, i, j, p, arrive)
+                if dep is None:
+                    break
+                start = max(free[j], dep)
+                end = start + duration[kind][j]
+                slots.append(Slot(j, i, kind, start, end))
+                free[j] = end
+                pos[j] += 1
+                progress = True
+                _send(kind, i, j, p, end, link_s, link_free, arrive)
     assert all(pos[j] == len(orders[j]) for j in range(p)), f"{schedule} schedule deadlocked"
     return slots
+
+
+@lru_cache(maxsize=8192)
+def simulate_cached(fwd_s: tuple[float, ...], bwd_s: tuple[float, ...], link_s: tuple[float, ...],
+                    num_microbatches: int, schedule: str,
+                    wgrad_s: tuple[float, ...] | None) -> tuple[Slot, ...]:
+    """`simulate` for hashable arguments, memoized: a plan's identical pipelines (and the planner's many
+    candidates sharing pipeline shapes) are simulated once."""
+    return tuple(simulate(list(fwd_s), list(bwd_s), list(link_s), num_microbatches, schedule,
+                          None if wgrad_s is None else list(wgrad_s)))
 
 
 def _ready(kind: str, i: int, j: int, p: int, arrive: dict) -> float | None:
