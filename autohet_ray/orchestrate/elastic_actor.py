@@ -17,7 +17,7 @@ import torch
 
 from autohet_ray.layout import Chunk
 from autohet_ray.orchestrate.elastic_tiers import build_tier
-from autohet_ray.runtime.abort import CollectiveSockets
+from autohet_ray.runtime.abort import collective_abort
 
 STEP_KEY = "optim.step"
 
@@ -60,21 +60,23 @@ class ElasticWorker:
     def where(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"rank": self.rank, "node_id": ctx.get_node_id(), "pid": os.getpid(),
-                "labels": dict(ctx.get_node_labels())}
+                "labels": dict(ctx.get_node_labels()), "cuda": torch.cuda.is_available()}
 
-    def host_store(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+    def host_store(self, world_size: int, timeout_s: float, loopback: bool = True) -> tuple[str, int]:
         """Start the rendezvous store here (as rank 0) before any rank joins: a rank whose client connects
-        before the store listens backs off for ~0.3 s (measured), which a recovery would wait for."""
+        before the store listens backs off for ~0.3 s (measured), which a recovery would wait for. Its address:
+        loopback when every rank is on this host, else this node's IP."""
         import torch.distributed as dist
-        self._store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+        addr = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(addr, 0, world_size, is_master=True, wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=timeout_s))
-        return "127.0.0.1", self._store.port
+        return addr, self._store.port
 
     def setup(self, *, master_addr: str, master_port: int, world_size: int, plan: dict, model_spec: dict,
-              seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str = "lo",
+              seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str | None = "lo",
               rank: int | None = None, pacer: dict | None = None) -> dict:
-        """Join the process group (gloo over `socket_ifname`) and build this rank's Engine (as `rank` when a
-        reused actor takes a new place)."""
+        """Join the process group (NCCL on this actor's GPU when it has one, else gloo; over `socket_ifname`
+        when given) and build this rank's Engine (as `rank` when a reused actor takes a new place)."""
         import torch.distributed as dist
         if rank is not None:
             self.rank = rank
@@ -84,13 +86,20 @@ class ElasticWorker:
         from autohet_ray.runtime.engine import Engine
 
         started_at, start = time.time(), time.perf_counter()
-        os.environ.update(LOCAL_RANK="0", GLOO_SOCKET_IFNAME=socket_ifname)   # the store is passed explicitly
-        sockets = CollectiveSockets()
+        from autohet_ray.runtime.device import default_backend
+        backend = default_backend()
+        os.environ["LOCAL_RANK"] = "0"                 # the store is passed explicitly
+        if socket_ifname:
+            os.environ.update(GLOO_SOCKET_IFNAME=socket_ifname, NCCL_SOCKET_IFNAME=socket_ifname)
+        if backend == "nccl":
+            torch.cuda.set_device(0)                  # Ray exposes this actor's GPU as device 0
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"     # the driver aborts (abort_collectives)
+        sockets = collective_abort(backend)
         timeout = datetime.timedelta(seconds=collective_timeout_s)
         store = getattr(self, "_store", None) if self.rank == 0 else None
         if store is None:
             store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=world_size, timeout=timeout)
         joined = time.perf_counter()
         from autohet_ray.orchestrate.pacer import EmulationPacer
         self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
@@ -98,7 +107,7 @@ class ElasticWorker:
                              pacer=EmulationPacer(**pacer) if pacer else None)
         sockets.capture()                     # the engine has built every subgroup
         self.collective_sockets = sockets
-        return {"rank": self.rank, "setup_s": time.perf_counter() - start, "started_at": started_at,
+        return {"rank": self.rank, "backend": backend, "setup_s": time.perf_counter() - start, "started_at": started_at,
                 "join_s": joined - start, "engine_s": time.perf_counter() - joined}
 
     @ray.method(concurrency_group="control")
@@ -190,6 +199,8 @@ class ElasticWorker:
         self.engine, self.handles = None, {}
         if dist.is_initialized():
             dist.destroy_process_group()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()              # the next plan's engine gets this GPU's memory back
         self._store = None
         return os.getpid()
 

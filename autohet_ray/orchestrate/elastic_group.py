@@ -1,8 +1,10 @@
 """A group of elastic stage actors for one plan: one actor per plan rank pinned to the node its stage names
-(hard node affinity, one fake/real GPU each), a gloo rendezvous on loopback through rank 0, lock-step calls,
-and failures reported with the dead rank's node, pipeline and stage."""
+(hard node affinity, one fake/real GPU each), a rendezvous through rank 0 (loopback when every rank is on one
+host; gloo, or NCCL on real GPUs), lock-step calls, and failures reported with the dead rank's node, pipeline
+and stage."""
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -109,12 +111,14 @@ class ElasticGroup:
         """Rendezvous through a store rank 0 hosts before the others join, and build every Engine
         (concurrently: init blocks until all ranks join). Returns the seconds, and the slowest rank's parts."""
         start, submitted = time.perf_counter(), time.time()
-        addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s)],
-                                 timeout_s)[0]
+        single = len({a[0] for a in self.raylets.values() if a is not None}) <= 1
+        addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s,
+                                                                    single)], timeout_s)[0]
         plan = self.plan.to_dict()
         refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
                                    model_spec=model_spec, seed=seed, lr=lr, dtype=dtype, rank=rank,
                                    collective_timeout_s=collective_timeout_s,
+                                   socket_ifname="lo" if single else os.environ.get("GLOO_SOCKET_IFNAME"),
                                    pacer=pacers[rank] if pacers else None)
                 for rank, actor in enumerate(self.actors)]
         ranks = self.gather(refs, timeout_s)

@@ -1,4 +1,5 @@
-"""Abort a rank's blocked gloo collectives from another thread.
+"""Abort a rank's blocked collectives from another thread: gloo by its sockets (below), NCCL by aborting its
+communicators (`NcclGroups`, torch's documented way; not run on a GPU in this repository's tests).
 
 A gloo send, recv or all-reduce waits on TCP sockets until its peer answers or the group's timeout (minutes)
 expires; `destroy_process_group` and `ProcessGroup.abort()` called from another thread do not wake it
@@ -60,3 +61,22 @@ class CollectiveSockets:
             finally:
                 sock.close()         # closes the duplicate only
         return done
+
+
+class NcclGroups:
+    """The NCCL counterpart of CollectiveSockets: `abort()` aborts every process group of this process (NCCL
+    communicator abort wakes calls blocked in a collective). Needs TORCH_NCCL_ASYNC_ERROR_HANDLING=0, so that
+    the watchdog does not tear the group down on its own meanwhile (see `_abort_process_group`)."""
+
+    def capture(self) -> int:
+        return 1
+
+    def abort(self) -> int:
+        import torch.distributed.distributed_c10d as c10d
+        c10d._abort_process_group()
+        return 1
+
+
+def collective_abort(backend: str):
+    """Create before `init_process_group`; `capture()` once every subgroup exists; `abort()` from any thread."""
+    return NcclGroups() if backend == "nccl" else CollectiveSockets()

@@ -73,3 +73,9 @@ def test_abort_wakes_blocked_collectives_and_the_process_can_rejoin():
     assert shut[1] >= 1
     rejoined = {e[1]: e for e in events if e[0] == "new group"}
     assert set(rejoined) == {0, 1} and all(e[2] == [3.0, 3.0, 3.0] and e[3] >= 2 for e in rejoined.values())
+
+
+def test_abort_kind_follows_the_backend():
+    from autohet_ray.runtime.abort import CollectiveSockets, NcclGroups, collective_abort
+    assert isinstance(collective_abort("gloo"), CollectiveSockets)
+    assert isinstance(collective_abort("nccl"), NcclGroups)
