@@ -80,7 +80,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
         for j, stage in enumerate(pipeline.stages):
             gc = table.get(stage.device_type, stage.tp)
             first, last = j == 0, j == p - 1
-            times.append(gc.stage_time(stage.num_layers, first, last))
+            times.append(sum(gc.stage_split(stage.num_layers, first, last, split)))
             mem = gc.stage_memory(stage.num_layers, first, last, in_flight_bound(plan.schedule, p, j, m))
             params = gc.stage_params(stage.num_layers, first, last)
             opt_s[(k, j)] = params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps
@@ -92,7 +92,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                  for a, b in zip(pipeline.stages, pipeline.stages[1:])]
         stage_times.append(tuple(times))
         link_times.append(tuple(links))
-        parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1)
+        parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1, split)
                  for j, s in enumerate(pipeline.stages)]
         slots = simulate_cached(tuple(f for f, _, _ in parts), tuple(b + (0.0 if split else w) for _, b, w in parts),
                                 tuple(links), m, plan.schedule, tuple(w for _, _, w in parts) if split else None)

@@ -18,6 +18,10 @@ GRAD_SYNC_BYTES = 2              # bf16 gradient all-reduce
 OPTIMIZER_BYTES_PER_PARAM = 30   # AdamW traffic per parameter (read/write master, moments, grad, weight)
 ACT_ELEMENT_BYTES = 2
 MEMORY_RESERVE_BYTES = 2 * 10**9  # CUDA context, workspaces, fragmentation
+# A backward split into B and deferred W (zero-bubble) re-reads each linear's input and output gradient later:
+# measured 1.03x (hidden 1024) to 1.04-1.09x (hidden 512) the plain backward on CPU
+# (benchmarks/wgrad_split_cost.py); not yet measured on a GPU.
+SPLIT_BACKWARD_OVERHEAD = 1.03
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,12 +47,15 @@ class GroupCost:
     def stage_time(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_s + (self.embed_s if first else 0.0) + (self.head_s if last else 0.0)
 
-    def stage_split(self, num_layers: int, first: bool, last: bool) -> tuple[float, float, float]:
-        """(forward, input-gradient backward, weight-gradient) seconds of one micro-batch on a stage."""
+    def stage_split(self, num_layers: int, first: bool, last: bool,
+                    split: bool = False) -> tuple[float, float, float]:
+        """(forward, input-gradient backward, weight-gradient) seconds of one micro-batch on a stage; with
+        `split` (the backward runs as B and W apart) B and W include SPLIT_BACKWARD_OVERHEAD."""
         total = self.stage_time(num_layers, first, last)
         fwd = total * self.layer_fwd_fraction
         wgrad = num_layers * self.layer_wgrad_s + (self.head_wgrad_s if last else 0.0)
-        return fwd, total - fwd - wgrad, wgrad
+        scale = SPLIT_BACKWARD_OVERHEAD if split else 1.0
+        return fwd, (total - fwd - wgrad) * scale, wgrad * scale
 
     def stage_params(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_params + (self.embed_params if first else 0) + (self.head_params if last else 0)

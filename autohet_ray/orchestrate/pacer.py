@@ -51,8 +51,9 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
         stages = plan.pipelines[k].stages
         gc = tables[k].get(stages[j].device_type, stages[j].tp)
         last = j == len(stages) - 1
-        fwd, bwd, wgrad = gc.stage_split(stages[j].num_layers, j == 0, last)
-        if plan.schedule not in SPLIT_BACKWARD:
+        split = plan.schedule in SPLIT_BACKWARD
+        fwd, bwd, wgrad = gc.stage_split(stages[j].num_layers, j == 0, last, split)
+        if not split:
             bwd, wgrad = bwd + wgrad, 0.0
         links = ev.link_times_s[k]
         params = gc.stage_params(stages[j].num_layers, j == 0, last)

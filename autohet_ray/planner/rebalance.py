@@ -26,12 +26,13 @@ def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, 
     fixed + (m - 1) * period (1F1B's, less the zero-bubble saving under a split-backward schedule)."""
     stages = plan.pipelines[k].stages
     p = len(stages)
-    parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1)
+    split = plan.schedule in SPLIT_BACKWARD
+    parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1, split)
              for j, s in enumerate(stages)]
     stage_s = [sum(part) for part in parts]
     link_s = [stage_link_time(plan, cluster, profile, model, a, b, mb) for a, b in zip(stages, stages[1:])]
     wgrad = [w for _, _, w in parts]
-    saving = 2 * (sum(wgrad) - max(wgrad)) if plan.schedule in SPLIT_BACKWARD else 0.0
+    saving = 2 * (sum(wgrad) - max(wgrad)) if split else 0.0
     return sum(stage_s) + 2 * sum(link_s) - saving, steady_period(stage_s, link_s)
 
 

@@ -76,7 +76,8 @@ class TemplateEval:
 
 def zero_bubble_saving(groups: list, split: Split, num_microbatches: int) -> float:
     """How much sooner zero-bubble H1 ends than 1F1B: 2 (sum of W - largest W), the paper's uniform-stage
-    bubble difference 2 (p - 1) W generalized (never above the simulated saving on random pipelines).
+    bubble difference 2 (p - 1) W generalized (never above the simulated saving on random pipelines), less
+    what the split backward costs on the bottleneck stage over every micro-batch (0 if that is more).
     0 when ZB-H1's extra activations (p micro-batches on every stage) do not fit, or with fewer micro-batches
     than stages."""
     p = len(groups)
@@ -85,8 +86,11 @@ def zero_bubble_saving(groups: list, split: Split, num_microbatches: int) -> flo
     for j, (g, n) in enumerate(zip(groups, split.counts)):
         if g.stage_memory(n, j == 0, j == p - 1, p) > g.capacity_bytes:
             return 0.0
-    wgrad = [g.stage_split(n, j == 0, j == p - 1)[2] for j, (g, n) in enumerate(zip(groups, split.counts))]
-    return 2 * (sum(wgrad) - max(wgrad))
+    plain = [g.stage_split(n, j == 0, j == p - 1) for j, (g, n) in enumerate(zip(groups, split.counts))]
+    parts = [g.stage_split(n, j == 0, j == p - 1, True) for j, (g, n) in enumerate(zip(groups, split.counts))]
+    wgrad = [w for _, _, w in parts]
+    slower = max(sum(x) for x in parts) - max(sum(x) for x in plain)     # the split's cost on the bottleneck
+    return max(0.0, 2 * (sum(wgrad) - max(wgrad)) - num_microbatches * slower)
 
 
 def group_kinds(cluster: Cluster, model) -> list[Kind]:
