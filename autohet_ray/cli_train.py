@@ -44,7 +44,7 @@ def _print_phase(report: dict, tag: str) -> None:
                                     for s in p["stages"])
                           + f" m={p['num_microbatches']}x{p.get('micro_batch') or plan['micro_batch']}"
                           for p in plan["pipelines"])
-        print(f"plan: {shape}")
+        print(f"plan ({plan.get('schedule', '1f1b')}): {shape}")
         print(f"  predicted {report['predicted_iteration_s']:.4f} s/iteration, "
               f"{report['predicted_samples_per_s']:.1f} samples/s{tag}  [{secs:.1f} s]")
         for name, t in report["baselines_iteration_s"].items():
