@@ -33,7 +33,8 @@ def elastic_job_of(args) -> dict:
                  else {"time_scale": float(args.time_scale)})
     return {"model": model.to_dict(), "cluster": cluster.to_dict(), "global_batch": args.global_batch,
             "storage": storage_spec(args.storage, endpoint_url=args.endpoint_url), "seq_len": args.seq_len,
-            "micro_batch": args.micro_batch, "schedule": args.schedule, "plan": load_plan(args.plan).to_dict() if args.plan else None,
+            "micro_batch": args.micro_batch, "schedule": args.schedule,
+            "plan": load_plan(args.plan).to_dict() if args.plan else None,
             "cloud_every": args.cloud_every, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit, **clock}
 
 

@@ -1,9 +1,9 @@
 """Cost model vs reality, emulated: on the paper's 24-GPU mix (8x A100-80GB + 8x H800 + 8x H20), run the
 planner's plan and the Megatron-LM plan side by side through the real Ray path (driver actor, placement
-groups, 24 stage actors, gloo p2p/TP/grad sync, the runtime's 1F1B), for a GPT-3-shaped and a LLaMA-shaped
+groups, 24 stage actors, gloo p2p/TP/grad sync, the runtime's schedule), for a GPT-3-shaped and a LLaMA-shaped
 model; and the planner's plan under the other pipeline schedule (1F1B vs zero-bubble H1), to check that the
-runtime's schedule gains what the cost model predicts. The model that runs is scaled down to fit 2 CPU cores (the real layer count, tiny hidden size and
-sequence); every op is paced to what the analytic profile of the *real-size* model predicts for the emulated
+runtime's schedule gains what the cost model predicts. The model that runs is scaled down to fit 2 CPU cores
+(the real layer count, tiny hidden size and sequence); every op is paced to what the analytic profile of the *real-size* model predicts for the emulated
 GPU or link (times a time scale), so the emulated clock reflects the real GPUs. All figures are emulated.
 
     python benchmarks/e2e_bench.py [--models gpt3-6.7b,llama-7b] [--global-batch 96] [--steps 4]

@@ -190,7 +190,8 @@ def main(argv=None) -> int:
                      storage=cloud, cloud_every=args.cloud_every, plan=initial_plan(model, args.global_batch,
                                                                                       args.seq_len),
                      collective_timeout_s=60, detect_timeout_s=60, iteration_wall_s=args.emulate_wall_s or None)
-    out: dict = {"emulated": True, "paced_iteration_wall_s": args.emulate_wall_s or None, "model": model, "cloud_link": f"moto S3 on loopback, {args.cloud_mib_s:g} MiB/s per rank "
+    out: dict = {"emulated": True, "paced_iteration_wall_s": args.emulate_wall_s or None, "model": model,
+                 "cloud_link": f"moto S3 on loopback, {args.cloud_mib_s:g} MiB/s per rank "
                  "(token bucket)", "snapshot_policy": f"keeper + 1 peer every step, S3 every {args.cloud_every} steps"}
     try:
         with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as cluster:

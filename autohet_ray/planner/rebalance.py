@@ -4,8 +4,9 @@ With one micro-batch size for the whole plan, a pipeline's share of the batch mo
 fast and a slow data-parallel replica of a large model, one step can be a tenth of the iteration. Here each
 pipeline keeps its stages and layer split but may run smaller micro-batches (profiled sizes up to the plan's, so
 its activation memory does not grow). For a deadline D a pipeline can take n samples if n = m * mb for a size mb
-whose time with m micro-batches (closed form, under the plan's schedule) is within D; a bitset subset-sum tells whether the chosen counts can add up
-to exactly the global batch, and bisection finds the smallest such D. The full cost model then decides.
+whose time with m micro-batches (closed form, under the plan's schedule) is within D; a bitset subset-sum tells
+whether the chosen counts can add up to exactly the global batch, and bisection finds the smallest such D. The
+full cost model then decides.
 """
 from __future__ import annotations
 
