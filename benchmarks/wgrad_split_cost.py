@@ -1,7 +1,7 @@
 """Cost of splitting the backward for zero-bubble H1, on one device: the same transformer layers trained with
 a plain backward, and with the input-gradient backward (B) and the deferred weight gradients (W) run apart
 (runtime/wgrad.py, as the zb-h1 executor does). Reports B + W over the plain backward (the cost model assumes
-1.0) and the measured W share of the backward beside the cost model's FLOP share (model/costs.py), which
+cost/terms.SPLIT_BACKWARD_OVERHEAD) and the measured W share of the backward beside the cost model's FLOP share (model/costs.py), which
 the planner uses to price W.
 
     .venv/bin/python benchmarks/wgrad_split_cost.py                    # CPU: hidden 512, fp32
@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from autohet_ray.cost.terms import SPLIT_BACKWARD_OVERHEAD
 from autohet_ray.model.costs import weight_grad_share
 from autohet_ray.model.spec import ModelSpec, load_model
 from autohet_ray.runtime.parallelize import build_stage_model
@@ -108,7 +109,8 @@ def main() -> int:
     print(f"{out['device']} {args.dtype}, {spec.name} x{args.layers} layers, micro-batch {args.micro_batch} x "
           f"{args.seq_len} tokens (median of {args.repeats}):")
     print(f"  plain backward {plain_bwd * 1e3:.2f} ms; split: B {split_b * 1e3:.2f} ms + W {split_w * 1e3:.2f} ms "
-          f"= {out['split_over_plain_backward']:.3f}x the plain backward (cost model assumes 1.000x)")
+          f"= {out['split_over_plain_backward']:.3f}x the plain backward (cost model assumes "
+          f"{SPLIT_BACKWARD_OVERHEAD:.3f}x)")
     print(f"  W share of the backward: measured {out['measured_wgrad_share']:.3f}, cost model "
           f"{out['cost_model_wgrad_share']:.3f}")
     print(json.dumps(out))

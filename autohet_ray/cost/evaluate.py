@@ -76,11 +76,11 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
     split = plan.schedule in SPLIT_BACKWARD
     for k, pipeline in enumerate(plan.pipelines):
         p, m, table = len(pipeline.stages), pipeline.num_microbatches, tables[k]
-        times = []
+        parts = []                     # per stage: (forward, backward, weight-gradient) seconds per micro-batch
         for j, stage in enumerate(pipeline.stages):
             gc = table.get(stage.device_type, stage.tp)
             first, last = j == 0, j == p - 1
-            times.append(sum(gc.stage_split(stage.num_layers, first, last, split)))
+            parts.append(gc.stage_split(stage.num_layers, first, last, split))
             mem = gc.stage_memory(stage.num_layers, first, last, in_flight_bound(plan.schedule, p, j, m))
             params = gc.stage_params(stage.num_layers, first, last)
             opt_s[(k, j)] = params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps
@@ -90,10 +90,8 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                 capacity[f"{stage.node}:{d}"] = gc.capacity_bytes
         links = [stage_link_time(plan, cluster, profile, model, a, b, plan.micro_batch_of(k))
                  for a, b in zip(pipeline.stages, pipeline.stages[1:])]
-        stage_times.append(tuple(times))
+        stage_times.append(tuple(sum(part) for part in parts))
         link_times.append(tuple(links))
-        parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1, split)
-                 for j, s in enumerate(pipeline.stages)]
         slots = simulate_cached(tuple(f for f, _, _ in parts), tuple(b + (0.0 if split else w) for _, b, w in parts),
                                 tuple(links), m, plan.schedule, tuple(w for _, _, w in parts) if split else None)
         pipe_times.append(max(slot.end_s for slot in slots))
@@ -145,16 +143,13 @@ def best_schedule(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
     backward schedules are skipped when every pipeline has one stage (no bubble to fill; 1F1B is as fast)."""
     if all(len(p.stages) == 1 for p in plan.pipelines) and any(s not in SPLIT_BACKWARD for s in schedules):
         schedules = tuple(s for s in schedules if s not in SPLIT_BACKWARD)
-    best, buckets = None, sync_buckets(plan, cluster, model, profile)
+    buckets = sync_buckets(plan, cluster, model, profile)
+    priced = []
     for schedule in schedules:
         candidate = plan.with_schedule(schedule)
-        ev = evaluate_plan(candidate, cluster, model, profile, table, buckets)
-        if best is None or (ev.feasible, -ev.iteration_time_s) > (best[1].feasible, -best[1].iteration_time_s):
-            best = (candidate, ev)
-    if not best[1].feasible:
-        first = plan.with_schedule(schedules[0])
-        return first, evaluate_plan(first, cluster, model, profile, table, buckets)
-    return best
+        priced.append((candidate, evaluate_plan(candidate, cluster, model, profile, table, buckets)))
+    fitting = [entry for entry in priced if entry[1].feasible]
+    return min(fitting, key=lambda entry: entry[1].iteration_time_s) if fitting else priced[0]
 
 
 def price_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB) -> Plan:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, best_schedule, stage_link_time
-from autohet_ray.cost.pipeline import steady_period
+from autohet_ray.cost.pipeline import steady_period, zero_bubble_bubble_saving
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
@@ -32,8 +32,7 @@ def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, 
              for j, s in enumerate(stages)]
     stage_s = [sum(part) for part in parts]
     link_s = [stage_link_time(plan, cluster, profile, model, a, b, mb) for a, b in zip(stages, stages[1:])]
-    wgrad = [w for _, _, w in parts]
-    saving = 2 * (sum(wgrad) - max(wgrad)) if split else 0.0
+    saving = zero_bubble_bubble_saving([w for _, _, w in parts]) if split else 0.0
     return sum(stage_s) + 2 * sum(link_s) - saving, steady_period(stage_s, link_s)
 
 

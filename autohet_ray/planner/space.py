@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import (GRAD_SYNC_BYTES, GroupCostTable, activation_message_bytes, inter_link,
                                     intra_link, p2p_time)
-from autohet_ray.cost.pipeline import steady_period
+from autohet_ray.cost.pipeline import steady_period, zero_bubble_bubble_saving
 from autohet_ray.planner.split import Split, best_split
 
 Kind = tuple[str, int]           # (device type, TP degree)
@@ -75,8 +75,7 @@ class TemplateEval:
 
 
 def zero_bubble_saving(groups: list, split: Split, num_microbatches: int) -> float:
-    """How much sooner zero-bubble H1 ends than 1F1B: 2 (sum of W - largest W), the paper's uniform-stage
-    bubble difference 2 (p - 1) W generalized (never above the simulated saving on random pipelines), less
+    """How much sooner zero-bubble H1 ends than 1F1B: its bubble saving (`zero_bubble_bubble_saving`), less
     what the split backward costs on the bottleneck stage over every micro-batch (0 if that is more).
     0 when ZB-H1's extra activations (p micro-batches on every stage) do not fit, or with fewer micro-batches
     than stages."""
@@ -88,9 +87,8 @@ def zero_bubble_saving(groups: list, split: Split, num_microbatches: int) -> flo
             return 0.0
     plain = [g.stage_split(n, j == 0, j == p - 1) for j, (g, n) in enumerate(zip(groups, split.counts))]
     parts = [g.stage_split(n, j == 0, j == p - 1, True) for j, (g, n) in enumerate(zip(groups, split.counts))]
-    wgrad = [w for _, _, w in parts]
     slower = max(sum(x) for x in parts) - max(sum(x) for x in plain)     # the split's cost on the bottleneck
-    return max(0.0, 2 * (sum(wgrad) - max(wgrad)) - num_microbatches * slower)
+    return max(0.0, zero_bubble_bubble_saving([w for _, _, w in parts]) - num_microbatches * slower)
 
 
 def group_kinds(cluster: Cluster, model) -> list[Kind]:
