@@ -1,7 +1,10 @@
 """Asynchronous snapshots of one rank's shards.
 
 `snapshot()` copies the shards into serialized blobs (one copy: the only part that stalls compute) and
-returns a handle. A background "fast lane" hashes and writes each chunk to the node's tier and its peer tiers
+returns a handle. With `background_copy` even the copy leaves the caller: it runs first in the fast lane
+(from a GPU on a side CUDA stream, after the work already queued on the caller's stream), overlapping the
+next step's forward and backward; the caller must wait for `handle.copied` before it changes the tensors
+again (the next optimizer step). A background "fast lane" hashes and writes each chunk to the node's tier and its peer tiers
 (every step); a "cloud lane" uploads the same bytes to the cloud tier every `cloud_every` steps. Each lane
 yields ChunkRecords; the coordinator commits a step's manifest once every rank's lane has finished.
 A new snapshot waits for the previous fast lane, and a cloud step for the previous upload (backpressure,
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from autohet_ray import ConfigError
@@ -58,7 +61,15 @@ class SnapshotHandle:
         self.step, self.copy_seconds, self.wait_seconds = step, copy_seconds, wait_seconds
         self.fast: Future = Future()
         self.cloud: Future | None = None
+        self.copied: Future = Future()    # the blobs hold the state: the caller may update the tensors again
         self.items = items or []          # the blobs, recycled for a later snapshot once both lanes are done
+
+    def wait_copied(self, timeout: float | None = None) -> float:
+        """Block until the blobs hold the state, or the lane ended without copying (failed, cancelled);
+        returns the seconds waited. A failure is reported by `fast_result`, not here."""
+        start = time.perf_counter()
+        wait([self.copied, self.fast], timeout, return_when=FIRST_COMPLETED)
+        return time.perf_counter() - start
 
     def settled(self) -> bool:
         return self.fast.done() and (self.cloud is None or self.cloud.done())
@@ -99,15 +110,22 @@ class AsyncSnapshotter:
         self._last: SnapshotHandle | None = None
         self._last_cloud: SnapshotHandle | None = None
         self._lock = threading.Lock()
+        self._lent_lock = threading.Lock()
         self._lent: list[SnapshotHandle] = []        # handles whose blobs may still be in use by a lane
+        self._copy_stream = None                      # side CUDA stream of background copies (made lazily)
 
     def is_cloud_step(self, step: int) -> bool:
         return self.cloud is not None and self.policy.cloud_every > 0 and step % self.policy.cloud_every == 0
 
-    def snapshot(self, step: int, state: dict, *, owned=None, routes: dict[str, set] | None = None) -> SnapshotHandle:
+    def snapshot(self, step: int, state: dict, *, owned=None, routes: dict[str, set] | None = None,
+                 background_copy: bool = False) -> SnapshotHandle:
         """Copy the shards (name -> (tensor, global shape, chunk)) to CPU and write them in the background.
         `owned`: the (name, chunk)s this rank writes anywhere (None: all). `routes`: tier name -> the
-        (name, chunk)s that tier takes (see peers.place_copies); a tier not named takes everything owned."""
+        (name, chunk)s that tier takes (see peers.place_copies); a tier not named takes everything owned.
+        `background_copy`: copy in the fast lane too (see the module docstring); wait for `handle.copied`
+        before changing the tensors."""
+        if background_copy:
+            return self._snapshot_in_background(step, state, owned, routes or {})
         with self._lock:
             wait_start = time.perf_counter()
             if self._last is not None:
@@ -119,7 +137,9 @@ class AsyncSnapshotter:
             self.faults.maybe_fail("snapshot_copy")
             items = encode_shards(state, owned, self._reclaim())
             handle = SnapshotHandle(step, time.perf_counter() - copy_start, wait_seconds, items)
-            self._lent.append(handle)
+            handle.copied.set_result(None)
+            with self._lent_lock:
+                self._lent.append(handle)
             encoded: Future = Future()
             handle.fast = self._fast_lane.submit(self._write_fast, step, items, encoded, routes or {})
             if self.is_cloud_step(step):
@@ -128,13 +148,63 @@ class AsyncSnapshotter:
             self._last = handle
             return handle
 
+    def _snapshot_in_background(self, step: int, state: dict, owned, routes: dict) -> SnapshotHandle:
+        with self._lock:
+            handle = SnapshotHandle(step, 0.0, 0.0)
+            previous_upload = self._last_cloud if self.is_cloud_step(step) else None
+            encoded: Future = Future()
+            handle.fast = self._fast_lane.submit(self._copy_then_write, handle, state, owned, _device_marker(state),
+                                                 previous_upload, encoded, routes)
+            if self.is_cloud_step(step):
+                handle.cloud = self._cloud_lane.submit(self._write_cloud, step, encoded, handle.fast, routes)
+                self._last_cloud = handle
+            self._last = handle
+            return handle
+
+    def _copy_then_write(self, handle: SnapshotHandle, state: dict, owned, marker, previous_upload,
+                         encoded: Future, routes: dict) -> LaneResult:
+        """The fast lane of a background copy: after the previous snapshot's lane (the lane runs one task at a
+        time) and, on a cloud step, the previous upload, copy; release the caller; then hash and write."""
+        start = time.perf_counter()
+        try:
+            if previous_upload is not None:
+                _wait_quietly(previous_upload.cloud)          # one upload at a time, as in the caller's path
+            handle.wait_seconds = time.perf_counter() - start
+            copy_start = time.perf_counter()
+            self.faults.maybe_fail("snapshot_copy")
+            handle.items = self._copy_after(marker, state, owned)
+            handle.copy_seconds = time.perf_counter() - copy_start
+        except BaseException as err:
+            handle.copied.set_exception(err)
+            encoded.set_exception(err)
+            raise
+        with self._lent_lock:
+            self._lent.append(handle)
+        handle.copied.set_result(None)
+        return self._write_fast(handle.step, handle.items, encoded, routes)
+
+    def _copy_after(self, marker, state: dict, owned) -> list[_Encoded]:
+        """encode_shards; device tensors are read on a side stream once `marker` (the caller's stream at
+        snapshot time: the optimizer step) is reached, so compute queued after it keeps running."""
+        if marker is None:
+            return encode_shards(state, owned, self._reclaim())
+        import torch
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(device=marker[1])
+        with torch.cuda.stream(self._copy_stream):
+            self._copy_stream.wait_event(marker[0])
+            items = encode_shards(state, owned, self._reclaim())
+        self._copy_stream.synchronize()
+        return items
+
     def _reclaim(self) -> dict:
         """Blobs of settled snapshots (no lane reads them any more), by (name, chunk)."""
         spare = {}
-        for handle in [h for h in self._lent if h.settled()]:
-            self._lent.remove(handle)
-            spare.update({(item.name, item.chunk): item.blob for item in handle.items})
-            handle.items = []
+        with self._lent_lock:
+            for handle in [h for h in self._lent if h.settled()]:
+                self._lent.remove(handle)
+                spare.update({(item.name, item.chunk): item.blob for item in handle.items})
+                handle.items = []
         return spare
 
     def _write_fast(self, step: int, items: list[_Encoded], encoded: Future, routes: dict) -> LaneResult:
@@ -208,6 +278,17 @@ def _with_replicas(record: ChunkRecord, replicas) -> ChunkRecord:
     return ChunkRecord(step=record.step, name=record.name, global_shape=record.global_shape, chunk=record.chunk,
                        dtype=record.dtype, digest=record.digest, nbytes=record.nbytes,
                        replicas=tuple(dict.fromkeys(replicas)))
+
+
+def _device_marker(state: dict):
+    """(event, device) recorded on the current CUDA stream of the state's device tensors; None on CPU."""
+    device = next((t.device for t, _, _ in state.values() if t.is_cuda), None)
+    if device is None:
+        return None
+    import torch
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event, device
 
 
 def _wait_quietly(future: Future) -> None:

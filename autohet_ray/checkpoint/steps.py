@@ -17,16 +17,24 @@ from autohet_ray.checkpoint.keys import step_of_key, step_prefix
 from autohet_ray.checkpoint.manifest import Manifest, merge_records
 
 
-def commit_step(step: int, records, tiers, *, faults: Faults = NO_FAULTS, extra: dict | None = None) -> Manifest:
+def commit_step(step: int, records, tiers, *, faults: Faults = NO_FAULTS, extra: dict | None = None,
+                on_unavailable=None) -> Manifest:
     """Merge every writer's records into one manifest and commit it to each tier in `tiers` (in order).
-    Raises IncompleteStepError, without writing anything, unless the records make a usable step."""
+    Raises IncompleteStepError, without writing anything, unless the records make a usable step.
+    `on_unavailable(tier, error)`: called for a tier that cannot be reached (the others still commit);
+    without it that TierUnavailableError is raised."""
     if not tiers:
         raise ConfigError("commit_step needs at least one tier to hold the manifest")
     manifest = merge_records(step, records, extra=extra)
     body = manifest.to_json()
     faults.maybe_fail("before_manifest_commit")
     for tier in tiers:
-        tier.put_manifest(step, body)
+        try:
+            tier.put_manifest(step, body)
+        except TierUnavailableError as err:
+            if on_unavailable is None:
+                raise
+            on_unavailable(tier, err)
     faults.maybe_fail("after_manifest_commit")
     return manifest
 
@@ -113,7 +121,7 @@ def collect_garbage(tier, *, keep_last: int = 2, committed: list[int] | None = N
     deleted = 0
     for step in doomed_committed + doomed_partial:
         tier.delete_manifest(step)
-        for key in tier.list(step_prefix(step)):
-            tier.delete(key)
-            deleted += 1
+        keys = tier.list(step_prefix(step))
+        tier.delete_many(keys)
+        deleted += len(keys)
     return CollectReport(sorted(keep), doomed_committed, doomed_partial, deleted)

@@ -54,6 +54,8 @@ class ElasticWorker:
     def __init__(self, rank: int):
         self.rank, self.engine, self.snapshotter = rank, None, None
         self.handles: dict = {}
+        self._copying = None               # the snapshot whose background copy may still read the tensors
+        self._copy_wait_s = 0.0
         torch.set_num_threads(1)
 
     @ray.method(concurrency_group="control")
@@ -142,17 +144,29 @@ class ElasticWorker:
         self.owned = set().union(*self.routes.values())
 
     def train_step(self, batch: dict, snapshot: bool) -> dict:
-        """One step; then (when `snapshot`) copy the shards and write them in the background."""
+        """One step; then (when `snapshot`) snapshot the shards in the background: the copy itself runs
+        beside the next step's forward and backward, which waits for it only before its optimizer step."""
+        self.engine.before_update = self._await_copy
+        self._copy_wait_s = 0.0
+        previous = self._copying
         out = self.engine.train_step(batch)
         out["rank"] = self.rank
+        if previous is not None:          # its copy finished before this step's update
+            out["snapshot_copy_s"] = previous.copy_seconds
+            out["snapshot_wait_s"] = self._copy_wait_s + previous.wait_seconds
         if snapshot:
             assert self.snapshotter is not None, "configure_snapshots first"
             handle = self.snapshotter.snapshot(self.engine.step, live_state(self.engine), owned=self.owned,
-                                               routes=self.routes)
+                                               routes=self.routes, background_copy=True)
             self.handles[self.engine.step] = handle
-            out["snapshot_copy_s"] = handle.copy_seconds
-            out["snapshot_wait_s"] = handle.wait_seconds
+            self._copying = handle
         return out
+
+    def _await_copy(self) -> None:
+        """The engine's before_update: the previous snapshot's copy must be done before its tensors change."""
+        if self._copying is not None:
+            self._copy_wait_s = self._copying.wait_copied()
+            self._copying = None
 
     def fast_records(self, step: int, timeout_s: float = 120.0) -> list:
         """The node+peer records of `step` once its fast lane has written them."""
@@ -196,7 +210,7 @@ class ElasticWorker:
         for the next plan. Returns this process id."""
         import torch.distributed as dist
         self.close_snapshots(wait=False)          # a snapshot in flight is abandoned, not awaited
-        self.engine, self.handles = None, {}
+        self.engine, self.handles, self._copying = None, {}, None
         if dist.is_initialized():
             dist.destroy_process_group()
         if torch.cuda.is_available():

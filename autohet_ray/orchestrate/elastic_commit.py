@@ -28,15 +28,17 @@ class Committer:
         self.keepers.pop(node, None)
 
     def commit_fast(self, step: int, records_per_rank: list[list]) -> None:
+        if not self.keepers:
+            raise CheckpointError(f"step {step}: no live keeper to take the manifest")
         records = [r for rank_records in records_per_rank for r in rank_records]
-        ok = 0
-        for node, tier in self.keepers.items():
-            try:
-                commit_step(step, records, [tier], extra=self.extra)
-                ok += 1
-            except TierUnavailableError as err:
-                self.skipped.append(f"step {step}: keeper of node {node} unavailable ({err})")
-        if not ok:
+        node_of = {id(tier): node for node, tier in self.keepers.items()}
+        missed = []
+
+        def unavailable(tier, err):
+            missed.append(tier)
+            self.skipped.append(f"step {step}: keeper of node {node_of[id(tier)]} unavailable ({err})")
+        commit_step(step, records, list(self.keepers.values()), extra=self.extra, on_unavailable=unavailable)
+        if len(missed) == len(self.keepers):
             raise CheckpointError(f"step {step}: no live keeper took the manifest: "
                                   f"{self.skipped[-len(self.keepers):]}")
         self.committed.append(step)

@@ -100,6 +100,9 @@ class NodeKeeper:
     def delete(self, key: str) -> None:
         self._tier.delete(key)
 
+    def delete_many(self, keys: list[str]) -> None:
+        self._tier.delete_many(keys)
+
     def put_manifest(self, step: int, body: bytes) -> str | None:
         """None when committed (or already committed with the same body), else the conflict message."""
         try:
@@ -231,6 +234,10 @@ class KeeperTier:
 
     def delete(self, key: str) -> None:
         self._call("delete", key)
+
+    def delete_many(self, keys: list[str]) -> None:
+        """One call for all of them (a collected step's chunks)."""
+        self._call("delete_many", keys)
 
     def put_manifest(self, step: int, body: bytes) -> None:
         conflict = self._call("put_manifest", step, body)

@@ -3,6 +3,7 @@ schedule with inter-stage bridges, layer-wise gradient sync across pipelines, cl
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -75,6 +76,9 @@ class Engine:
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=lr, weight_decay=weight_decay)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
+        self.before_update: Callable[[], None] | None = None
+        """Called right before the optimizer changes parameters and moments in place (a background snapshot
+        copy of the previous step waits there)."""
         store, deferred = self._defer_weight_grads() if schedule in SPLIT_BACKWARD else (None, {})
         self.executor = StageExecutor(model=self.model, bridge=self.bridge, tp=self.tp, first=self.first,
                                       last=self.last, clock=self.clock, before_last_backward=self.grad_sync.arm,
@@ -142,6 +146,8 @@ class Engine:
         loss = self.executor.run(self.actions, self._microbatches(ids, labels))
         self.bridge.flush()
         loss, norm = self.clock.run("grad_sync", lambda: self._sync(loss), num_bytes=self.grad_sync.num_bytes)
+        if self.before_update is not None:
+            self.before_update()          # outside the paced op: a wait here is the host's, not the device's
         self.clock.run("optimizer", lambda: self._optimizer_step(norm))
         self.step += 1
         timings = self.clock.reset()

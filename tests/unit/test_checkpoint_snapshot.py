@@ -124,3 +124,48 @@ def test_buffers_are_reused_only_after_every_lane_is_done_with_them():
     for name, (tensor, _, _) in restored.items():           # step 2 as it was, despite later snapshots
         assert torch.equal(tensor, original[name]), name
     snap.close()
+
+
+class GatedLocal(MemoryTier):
+    """A node tier whose writes wait for the gate: the fast lane is busy with the previous snapshot."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.gate = threading.Event()
+
+    def put_chunk(self, key, blob):
+        assert self.gate.wait(30)
+        super().put_chunk(key, blob)
+
+
+def test_a_background_copy_returns_at_once_and_holds_the_state_of_its_step():
+    local = GatedLocal("node")
+    snap = AsyncSnapshotter(local=local, policy=SnapshotPolicy(cloud_every=0))
+    full2, full3 = full_state(2), full_state(3)
+    state = rank_states(full2, 1)[0]
+    first = snap.snapshot(2, state, background_copy=True)
+    assert first.wait_copied(timeout=30) < 30 and first.copied.done()
+    for name, (tensor, _, _) in state.items():               # the "optimizer" of step 3 updates in place
+        tensor.copy_(full3[name])
+    second = snap.snapshot(3, state, background_copy=True)   # queued behind step 2's writes (gate closed)
+    assert not second.copied.done()                          # the caller was not blocked: the copy waits
+    local.gate.set()
+    second.wait_copied(timeout=30)
+    for step, full, handle in ((2, full2, first), (3, full3, second)):
+        manifest = commit_step(step, handle.fast_result(timeout=30).records, [local])
+        restored, _ = restore(manifest, needs_of([state])[0], [local])
+        for name, (tensor, _, _) in restored.items():
+            assert torch.equal(tensor, full[name]), (step, name)
+    snap.close()
+
+
+def test_a_failed_background_copy_releases_the_caller_and_fails_the_snapshot():
+    from autohet_ray.checkpoint import Faults, InjectedFault
+    faults = Faults()
+    snap = AsyncSnapshotter(local=MemoryTier("node"), policy=SnapshotPolicy(cloud_every=0), faults=faults)
+    faults.arm_next("snapshot_copy")
+    handle = snap.snapshot(4, rank_states(full_state(4), 1)[0], background_copy=True)
+    handle.wait_copied(timeout=30)
+    with pytest.raises(InjectedFault, match="snapshot_copy"):
+        handle.fast_result(timeout=30)
+    snap.close()

@@ -121,3 +121,25 @@ def test_concurrent_commits_of_one_step_on_s3_have_one_winner(s3_url):
         t.join()
     assert sorted(outcomes) == ["lost", "lost", "lost", "won"]
     assert cloud.get_manifest(9).startswith(b"manifest ")
+
+
+class _Unreachable(LocalDirTier):
+    def put_manifest(self, step, body):
+        from autohet_ray.checkpoint.errors import TierUnavailableError
+        raise TierUnavailableError(self.name, "keeper died")
+
+
+def test_commit_reaches_every_reachable_tier_and_reports_the_rest(tmp_path):
+    from autohet_ray.checkpoint import commit_step
+    from autohet_ray.checkpoint.errors import TierUnavailableError
+    from autohet_ray.checkpoint.manifest import ChunkRecord
+    from autohet_ray.layout import Chunk
+    record = ChunkRecord(step=3, name="w", global_shape=(2,), chunk=Chunk.whole((2,)), dtype="float32",
+                         digest="xxh3-128:00", nbytes=72, replicas=("a",))
+    good, dead, later = LocalDirTier(tmp_path / "a", name="a"), _Unreachable(tmp_path / "b", name="b"), \
+        LocalDirTier(tmp_path / "c", name="c")
+    with pytest.raises(TierUnavailableError, match="keeper died"):
+        commit_step(3, [record], [dead, good])
+    missed = []
+    commit_step(3, [record], [good, dead, later], on_unavailable=lambda tier, err: missed.append(tier.name))
+    assert missed == ["b"] and good.list_manifests() == [3] and later.list_manifests() == [3]

@@ -57,6 +57,30 @@ def test_chunks_put_get_has_list_delete(tier):
         tier.get_chunk(keys[0])
 
 
+
+def test_delete_many_removes_exactly_the_keys_named(tier):
+    keys = [f"step-0000000003/t{i}/0-4" for i in range(7)] + ["step-0000000004/t0/0-4"]
+    for key in keys:
+        tier.put_chunk(key, b"x" * 16)
+    tier.delete_many(keys[:7] + ["step-0000000003/never-written/0-1"])    # absent keys are fine
+    tier.delete_many([])
+    assert tier.list() == keys[7:]
+    assert tier.get_chunk(keys[7]) == b"x" * 16
+
+
+def test_s3_delete_many_batches_past_the_request_limit(s3_url, monkeypatch):
+    import autohet_ray.checkpoint.tiers.s3 as s3
+    monkeypatch.setattr(s3, "S3_DELETE_BATCH", 3)          # 8 keys: three DeleteObjects requests
+    tier = s3_tier(s3_url)
+    calls = []
+    real = tier.client.delete_objects
+    tier.client.delete_objects = lambda **kw: calls.append(len(kw["Delete"]["Objects"])) or real(**kw)
+    keys = [f"step-0000000005/t{i}/0-4" for i in range(8)]
+    for key in keys:
+        tier.put_chunk(key, b"y")
+    tier.delete_many(keys)
+    assert calls == [3, 3, 2] and tier.list() == []
+
 def test_manifest_is_created_once(tier):
     assert tier.list_manifests() == []
     tier.put_manifest(5, b'{"m": 1}')

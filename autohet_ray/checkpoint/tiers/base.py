@@ -20,6 +20,7 @@ class Tier(Protocol):
     def has(self, key: str) -> bool: ...
     def list(self, prefix: str = "") -> list[str]: ...   # chunk keys (never manifests) under prefix, sorted
     def delete(self, key: str) -> None: ...              # idempotent
+    def delete_many(self, keys: list[str]) -> None: ...  # idempotent; one request where the tier allows
     def put_manifest(self, step: int, body: bytes) -> None: ...
     def get_manifest(self, step: int) -> bytes: ...      # ChunkMissingError when absent
     def list_manifests(self) -> list[int]: ...           # steps with a manifest, ascending

@@ -84,15 +84,21 @@ class LocalDirTier:
         return sorted(out)
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
-        path.unlink(missing_ok=True)
-        parent = path.parent                      # prune directories left empty (a collected step)
-        while parent != self.root:
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-            parent = parent.parent
+        self.delete_many([key])
+
+    def delete_many(self, keys: list[str]) -> None:
+        parents = set()
+        for key in keys:
+            path = self._path(key)
+            path.unlink(missing_ok=True)
+            parents.add(path.parent)
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            while parent != self.root:                # prune directories left empty (a collected step)
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
 
     def put_manifest(self, step: int, body: bytes) -> None:
         final = self._path(manifest_key(step))

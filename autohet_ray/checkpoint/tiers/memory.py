@@ -70,11 +70,15 @@ class MemoryTier:
         return sorted(keys)
 
     def delete(self, key: str) -> None:
+        self.delete_many([key])
+
+    def delete_many(self, keys: list[str]) -> None:
         with self._lock:
-            blob = self._chunks.pop(key, None)
-            self._resident -= len(blob) if blob is not None else 0
+            for key in keys:
+                blob = self._chunks.pop(key, None)
+                self._resident -= len(blob) if blob is not None else 0
             if self._spill is not None:
-                self._spill.delete(key)
+                self._spill.delete_many(keys)
 
     def put_manifest(self, step: int, body: bytes) -> None:
         with self._lock:

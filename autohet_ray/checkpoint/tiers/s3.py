@@ -24,6 +24,7 @@ from autohet_ray.checkpoint.tiers.base import resolve_existing_manifest
 
 MiB = 1 << 20
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+S3_DELETE_BATCH = 1000           # DeleteObjects takes at most 1000 keys per request
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +173,20 @@ class S3Tier:
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.config.bucket, Key=self._key(key))
+
+    def delete_many(self, keys: list[str]) -> None:
+        """DeleteObjects, up to S3's 1000 keys per request; a key it could not delete is an error."""
+        for start in range(0, len(keys), S3_DELETE_BATCH):
+            batch = [{"Key": self._key(k)} for k in keys[start:start + S3_DELETE_BATCH]]
+            try:
+                reply = self.client.delete_objects(Bucket=self.config.bucket,
+                                                   Delete={"Objects": batch, "Quiet": True})
+            except ClientError as err:
+                raise self._unavailable(f"delete {len(batch)} keys", err) from err
+            failed = reply.get("Errors", [])
+            if failed:
+                raise TierUnavailableError(self.name, f"delete: {len(failed)} of {len(batch)} keys failed, "
+                                                      f"first {failed[0].get('Key')!r}: {failed[0].get('Code')}")
 
     # manifests --------------------------------------------------------------------------------------
     def put_manifest(self, step: int, body: bytes) -> None:

@@ -95,6 +95,9 @@ class ThrottledTier:
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
+    def delete_many(self, keys: list[str]) -> None:
+        self.inner.delete_many(keys)
+
     def list_manifests(self) -> list[int]:
         return self.inner.list_manifests()
 
