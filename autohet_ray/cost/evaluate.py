@@ -36,6 +36,8 @@ class Evaluation:
     memory_bytes: dict[str, int] = field(default_factory=dict)      # "node:gpu" -> peak bytes
     capacity_bytes: dict[str, int] = field(default_factory=dict)
     profile_kind: str = "analytic"
+    sync_exposed_s: dict[str, float] = field(default_factory=dict)
+    """"node:gpu" -> seconds its gradient sync runs past its last gradient action (the part not overlapped)."""
 
     def predicted(self) -> Predicted:
         return Predicted(iteration_time_s=self.iteration_time_s, samples_per_s=self.samples_per_s,
@@ -104,6 +106,9 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                             lambda key, unit: _gradient_final(plan.pipelines[key[0]], key[1], tables[key[0]],
                                                                       last_grad[key], unit, split))
     iteration = max(synced[key] + opt_s[key] for key in synced)
+    exposed = {f"{stage.node}:{d}": synced[(k, j)] - last_grad[(k, j)].end_s
+               for k, pipeline in enumerate(plan.pipelines) for j, stage in enumerate(pipeline.stages)
+               for d in stage.devices}
     over = {d: memory[d] - capacity[d] for d in memory if memory[d] > capacity[d]}
     reason = ""
     if over:
@@ -114,7 +119,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
                       samples_per_s=plan.global_batch / iteration, pipeline_times_s=tuple(pipe_times),
                       stage_times_s=tuple(stage_times), link_times_s=tuple(link_times), sync_time_s=sync,
                       optimizer_time_s=opt_time, memory_bytes=memory, capacity_bytes=capacity,
-                      profile_kind=profile.kind)
+                      profile_kind=profile.kind, sync_exposed_s=exposed)
 
 
 def _gradient_final(pipeline, j: int, table: GroupCostTable, last, unit, split: bool) -> float:

@@ -1,6 +1,7 @@
 """Layer-wise gradient synchronization across pipelines whose stage boundaries (and TP degrees) differ.
 
-For every stage, its layers are bucketed by the set of stages (one per pipeline) that also hold them; each
+For every stage, its layers are bucketed by the set of stages (one per pipeline) that also hold them, a run of
+layers with the same holders split as the runtime splits it (about SYNC_BUCKET_ELEMENTS per bucket); each
 bucket is one all-reduce among those holders. When the holders use the same TP degree, TP rank r only talks to
 TP rank r of the others (t parallel all-reduces of 1/t of the bucket); when TP degrees differ the shards do not
 line up and the whole layer gradient is exchanged (the runtime's shard-overlap path).
@@ -19,22 +20,29 @@ from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import GRAD_SYNC_BYTES, allreduce_time, inter_link, intra_link
 from autohet_ray.model.costs import layer_params
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.rankmap import SYNC_BUCKET_ELEMENTS
 from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.db import ProfileDB
 
 
-def _holder_sets(plan: Plan, num_layers: int) -> dict[tuple[int, int], dict[tuple, int]]:
+def _holder_sets(plan: Plan, num_layers: int,
+                 layer_elements: Callable[[tuple], float]) -> dict[tuple[int, int], dict[tuple, int]]:
     """(pipeline, stage) -> {(unit kind, holder set, lowest layer): units in that bucket}. The layers of one
-    bucket are contiguous (an intersection of stage ranges); the lowest one's gradient is final last."""
+    bucket are contiguous (an intersection of stage ranges), closed as the runtime closes them: at the first
+    layer boundary past SYNC_BUCKET_ELEMENTS (`layer_elements(holders)`: one layer's elements per rank);
+    the lowest layer's gradient is final last."""
     buckets: dict[tuple[int, int], dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
     owner = [[next(j for j, s in enumerate(p.stages) if s.layers[0] <= layer < s.layers[1])
               for layer in range(num_layers)] for p in plan.pipelines]
-    lowest: dict[tuple, int] = {}
+    current: dict[tuple, tuple[int, float]] = {}         # holders -> (lowest layer, elements) of the open bucket
     for layer in range(num_layers):
         holders = tuple((k, owner[k][layer]) for k in range(len(plan.pipelines)))
-        lowest.setdefault(holders, layer)
+        lowest, filled = current.get(holders, (layer, 0.0))
+        if filled >= SYNC_BUCKET_ELEMENTS:
+            lowest, filled = layer, 0.0
+        current[holders] = (lowest, filled + layer_elements(holders))
         for k, j in holders:
-            buckets[(k, j)][("layer", holders, lowest[holders])] += 1
+            buckets[(k, j)][("layer", holders, lowest)] += 1
     firsts = tuple((k, 0) for k in range(len(plan.pipelines)))
     lasts = tuple((k, len(p.stages) - 1) for k, p in enumerate(plan.pipelines))
     for k, j in firsts:
@@ -54,7 +62,12 @@ def sync_buckets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profil
     stages = {(k, j): s for k, p in enumerate(plan.pipelines) for j, s in enumerate(p.stages)}
     if len(plan.pipelines) == 1:
         return {key: [] for key in stages}
-    buckets = _holder_sets(plan, model.num_layers)
+    per_layer = layer_params(model, "layer")
+
+    def layer_elements(holders) -> float:          # per rank, as the runtime counts a bucket
+        tps = {stages[h].tp for h in holders}
+        return per_layer / tps.pop() if len(tps) == 1 else per_layer
+    buckets = _holder_sets(plan, model.num_layers, layer_elements)
     lanes = _nic_lanes(buckets, stages)
     params = {kind: layer_params(model, kind) for kind in ("layer", "embedding", "head")}
     out: dict[tuple[int, int], list[Bucket]] = {}

@@ -5,7 +5,8 @@ device or link, times a time-scale factor. Only the clock differs from a real ru
 Targets per op (seconds at time scale 1), the same figures `cost.evaluate_plan` prices a plan with:
 forward / backward / wgrad: this stage's per-micro-batch time split by the layer forward fraction (and, under a
 split-backward schedule, the weight-gradient share into wgrad); send_activation /
-send_grad: the link to the next / previous stage; grad_sync: this device's cross-pipeline all-reduce seconds;
+send_grad: the link to the next / previous stage; grad_sync: what this device's cross-pipeline all-reduces add
+after its last gradient action (the cost model posts them during that action; the part it overlaps is not paced);
 optimizer: this stage's optimizer step (the cost model ends each stage with its own sync and optimizer).
 A send is held for its link time (so the peer receives it that much later) and the sender is credited with
 that time on its next ops (the cost model overlaps links with compute, so the link must not lengthen the
@@ -26,7 +27,6 @@ from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, evaluate_plan, plan_tables
-from autohet_ray.cost.sync import gradient_sync_times
 from autohet_ray.cost.terms import OPTIMIZER_BYTES_PER_PARAM
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import SPLIT_BACKWARD
@@ -44,7 +44,6 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
     """Per plan rank, op name -> predicted seconds (time scale 1). Plain data, for the stage actors."""
     ev = evaluation or evaluate_plan(plan, cluster, model, profile)
     tables = plan_tables(plan, cluster, model, profile)
-    sync = gradient_sync_times(plan, cluster, model, profile)
     out = []
     for info in build_rank_map(plan, model.num_layers).ranks:
         k, j = info.pipeline, info.stage
@@ -60,7 +59,7 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
         out.append({"forward": fwd, "backward": bwd, "wgrad": wgrad,
                     "send_activation": links[j] if j < len(links) else 0.0,
                     "send_grad": links[j - 1] if j > 0 else 0.0,
-                    "grad_sync": sync.get(f"{info.node}:{info.device}", 0.0),
+                    "grad_sync": ev.sync_exposed_s.get(f"{info.node}:{info.device}", 0.0),
                     "optimizer": params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps})
     return out
 

@@ -8,6 +8,12 @@ from dataclasses import dataclass
 
 from autohet_ray.plan.schema import Plan
 
+SYNC_BUCKET_ELEMENTS = 1 << 24
+"""Gradient elements per all-reduce bucket, at least (a bucket closes at the first unit boundary past it),
+so that a run of units with the same holders is not one all-reduce posted only once its first unit is final
+(at the very end of the backward) but several, the later units' posted while earlier ones still compute.
+The runtime buckets this way and the cost model prices it the same way. 2^24 = 32 MiB of bf16 gradients."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankInfo:

@@ -50,8 +50,13 @@ def _options(shapes: dict[int, tuple[float, float]], deadline_s: float, limit: i
     return {n: mb for n, (_, mb) in best.items()}
 
 
-def _exact_split(options: list[dict[int, int]], total: int) -> list[tuple[int, int]] | None:
-    """(samples, micro-batch size) per pipeline adding up to `total`, or None (bitset subset-sum)."""
+def _exact_split(options: list[dict[int, int]], total: int,
+                 order: list[int] | None = None) -> list[tuple[int, int]] | None:
+    """(samples, micro-batch size) per pipeline adding up to `total`, or None (bitset subset-sum). Where
+    several splits exist, the pipelines last in `order` (default: the given order) get the most samples."""
+    if order is not None:
+        found = _exact_split([options[k] for k in order], total)
+        return None if found is None else [found[order.index(k)] for k in range(len(options))]
     mask = (1 << (total + 1)) - 1
     reach = [1]
     for opts in options:
@@ -123,8 +128,25 @@ def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: Mode
             hi, found = mid, split
     if found is None:
         return None
-    candidate = _with_shares(plan, found)
-    candidate, ev = best_schedule(candidate, cluster, model, profile, schedules=schedules)
-    if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
-        return candidate, ev
+    best = None
+    for split in _tie_breaks(shapes, own, hi, plan.global_batch):
+        candidate, ev = best_schedule(_with_shares(plan, split), cluster, model, profile, schedules=schedules)
+        if ev.feasible and (best is None or ev.iteration_time_s < best[1].iteration_time_s):
+            best = (candidate, ev)
+    if best is not None and best[1].iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
+        return best
     return None
+
+
+def _tie_breaks(shapes, own, deadline_s: float, total: int) -> list[list[tuple[int, int]]]:
+    """Splits that meet the smallest deadline, the spare samples going first to the last pipelines, to the
+    slowest, or to the fastest. The cost model tells them apart: a pipeline that ends before the slowest one
+    lets the gradient all-reduces of its layers start sooner."""
+    options = [_options(s, deadline_s, total) for s in shapes]
+    by_speed = sorted(range(len(shapes)), key=lambda k: own[k][1])       # longest period (slowest) last
+    splits = []
+    for order in (None, by_speed, by_speed[::-1]):
+        split = _exact_split(options, total, order)
+        if split is not None and split not in splits:
+            splits.append(split)
+    return splits

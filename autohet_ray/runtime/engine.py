@@ -11,7 +11,7 @@ import torch.distributed as dist
 from autohet_ray import ConfigError
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import param_shapes
-from autohet_ray.plan.rankmap import build_rank_map
+from autohet_ray.plan.rankmap import SYNC_BUCKET_ELEMENTS, build_rank_map
 from autohet_ray.plan.schema import Plan
 from autohet_ray.runtime.bridge import Bridge, route
 from autohet_ray.runtime.checks import IGNORE_INDEX, check_batch, check_plan
@@ -42,7 +42,8 @@ class Engine:
 
     def __init__(self, *, plan: Plan, model_spec: ModelSpec, rank: int, world_group=None, seed: int = 0,
                  lr: float = 1e-3, weight_decay: float = 0.0, max_grad_norm: float | None = 1.0, device=None,
-                 dtype=None, pacer=None, schedule: str | None = None):
+                 dtype=None, pacer=None, schedule: str | None = None,
+                 sync_bucket_elements: int = SYNC_BUCKET_ELEMENTS):
         check_plan(plan, model_spec)
         schedule = schedule or getattr(plan, "schedule", "1f1b")
         if schedule not in SCHEDULES:
@@ -60,7 +61,8 @@ class Engine:
         self.dtype = resolve_dtype(dtype, self.device)
 
         shapes = param_shapes(model_spec)
-        ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in shapes.items()])
+        ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in shapes.items()],
+                             sync_bucket_elements)
         groups = create_groups(self.rank_map, ops, me=rank, to_global=self._global)
         my_stage = self.rank_map.tp_group(rank)
         self.tp = TPContext(size=len(my_stage), rank=info.tp_rank, group=groups.get(my_stage))

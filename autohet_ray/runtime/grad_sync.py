@@ -7,7 +7,9 @@ holders keep. An atom is all-reduced (plain sum: each pipeline's gradient alread
 TP degree this is the usual per-TP-rank all-reduce among co-holders (TP-replicated tensors too). When they
 differ, a TP-replicated tensor is reduced among all holder ranks with only each stage's TP rank 0
 contributing (the others add zeros and receive the sum).
-All atoms with the same rank set (across parameters and co-located layers) form one bucket: one all-reduce.
+Atoms with the same rank set form buckets (one all-reduce each) over consecutive units, a bucket closing at
+the first unit boundary after it holds `bucket_elements` (plan/rankmap.SYNC_BUCKET_ELEMENTS): later units' buckets
+are posted while earlier units still compute their gradients.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from autohet_ray.layout import Chunk, split_sizes, to_local
-from autohet_ray.plan.rankmap import RankMap
+from autohet_ray.plan.rankmap import SYNC_BUCKET_ELEMENTS, RankMap
 
 Holders = tuple[tuple[int, ...], ...]       # per pipeline, the TP group holding a unit
 
@@ -86,15 +88,24 @@ def _param_segments(name: str, shape: tuple[int, ...], dim: int | None, holders:
         lo = hi
 
 
-def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], int | None]]) -> tuple[SyncOp, ...]:
+def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], int | None]],
+                   bucket_elements: int = SYNC_BUCKET_ELEMENTS) -> tuple[SyncOp, ...]:
     """Every all-reduce of a step, identical on every rank. `params`: (name, global shape, TP shard dim) of
-    the whole model, in an order every rank agrees on; later layers come first in the result."""
-    by_ranks: dict[tuple[int, ...], list[Segment]] = {}
+    the whole model, in model order (embedding, layers, head), which every rank agrees on; later layers come
+    first in the result."""
+    buckets: dict[tuple[tuple[int, ...], int], list[Segment]] = {}
+    open_bucket: dict[tuple[int, ...], tuple[int, int, object]] = {}     # ranks -> (index, elements, unit)
     for name, shape, dim in params:
-        for ranks, segment in _param_segments(name, shape, dim, unit_holders(rank_map, unit_of(name))):
-            if len(ranks) > 1:
-                by_ranks.setdefault(ranks, []).append(segment)
-    return tuple(reversed([SyncOp(ranks=r, segments=tuple(s)) for r, s in by_ranks.items()]))
+        unit = unit_of(name)
+        for ranks, segment in _param_segments(name, shape, dim, unit_holders(rank_map, unit)):
+            if len(ranks) <= 1:
+                continue
+            index, filled, last_unit = open_bucket.get(ranks, (0, 0, unit))
+            if filled >= bucket_elements and unit != last_unit:
+                index, filled = index + 1, 0
+            open_bucket[ranks] = (index, filled + segment.region.numel, unit)
+            buckets.setdefault((ranks, index), []).append(segment)
+    return tuple(reversed([SyncOp(ranks=key[0], segments=tuple(s)) for key, s in buckets.items()]))
 
 
 class GradSync:

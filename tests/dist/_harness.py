@@ -52,6 +52,7 @@ class Case:
     schedule: str = "1f1b"
     resume_after: int | None = None       # rebuild the engine from its state_dict after this many steps
     record_pacer: bool = False
+    sync_bucket_elements: int | None = None   # None: the runtime's default (one bucket per run for tiny models)
 
     @property
     def plan(self) -> Plan:
@@ -69,7 +70,8 @@ class RecordingPacer:
 
 def _engine(case: Case, rank: int, overlap: list, pacer=None) -> Engine:
     engine = Engine(plan=case.plan, model_spec=case.spec, rank=rank, seed=7, lr=LR, weight_decay=WEIGHT_DECAY,
-                    max_grad_norm=MAX_GRAD_NORM, dtype=DTYPE, schedule=case.schedule, pacer=pacer)
+                    max_grad_norm=MAX_GRAD_NORM, dtype=DTYPE, schedule=case.schedule, pacer=pacer,
+                    **({"sync_bucket_elements": case.sync_bucket_elements} if case.sync_bucket_elements else {}))
     sync, start = engine.grad_sync, engine.grad_sync.start
 
     def watched_start():            # records (buckets posted during the backward, buckets of this rank)

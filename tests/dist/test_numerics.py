@@ -60,6 +60,11 @@ CASES += [
          pipelines=SHAPES["mixed_3stage_vs_1stage"][2], steps=2, schedule="zb-h1"),
     Case(name="mixed_3stage_vs_1stage-gpt-resume", spec=FAMILY_SPECS["gpt"],
          pipelines=SHAPES["mixed_3stage_vs_1stage"][2], resume_after=2),
+    # one all-reduce per unit (the smallest buckets): posted one by one during the last backward
+    Case(name="stages_2_vs_3-llama-unit-buckets", spec=FAMILY_SPECS["llama"], pipelines=SHAPES["stages_2_vs_3"][2],
+         steps=2, sync_bucket_elements=1),
+    Case(name="zb_3stage_tp2_vs_2stage-gpt-zb-unit-buckets", spec=FAMILY_SPECS["gpt"],
+         pipelines=ZB_SHAPES["zb_3stage_tp2_vs_2stage"][2], steps=2, schedule="zb-h1", sync_bucket_elements=1),
 ]
 WORLD = {c.name: (SHAPES | ZB_SHAPES)[c.name.split("-")[0]][0] for c in CASES}
 

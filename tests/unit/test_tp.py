@@ -161,3 +161,30 @@ def test_batch_errors():
         check_batch({"input_ids": ids + spec.vocab_size, "labels": ids}, plan, spec)
     with pytest.raises(ConfigError, match="ignored"):
         check_batch({"input_ids": ids, "labels": ids - 100}, plan, spec)
+
+
+def test_sync_buckets_close_at_unit_boundaries_once_full_later_units_first():
+    """Pure data parallelism: every unit has the same holders. With the default cap the tiny model is one
+    bucket; with a small cap each bucket closes at the first unit boundary past it, the head's bucket comes
+    first and the embedding's last, and the buckets together reduce exactly the same regions."""
+    spec = PRESETS["tiny-gpt"]
+    plan = _plan(_pipe(2, (0, 4, 1)), _pipe(2, (0, 4, 1)))
+    rmap = build_rank_map(plan, spec.num_layers)
+    params = [(n, s, shard_dim(n)) for n, s in param_shapes(spec).items()]
+    whole = plan_grad_sync(rmap, params)
+    assert len(whole) == 1
+    per_unit = plan_grad_sync(rmap, params, bucket_elements=1)
+    units = [[unit_of(s.name) for s in op.segments] for op in per_unit]
+    assert [u[0] for u in units] == ["head", 3, 2, 1, 0, "embedding"] and all(len(set(u)) == 1 for u in units)
+    layer = sum(seg.region.numel for seg in per_unit[1].segments)          # elements of one layer
+    cap = layer + 1                                                      # a layer alone does not fill a bucket
+    order = ["embedding", 0, 1, 2, 3, "head"]
+    paired = list(reversed(plan_grad_sync(rmap, params, bucket_elements=cap)))      # model order
+    groups = [sorted({unit_of(s.name) for s in op.segments}, key=order.index) for op in paired]
+    assert [u for g in groups for u in g] == order                      # contiguous runs of units, in order
+    for op, group in zip(paired[:-1], groups):
+        sizes = [sum(seg.region.numel for seg in op.segments if unit_of(seg.name) == u) for u in group]
+        assert sum(sizes) >= cap > sum(sizes[:-1]), (group, sizes)      # closed at the first boundary past it
+    assert any(len(g) > 1 for g in groups)
+    key = lambda op: sorted((s.name, s.region.offsets) for s in op.segments)  # noqa: E731
+    assert sorted(x for op in per_unit for x in key(op)) == sorted(x for op in whole for x in key(op))
