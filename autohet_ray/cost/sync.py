@@ -71,19 +71,28 @@ def sync_buckets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profil
     lanes = _nic_lanes(buckets, stages)
     params = {kind: layer_params(model, kind) for kind in ("layer", "embedding", "head")}
     out: dict[tuple[int, int], list[Bucket]] = {}
+    priced: dict[tuple, float] = {}          # a bucket's time is the same for all its holders: priced once
     for key, bucket in buckets.items():
-        stage, items = stages[key], []
-        for (kind, holders, lowest), count in bucket.items():
-            members = [stages[h] for h in holders]
-            whole = count * params[kind] * GRAD_SYNC_BYTES
-            shard = whole / (stage.tp if len({s.tp for s in members}) == 1 else 1)
-            if len({s.node for s in members}) == 1:
-                seconds = allreduce_time(shard, len(members), intra_link(profile, cluster, stage.device_type))
-            else:
-                seconds = _hierarchical(whole, shard, members, lanes, cluster, profile)
-            items.append((holders, seconds, (kind, lowest)))
+        items = []
+        for unit, count in bucket.items():
+            if (unit, count) not in priced:
+                priced[(unit, count)] = _bucket_seconds(unit, count, stages, params, lanes, cluster, profile)
+            kind, holders, lowest = unit
+            items.append((holders, priced[(unit, count)], (kind, lowest)))
         out[key] = items
     return out
+
+
+def _bucket_seconds(unit: tuple, count: int, stages, params, lanes, cluster, profile) -> float:
+    """One all-reduce of `count` units among the unit's holders (the same for each of them)."""
+    kind, holders, _ = unit
+    members = [stages[h] for h in holders]
+    whole = count * params[kind] * GRAD_SYNC_BYTES
+    tps = {s.tp for s in members}
+    shard = whole / (tps.pop() if len(tps) == 1 else 1)
+    if len({s.node for s in members}) == 1:
+        return allreduce_time(shard, len(members), intra_link(profile, cluster, members[0].device_type))
+    return _hierarchical(whole, shard, members, lanes, cluster, profile)
 
 
 def _nic_lanes(buckets, stages) -> dict[str, int]:
