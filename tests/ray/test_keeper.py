@@ -98,3 +98,7 @@ def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster)
         assert report.tiers["keeper-a"].chunks_read == 0
         assert report.tiers["keeper-a"].unavailable == report.saved_chunks_fetched   # reported, not hidden
         assert any("keeper-a unavailable" in line for line in report.fallbacks)
+
+    # garbage collection deletes many chunks in one keeper call
+    tiers["c"].delete_many(own_a)
+    assert not any(tiers["c"].has(key) for key in own_a) and tiers["c"].list()
