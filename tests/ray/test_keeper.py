@@ -101,4 +101,4 @@ def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster)
 
     # garbage collection deletes many chunks in one keeper call
     tiers["c"].delete_many(own_a)
-    assert not any(tiers["c"].has(key) for key in own_a) and tiers["c"].list()
+    assert own_a and not any(tiers["c"].has(key) for key in own_a)
