@@ -30,8 +30,6 @@ from autohet_ray.checkpoint import AsyncSnapshotter, SnapshotPolicy
 from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
 from autohet_ray.model.spec import load_model
 from autohet_ray.orchestrate.data import synthetic_batch
-from autohet_ray.orchestrate.elastic_actor import live_state
-from autohet_ray.orchestrate.keeper import default_store_root
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.engine import Engine
 from gpu_profile_check import _free_port, one_stage_plan
@@ -57,7 +55,7 @@ class SnapshotDriver:
         start = time.perf_counter()
         self.engine.train_step(batch)                    # returns floats: the device is synchronized
         if mode != "off":
-            handle = self.snapshotter.snapshot(self.engine.step, live_state(self.engine),
+            handle = self.snapshotter.snapshot(self.engine.step, self.engine.live_state(),
                                                background_copy=mode == "background")
             self.copying = handle if mode == "background" else None
             self.last = handle
@@ -71,7 +69,7 @@ class SnapshotDriver:
 
 
 def state_bytes(engine: Engine) -> int:
-    return sum(t.numel() * t.element_size() for t, _, _ in live_state(engine).values())
+    return sum(t.numel() * t.element_size() for t, _, _ in engine.live_state().values())
 
 
 def run(engine: Engine, spec, plan, seq_len: int, blocks: int, per_block: int, store: str) -> dict:
@@ -111,7 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--steps-per-block", type=int, default=4)
-    ap.add_argument("--store", default=None, help="directory of the node store (default: the node stores' root)")
+    ap.add_argument("--store", default=os.environ.get("AUTOHET_NODE_STORE") or "/dev/shm",
+                    help="directory the node store is made in (default: $AUTOHET_NODE_STORE, else /dev/shm)")
     ap.add_argument("--cpu-threads", type=int, default=1,
                     help="torch threads when computing on the CPU (1, as elastic stage actors run)")
     args = ap.parse_args(argv)
@@ -124,7 +123,7 @@ def main(argv=None) -> int:
     device, dtype = (torch.device("cuda", 0), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
     if not cuda:
         torch.set_num_threads(args.cpu_threads)
-    store = args.store or default_store_root()
+    store = args.store
     os.makedirs(store, exist_ok=True)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
                             world_size=1)

@@ -18,8 +18,7 @@ import torch
 from autohet_ray.layout import Chunk
 from autohet_ray.orchestrate.elastic_tiers import build_tier
 from autohet_ray.runtime.abort import collective_abort
-
-STEP_KEY = "optim.step"
+from autohet_ray.runtime.optim import ADAM_KEYS, STEP_KEY
 
 
 def needs_of_layout(layout: dict) -> dict:
@@ -27,27 +26,10 @@ def needs_of_layout(layout: dict) -> dict:
     needs = {}
     for name, (shape, chunk) in layout.items():
         needs[name] = (tuple(shape), chunk)
-        for moment in ("exp_avg", "exp_avg_sq"):
+        for moment in ADAM_KEYS:
             needs[f"optim.{name}.{moment}"] = (tuple(shape), chunk)
     needs[STEP_KEY] = ((), Chunk.whole(()))
     return needs
-
-
-def live_state(engine) -> dict:
-    """The engine's parameters and AdamW state as views (no copy): the snapshotter copies what it writes
-    itself, so going through Engine.state_dict() (which clones) would copy everything twice."""
-    out = {}
-    step = 0.0
-    for name, p in engine.params.items():
-        shape, chunk = engine.layout[name]
-        out[name] = (p.detach(), shape, chunk)
-        state = engine.optimizer.state.get(p)
-        if state:
-            for moment in ("exp_avg", "exp_avg_sq"):
-                out[f"optim.{name}.{moment}"] = (state[moment].detach(), shape, chunk)
-            step = float(state["step"])
-    out[STEP_KEY] = (torch.tensor(step, dtype=torch.float64), (), Chunk.whole(()))
-    return out
 
 
 class ElasticWorker:
@@ -156,7 +138,7 @@ class ElasticWorker:
             out["snapshot_wait_s"] = self._copy_wait_s + previous.wait_seconds
         if snapshot:
             assert self.snapshotter is not None, "configure_snapshots first"
-            handle = self.snapshotter.snapshot(self.engine.step, live_state(self.engine), owned=self.owned,
+            handle = self.snapshotter.snapshot(self.engine.step, self.engine.live_state(), owned=self.owned,
                                                routes=self.routes, background_copy=True)
             self.handles[self.engine.step] = handle
             self._copying = handle

@@ -19,7 +19,8 @@ from autohet_ray.runtime.device import resolve_device, resolve_dtype
 from autohet_ray.runtime.executor import Clock, MicroBatches, StageExecutor
 from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync
 from autohet_ray.runtime.groups import create_groups
-from autohet_ray.runtime.optim import StateDict, clip_, load_optimizer_state, optimizer_state, squared_norm
+from autohet_ray.runtime.optim import (StateDict, clip_, live_views, load_optimizer_state, optimizer_state,
+                                      squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
 from autohet_ray.plan.schedule import SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.runtime.tp import ColumnParallelLinear, RowParallelLinear, TPContext
@@ -177,6 +178,10 @@ class Engine:
         out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.params.items()}
         out.update(optimizer_state(self.optimizer, self.params, self.layout))
         return out
+
+    def live_state(self) -> StateDict:
+        """The state_dict's entries as views of the live tensors (no copy): valid until the next update."""
+        return live_views(self.optimizer, self.params, self.layout)
 
     def grads(self) -> StateDict:
         """The gradients of the last step (synced and clipped), in the state_dict format."""

@@ -63,3 +63,21 @@ def load_optimizer_state(opt: torch.optim.Optimizer, params: dict[str, torch.nn.
                                   f"{tuple(p.shape)}")
             entry[key] = tensor.to(device=p.device, dtype=p.dtype).clone()
         opt.state[p] = entry
+
+
+def live_views(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+               layout: dict[str, tuple[tuple[int, ...], Chunk]]) -> StateDict:
+    """Parameters and AdamW state as views, no copy (for a snapshotter that copies what it writes itself);
+    the step counter as a fresh scalar. The same keys as the state dict."""
+    out: StateDict = {}
+    step = 0.0
+    for name, p in params.items():
+        shape, chunk = layout[name]
+        out[name] = (p.detach(), shape, chunk)
+        state = opt.state.get(p)
+        if state:
+            for key in ADAM_KEYS:
+                out[f"optim.{name}.{key}"] = (state[key].detach(), shape, chunk)
+            step = float(state["step"])
+    out[STEP_KEY] = (torch.tensor(step, dtype=torch.float64), (), Chunk.whole(()))
+    return out

@@ -84,7 +84,7 @@ def _live_state_vs_state_dict(rank: int, world_size: int) -> bool:
 
     from autohet_ray.model.spec import load_model
     from autohet_ray.orchestrate.data import synthetic_batch
-    from autohet_ray.orchestrate.elastic_actor import live_state, needs_of_layout
+    from autohet_ray.orchestrate.elastic_actor import needs_of_layout
     from autohet_ray.plan.schema import plan_from_dict
     from autohet_ray.runtime.engine import Engine
     spec = load_model("tiny-gpt")
@@ -93,7 +93,7 @@ def _live_state_vs_state_dict(rank: int, world_size: int) -> bool:
                                                               "node": "a", "devices": [0]}]}]}
     engine = Engine(plan=plan_from_dict(plan), model_spec=spec, rank=0)
     engine.train_step(synthetic_batch(vocab_size=spec.vocab_size, global_batch=2, seq_len=16, seed=0, step=0))
-    live, copied = live_state(engine), engine.state_dict()
+    live, copied = engine.live_state(), engine.state_dict()
     assert set(live) == set(copied) == set(needs_of_layout(engine.layout))
     for name, (tensor, shape, chunk) in copied.items():
         assert live[name][1:] == (shape, chunk) and torch.equal(live[name][0], tensor), name
