@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from autohet_ray.cluster.spec import load_cluster
+from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schedule import schedule_choices
@@ -52,7 +53,8 @@ def cmd_plan(args) -> int:
                           "baselines": {n: (b.plan.predicted.to_dict() if b.plan else None)
                                         for n, b in baselines.items()},
                           "baseline_reasons": {n: b.reason for n, b in baselines.items() if b.plan is None},
-                          "solve_time_s": result.solve_time_s}))
+                          "solve_time_s": result.solve_time_s,
+                          "time_breakdown": time_breakdown(result.plan, result.evaluation)}))
         return 0
     ev = result.evaluation
     print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {args.global_batch}, "
@@ -63,6 +65,7 @@ def cmd_plan(args) -> int:
           f"(slowest pipeline {max(ev.pipeline_times_s):.3f} s; grad sync {ev.sync_time_s:.3f} s, overlapping "
           f"the cool-down; optimizer {ev.optimizer_time_s:.3f} s); solved in {result.solve_time_s:.1f} s"
           f"{' (time limit hit: best so far)' if result.hit_time_limit else ''}")
+    print(breakdown_line(time_breakdown(result.plan, ev)))
     for name, b in baselines.items():
         if b.evaluation is None:
             print(f"  vs {name:<8}: cannot run ({b.reason})")

@@ -18,6 +18,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
 from autohet_ray.cluster import cluster_from_dict, load_cluster  # noqa: E402
+from autohet_ray.cost.breakdown import breakdown_line, time_breakdown  # noqa: E402
 from autohet_ray.model import PRESETS  # noqa: E402
 from autohet_ray.planner import plan_with_baselines  # noqa: E402
 from autohet_ray.planner.search import plan_training  # noqa: E402
@@ -128,12 +129,14 @@ def gains(quick: bool) -> list[dict]:
                 row[f"gain_{name}"] = (b.evaluation.iteration_time_s / result.evaluation.iteration_time_s
                                        if b.evaluation else None)
             row["efficiency"] = result.evaluation.samples_per_s / _best_alone(cluster, model, GAIN_BATCH)
+            row["time_breakdown"] = {k: round(v, 4) for k, v in time_breakdown(result.plan, result.evaluation).items()}
             rows.append(row)
             fmt = lambda g: "  n/a " if g is None else f"{g:5.2f}x"  # noqa: E731
             print(f"  {mix:<14} {model_name:<11} {row['samples_per_s']:8.1f} samples/s  vs Megatron "
                   f"{fmt(row['gain_megatron'])} (paper {PAPER.get((model_name, 'megatron'), '-')})  vs Whale "
                   f"{fmt(row['gain_whale'])} (paper {PAPER.get((model_name, 'whale'), '-')})  efficiency "
-                  f"{row['efficiency']:.2f}", flush=True)
+                  f"{row['efficiency']:.3f}", flush=True)
+            print(f"  {'':<14} {breakdown_line(row['time_breakdown'])}", flush=True)
     return rows
 
 

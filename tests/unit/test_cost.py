@@ -184,3 +184,23 @@ def test_later_stages_sync_while_earlier_stages_cool_down():
     assert ev2.iteration_time_s == pytest.approx(max(head_sync_end, stage1_done) + 20 * MS + ev2.optimizer_time_s,
                                                  rel=5e-3)
     assert ev2.iteration_time_s < end + ev2.sync_time_s - 10 * MS
+
+
+def test_time_breakdown_by_hand():
+    """Pipeline 0: stages of 1 and 2 s per micro-batch, 2 micro-batches, ends at 5 s; pipeline 1: one 3 s stage,
+    ends at 6 s; the iteration ends at 7 s (sync and optimizer)."""
+    from autohet_ray.cost import Evaluation
+    from autohet_ray.cost.breakdown import PARTS, breakdown_line, time_breakdown
+    stage = lambda node, layers: Stage(layers=layers, tp=1, device_type="H800", node=node, devices=(0,))  # noqa: E731
+    plan = Plan(model="tiny-gpt", global_batch=4, micro_batch=1, seq_len=16, pipelines=(
+        Pipeline(num_microbatches=2, stages=(stage("a", (0, 2)), stage("b", (2, 4)))),
+        Pipeline(num_microbatches=2, stages=(stage("c", (0, 4)),))))
+    ev = Evaluation(feasible=True, reason="", iteration_time_s=7.0, samples_per_s=4 / 7,
+                    pipeline_times_s=(5.0, 6.0), stage_times_s=((1.0, 2.0), (3.0,)), link_times_s=((0.0,), ()),
+                    sync_time_s=0.5, optimizer_time_s=0.5)
+    shares = time_breakdown(plan, ev)
+    # GPU a: 2 + 2 + 1 + 1 + 1; GPU b: 4 + 0 + 1 + 1 + 1; GPU c: 6 + 0 + 0 + 0 + 1 (of 3 x 7 s)
+    assert shares == pytest.approx({"compute": 12 / 21, "imbalance": 2 / 21, "fill_drain": 2 / 21,
+                                    "other_pipes": 2 / 21, "tail": 3 / 21})
+    assert sum(shares[p] for p in PARTS) == pytest.approx(1.0)
+    assert "compute 57.1%" in breakdown_line(shares)
