@@ -93,6 +93,7 @@ def cmd_evaluate(args) -> int:
         status = "feasible" if ev.feasible else f"INFEASIBLE: {ev.reason}"
         print(f"{status}; predicted {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
               f"[{profile.kind} profile]")
+        print(breakdown_line(time_breakdown(plan, ev)))
     return 0 if ev.feasible else 1
 
 
