@@ -15,6 +15,7 @@ Ends with one JSON line (predicted and measured seconds, their ratio, device nam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import socket
@@ -62,37 +63,64 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_stage_arguments(ap: argparse.ArgumentParser) -> None:
+    """The one-stage shape the device checks share: model, layers, micro-batch size and count, sequence."""
     ap.add_argument("--model", default="tiny-gpt")
     ap.add_argument("--layers", type=int, help="use this many layers of the model (fits one GPU)")
-    ap.add_argument("--device-type", default="H200", help="catalog name the profile is filed under")
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--num-microbatches", type=int, default=4)
     ap.add_argument("--seq-len", type=int)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSetup:
+    spec: object
+    seq_len: int
+    cuda: bool
+    device: torch.device
+    dtype: torch.dtype
+
+
+def stage_setup(args) -> StageSetup:
+    """The model (cut to --layers), sequence length, and device: the GPU in bf16, else the CPU in fp32."""
+    spec = load_model(args.model)
+    if args.layers:
+        spec = dataclasses.replace(spec, num_layers=args.layers)
+    cuda = torch.cuda.is_available()
+    device, dtype = (torch.device("cuda", 0), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    return StageSetup(spec, args.seq_len or spec.max_seq_len, cuda, device, dtype)
+
+
+@contextlib.contextmanager
+def one_rank_world(cuda: bool):
+    """A world of one process (the Engine needs a process group)."""
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_stage_arguments(ap)
+    ap.add_argument("--device-type", default="H200", help="catalog name the profile is filed under")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args(argv)
 
-    spec = load_model(args.model)
-    if args.layers:
-        spec = dataclasses.replace(spec, num_layers=args.layers)
-    seq_len = args.seq_len or spec.max_seq_len
-    cuda = torch.cuda.is_available()
-    device, dtype = (torch.device("cuda", 0), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    setup = stage_setup(args)
+    spec, seq_len, device, dtype = setup.spec, setup.seq_len, setup.device, setup.dtype
     db = measure_profile(spec, args.device_type, (1,), (args.micro_batch,), seq_len, device=device, dtype=dtype)
     predicted = predicted_stage_s(db, args.device_type, spec, args.micro_batch, args.num_microbatches)
 
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                            world_size=1)
-    try:
+    with one_rank_world(setup.cuda):
         plan = plan_from_dict(one_stage_plan(spec, args.device_type, args.micro_batch, args.num_microbatches,
                                              seq_len))
         pacer = EmulationPacer(targets={op: 0.0 for op in PACED_OPS}, time_scale=1.0)   # only to sync the clock
         engine = Engine(plan=plan, model_spec=spec, rank=0, device=device, dtype=dtype, pacer=pacer)
         measured = measured_stage_s(engine, spec, plan.global_batch, seq_len, args.warmup, args.steps)
-    finally:
-        dist.destroy_process_group()
     out = {"device": db.meta["device_name"], "device_type": args.device_type, "dtype": str(dtype),
            "model": spec.name, "layers": spec.num_layers, "micro_batch": args.micro_batch,
            "num_microbatches": args.num_microbatches, "seq_len": seq_len, "predicted_stage_s": predicted,

@@ -15,7 +15,6 @@ Ends with one JSON line (median step seconds per mode, their ratios, the state b
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -24,48 +23,38 @@ import tempfile
 import time
 
 import torch
-import torch.distributed as dist
 
 from autohet_ray.checkpoint import AsyncSnapshotter, SnapshotPolicy
 from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
-from autohet_ray.model.spec import load_model
 from autohet_ray.orchestrate.data import synthetic_batch
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.engine import Engine
-from gpu_profile_check import _free_port, one_stage_plan
+from gpu_profile_check import add_stage_arguments, one_rank_world, one_stage_plan, stage_setup
 
 MODES = ("off", "background", "sync")
 
 
 class SnapshotDriver:
-    """Snapshots the engine after each step in one mode; the background mode waits for its copy before the
-    next optimizer step (the elastic worker's protocol)."""
+    """Snapshots the engine after each step in one mode; the next optimizer step waits for a background copy
+    (the elastic worker's protocol)."""
 
     def __init__(self, engine: Engine, snapshotter: AsyncSnapshotter):
         self.engine, self.snapshotter = engine, snapshotter
-        self.copying = self.last = None
-        engine.before_update = self._await_copy
-
-    def _await_copy(self) -> None:
-        if self.copying is not None:
-            self.copying.wait_copied()
-            self.copying = None
+        self.last = None
+        engine.before_update = snapshotter.wait_copied
 
     def step(self, batch: dict, mode: str) -> float:
         start = time.perf_counter()
         self.engine.train_step(batch)                    # returns floats: the device is synchronized
         if mode != "off":
-            handle = self.snapshotter.snapshot(self.engine.step, self.engine.live_state(),
-                                               background_copy=mode == "background")
-            self.copying = handle if mode == "background" else None
-            self.last = handle
+            self.last = self.snapshotter.snapshot(self.engine.step, self.engine.live_state(),
+                                                  background_copy=mode == "background")
         return time.perf_counter() - start
 
     def settle(self) -> None:
         """Let the lanes finish between blocks, so a block starts without the previous mode's work."""
         if self.last is not None:
             self.last.fast_result(timeout=600)
-        self._await_copy()
 
 
 def state_bytes(engine: Engine) -> int:
@@ -74,8 +63,8 @@ def state_bytes(engine: Engine) -> int:
 
 def run(engine: Engine, spec, plan, seq_len: int, blocks: int, per_block: int, store: str) -> dict:
     root = tempfile.mkdtemp(prefix="snapshot-overhead-", dir=store)
-    snapshotter = AsyncSnapshotter(local=LocalDirTier(root, name="node", fsync=False),
-                                   policy=SnapshotPolicy(cloud_every=0))
+    node = LocalDirTier(root, name="node", fsync=False)
+    snapshotter = AsyncSnapshotter(local=node, policy=SnapshotPolicy(cloud_every=0))
     driver = SnapshotDriver(engine, snapshotter)
     walls = {mode: [] for mode in MODES}
     try:
@@ -90,8 +79,7 @@ def run(engine: Engine, spec, plan, seq_len: int, blocks: int, per_block: int, s
                     if i:
                         walls[mode].append(wall)
                 driver.settle()
-                for key in LocalDirTier(root).list():     # keep the store small: one step's chunks at a time
-                    LocalDirTier(root).delete(key)
+                node.delete_many(node.list())              # keep the store small: emptied between blocks
     finally:
         snapshotter.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -102,11 +90,7 @@ def run(engine: Engine, spec, plan, seq_len: int, blocks: int, per_block: int, s
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-gpt")
-    ap.add_argument("--layers", type=int, help="use this many layers of the model (fits one GPU)")
-    ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--num-microbatches", type=int, default=4)
-    ap.add_argument("--seq-len", type=int)
+    add_stage_arguments(ap)
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--steps-per-block", type=int, default=4)
     ap.add_argument("--store", default=os.environ.get("AUTOHET_NODE_STORE") or "/dev/shm",
@@ -115,25 +99,16 @@ def main(argv=None) -> int:
                     help="torch threads when computing on the CPU (1, as elastic stage actors run)")
     args = ap.parse_args(argv)
 
-    spec = load_model(args.model)
-    if args.layers:
-        spec = dataclasses.replace(spec, num_layers=args.layers)
-    seq_len = args.seq_len or spec.max_seq_len
-    cuda = torch.cuda.is_available()
-    device, dtype = (torch.device("cuda", 0), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
+    setup = stage_setup(args)
+    spec, seq_len, cuda, dtype = setup.spec, setup.seq_len, setup.cuda, setup.dtype
     if not cuda:
         torch.set_num_threads(args.cpu_threads)
-    store = args.store
-    os.makedirs(store, exist_ok=True)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                            world_size=1)
-    try:
+    os.makedirs(args.store, exist_ok=True)
+    with one_rank_world(cuda):
         plan = plan_from_dict(one_stage_plan(spec, "local", args.micro_batch, args.num_microbatches, seq_len))
-        engine = Engine(plan=plan, model_spec=spec, rank=0, device=device, dtype=dtype)
-        figures = run(engine, spec, plan, seq_len, args.blocks, args.steps_per_block, store)
+        engine = Engine(plan=plan, model_spec=spec, rank=0, device=setup.device, dtype=dtype)
+        figures = run(engine, spec, plan, seq_len, args.blocks, args.steps_per_block, args.store)
         nbytes = state_bytes(engine)
-    finally:
-        dist.destroy_process_group()
     out = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "dtype": str(dtype), "model": spec.name,
            "layers": spec.num_layers, "micro_batch": args.micro_batch, "num_microbatches": args.num_microbatches,
            "seq_len": seq_len, "state_bytes_per_step": nbytes, **figures, "goal_overhead": 1.05}

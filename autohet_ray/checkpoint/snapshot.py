@@ -3,9 +3,9 @@
 `snapshot()` copies the shards into serialized blobs (one copy: the only part that stalls compute) and
 returns a handle. With `background_copy` even the copy leaves the caller: it runs first in the fast lane
 (from a GPU on a side CUDA stream, after the work already queued on the caller's stream), overlapping the
-next step's forward and backward; the caller must wait for `handle.copied` before it changes the tensors
-again (the next optimizer step). A background "fast lane" hashes and writes each chunk to the node's tier and its peer tiers
-(every step); a "cloud lane" uploads the same bytes to the cloud tier every `cloud_every` steps. Each lane
+next step's forward and backward; the caller must call `wait_copied()` before it changes the tensors again
+(the next optimizer step). A background "fast lane" hashes and writes each chunk to the node's tier and its
+peer tiers (every step); a "cloud lane" uploads the same bytes to the cloud tier every `cloud_every` steps. Each lane
 yields ChunkRecords; the coordinator commits a step's manifest once every rank's lane has finished.
 A new snapshot waits for the previous fast lane, and a cloud step for the previous upload (backpressure,
 reported as wait_seconds) so memory stays bounded.
@@ -114,6 +114,11 @@ class AsyncSnapshotter:
         self._lent: list[SnapshotHandle] = []        # handles whose blobs may still be in use by a lane
         self._copy_stream = None                      # side CUDA stream of background copies (made lazily)
 
+    def wait_copied(self) -> float:
+        """Wait until the newest snapshot's copy is done (its tensors may change again); seconds waited."""
+        last = self._last
+        return 0.0 if last is None else last.wait_copied()
+
     def is_cloud_step(self, step: int) -> bool:
         return self.cloud is not None and self.policy.cloud_every > 0 and step % self.policy.cloud_every == 0
 
@@ -122,8 +127,8 @@ class AsyncSnapshotter:
         """Copy the shards (name -> (tensor, global shape, chunk)) to CPU and write them in the background.
         `owned`: the (name, chunk)s this rank writes anywhere (None: all). `routes`: tier name -> the
         (name, chunk)s that tier takes (see peers.place_copies); a tier not named takes everything owned.
-        `background_copy`: copy in the fast lane too (see the module docstring); wait for `handle.copied`
-        before changing the tensors."""
+        `background_copy`: copy in the fast lane too (see the module docstring); call `wait_copied()` before
+        changing the tensors."""
         if background_copy:
             return self._snapshot_in_background(step, state, owned, routes or {})
         with self._lock:

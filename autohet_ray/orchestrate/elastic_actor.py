@@ -36,7 +36,6 @@ class ElasticWorker:
     def __init__(self, rank: int):
         self.rank, self.engine, self.snapshotter = rank, None, None
         self.handles: dict = {}
-        self._copying = None               # the snapshot whose background copy may still read the tensors
         self._copy_wait_s = 0.0
         torch.set_num_threads(1)
 
@@ -130,7 +129,7 @@ class ElasticWorker:
         beside the next step's forward and backward, which waits for it only before its optimizer step."""
         self.engine.before_update = self._await_copy
         self._copy_wait_s = 0.0
-        previous = self._copying
+        previous = self.handles.get(self.engine.step)    # the last step's snapshot, if it took one
         out = self.engine.train_step(batch)
         out["rank"] = self.rank
         if previous is not None:          # its copy finished before this step's update
@@ -141,14 +140,12 @@ class ElasticWorker:
             handle = self.snapshotter.snapshot(self.engine.step, self.engine.live_state(), owned=self.owned,
                                                routes=self.routes, background_copy=True)
             self.handles[self.engine.step] = handle
-            self._copying = handle
         return out
 
     def _await_copy(self) -> None:
         """The engine's before_update: the previous snapshot's copy must be done before its tensors change."""
-        if self._copying is not None:
-            self._copy_wait_s = self._copying.wait_copied()
-            self._copying = None
+        if self.snapshotter is not None:
+            self._copy_wait_s = self.snapshotter.wait_copied()
 
     def fast_records(self, step: int, timeout_s: float = 120.0) -> list:
         """The node+peer records of `step` once its fast lane has written them."""
@@ -192,7 +189,7 @@ class ElasticWorker:
         for the next plan. Returns this process id."""
         import torch.distributed as dist
         self.close_snapshots(wait=False)          # a snapshot in flight is abandoned, not awaited
-        self.engine, self.handles, self._copying = None, {}, None
+        self.engine, self.handles = None, {}
         if dist.is_initialized():
             dist.destroy_process_group()
         if torch.cuda.is_available():

@@ -126,20 +126,8 @@ def test_buffers_are_reused_only_after_every_lane_is_done_with_them():
     snap.close()
 
 
-class GatedLocal(MemoryTier):
-    """A node tier whose writes wait for the gate: the fast lane is busy with the previous snapshot."""
-
-    def __init__(self, name):
-        super().__init__(name)
-        self.gate = threading.Event()
-
-    def put_chunk(self, key, blob):
-        assert self.gate.wait(30)
-        super().put_chunk(key, blob)
-
-
 def test_a_background_copy_returns_at_once_and_holds_the_state_of_its_step():
-    local = GatedLocal("node")
+    local = GatedTier("node")      # the fast lane is busy with the previous snapshot's writes
     snap = AsyncSnapshotter(local=local, policy=SnapshotPolicy(cloud_every=0))
     full2, full3 = full_state(2), full_state(3)
     state = rank_states(full2, 1)[0]
