@@ -9,15 +9,16 @@ from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, load_plan
-from autohet_ray.planner import plan_with_baselines
-from autohet_ray.profile.analytic import analytic_profile
+from autohet_ray.planner import check_request, plan_with_baselines
+from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import load_profile
 
 
-def _profile(args, model, cluster, seq_len):
+def _profile(args, model, cluster, seq_len, micro_batches=()):
+    """The --profile file, or the analytic profile with entries for `micro_batches` as well."""
     if getattr(args, "profile", None):
         return load_profile(args.profile)
-    return analytic_profile(model, cluster, seq_len)
+    return analytic_profile(model, cluster, seq_len, with_micro_batches(*micro_batches))
 
 
 def _gb(x: float) -> str:
@@ -40,7 +41,7 @@ def plan_table(plan: Plan, memory: dict[str, int]) -> str:
 def cmd_plan(args) -> int:
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     seq_len = args.seq_len or model.max_seq_len
-    profile = _profile(args, model, cluster, seq_len)
+    profile = _profile(args, model, cluster, seq_len, [args.micro_batch])
     result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
                                             global_batch=args.global_batch, seq_len=seq_len,
                                             micro_batch=args.micro_batch, time_limit_s=args.time_limit,
@@ -80,7 +81,9 @@ def cmd_plan(args) -> int:
 def cmd_evaluate(args) -> int:
     plan, cluster = load_plan(args.plan), load_cluster(args.cluster)
     model = model_from_dict(plan.model_spec) if plan.model_spec else load_model(plan.model)
-    profile = _profile(args, model, cluster, plan.seq_len)
+    profile = _profile(args, model, cluster, plan.seq_len,
+                       [plan.micro_batch_of(k) for k in range(len(plan.pipelines))])
+    check_request(model, profile, plan.global_batch, plan.seq_len, (plan.schedule,))
     ev = evaluate_plan(plan, cluster, model, profile)
     pred = ev.predicted().to_dict()
     out = {"feasible": ev.feasible, "predicted": {k: pred[k] for k in

@@ -4,6 +4,11 @@ and Whale on the paper's 24-GPU mixes, and efficiency vs each GPU type's sub-clu
 All figures use the analytic profile (derived from the device catalog), so they are predictions of the cost
 model, not measurements on GPUs. Ends with one JSON line.
 
+The gains table gives every model the same tokens per global batch (GAIN_TOKENS; LLM recipes state batches in
+tokens), so BERT-Large (512-token sequences) runs 4x the sequences of the 2048-token models. A second table
+runs BERT-Large at 1/4 and 1/2 of that: with fewer micro-batches per pipeline, the fill/drain of every
+pipeline and the coarser split of the batch weigh more against each GPU type alone (pure data parallelism).
+
     .venv/bin/python benchmarks/planner_bench.py [--quick]
 """
 from __future__ import annotations
@@ -48,7 +53,8 @@ SMALL = [
 SCALE = [("three-type-64", "gpt3-13b", 1024), ("four-type-256", "gpt3-13b", 2048), ("mixed-1024", "llama-13b", 4096)]
 MIXES = ["paper-24", "uneven-4-4-16", "uneven-16-4-4"]
 MODELS = ["bert-large", "gpt3-1.3b", "llama-7b"]
-GAIN_BATCH = 768
+GAIN_TOKENS = 768 * 2048     # tokens per global batch (1.5 M; GPT-3 trained its 1.3B-6.7B models on 1-2 M)
+SWEEP_MODEL, SWEEP_BATCHES = "bert-large", (768, 1536)   # sequences of 512 tokens: 0.4 M and 0.8 M tokens
 
 
 def _tiny(nodes):
@@ -114,54 +120,73 @@ def _best_alone(cluster, model, batch):
     return total
 
 
+def gain_batch(model) -> int:
+    """Sequences per global batch: GAIN_TOKENS tokens at the model's sequence length."""
+    return GAIN_TOKENS // model.max_seq_len
+
+
+def _gain_row(mix: str, model_name: str, batch: int) -> dict:
+    cluster, model = load_cluster(str(CLUSTERS / f"{mix}.yaml")), PRESETS[model_name]
+    profile = analytic_profile(model, cluster, model.max_seq_len)
+    result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
+                                            global_batch=batch, seq_len=model.max_seq_len)
+    row = {"cluster": mix, "model": model_name, "global_batch": batch,
+           "samples_per_s": result.evaluation.samples_per_s, "solve_time_s": result.solve_time_s}
+    for name, b in baselines.items():
+        row[f"gain_{name}"] = (b.evaluation.iteration_time_s / result.evaluation.iteration_time_s
+                               if b.evaluation else None)
+    row["efficiency"] = result.evaluation.samples_per_s / _best_alone(cluster, model, batch)
+    row["time_breakdown"] = {k: round(v, 4) for k, v in time_breakdown(result.plan, result.evaluation).items()}
+    fmt = lambda g: "  n/a " if g is None else f"{g:5.2f}x"  # noqa: E731
+    print(f"  {mix:<14} {model_name:<11} B={batch:<5} {row['samples_per_s']:8.1f} samples/s  vs Megatron "
+          f"{fmt(row['gain_megatron'])} (paper {PAPER.get((model_name, 'megatron'), '-')})  vs Whale "
+          f"{fmt(row['gain_whale'])} (paper {PAPER.get((model_name, 'whale'), '-')})  efficiency "
+          f"{row['efficiency']:.3f}", flush=True)
+    print(f"  {'':<14} {breakdown_line(row['time_breakdown'])}", flush=True)
+    return row
+
+
 def gains(quick: bool) -> list[dict]:
-    rows = []
-    for mix in MIXES[:1] if quick else MIXES:
-        cluster = load_cluster(str(CLUSTERS / f"{mix}.yaml"))
-        for model_name in MODELS:
-            model = PRESETS[model_name]
-            profile = analytic_profile(model, cluster, model.max_seq_len)
-            result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
-                                                    global_batch=GAIN_BATCH, seq_len=model.max_seq_len)
-            row = {"cluster": mix, "model": model_name, "samples_per_s": result.evaluation.samples_per_s,
-                   "solve_time_s": result.solve_time_s}
-            for name, b in baselines.items():
-                row[f"gain_{name}"] = (b.evaluation.iteration_time_s / result.evaluation.iteration_time_s
-                                       if b.evaluation else None)
-            row["efficiency"] = result.evaluation.samples_per_s / _best_alone(cluster, model, GAIN_BATCH)
-            row["time_breakdown"] = {k: round(v, 4) for k, v in time_breakdown(result.plan, result.evaluation).items()}
-            rows.append(row)
-            fmt = lambda g: "  n/a " if g is None else f"{g:5.2f}x"  # noqa: E731
-            print(f"  {mix:<14} {model_name:<11} {row['samples_per_s']:8.1f} samples/s  vs Megatron "
-                  f"{fmt(row['gain_megatron'])} (paper {PAPER.get((model_name, 'megatron'), '-')})  vs Whale "
-                  f"{fmt(row['gain_whale'])} (paper {PAPER.get((model_name, 'whale'), '-')})  efficiency "
-                  f"{row['efficiency']:.3f}", flush=True)
-            print(f"  {'':<14} {breakdown_line(row['time_breakdown'])}", flush=True)
-    return rows
+    return [_gain_row(mix, name, gain_batch(PRESETS[name]))
+            for mix in (MIXES[:1] if quick else MIXES) for name in MODELS]
+
+
+def batch_sweep(quick: bool) -> list[dict]:
+    """BERT-Large at fewer tokens per batch than the gains table: how efficiency falls as pipelines get
+    fewer micro-batches (fill/drain) and the batch splits more coarsely."""
+    return [_gain_row(mix, SWEEP_MODEL, batch)
+            for mix in (MIXES[:1] if quick else MIXES) for batch in (SWEEP_BATCHES[:1] if quick else SWEEP_BATCHES)]
+
+
+def _rounded(row: dict) -> dict:
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few rows of each table")
-    ap.add_argument("--only", choices=["optimality", "scaling", "gains"], help="run one table")
+    ap.add_argument("--only", choices=["optimality", "scaling", "gains", "sweep"], help="run one table")
     args = ap.parse_args()
     if args.only:
-        rows = {"optimality": optimality, "scaling": scaling, "gains": gains}[args.only](args.quick)
+        rows = {"optimality": optimality, "scaling": scaling, "gains": gains, "sweep": batch_sweep}[args.only](args.quick)
         print(json.dumps({args.only: rows}))
         return
     print("[analytic profile: predictions of the cost model]\nOptimality vs exhaustive search:")
     opt = optimality(args.quick)
     print("Solve time vs cluster size:")
     scale = scaling(args.quick)
-    print(f"Gains over baselines (global batch {GAIN_BATCH}):")
+    print(f"Gains over baselines ({GAIN_TOKENS / 1e6:.2f} M tokens per global batch):")
     gain = gains(args.quick)
+    print(f"{SWEEP_MODEL} at smaller global batches:")
+    sweep = batch_sweep(args.quick)
     print(json.dumps({
         "profile": "analytic",
         "optimality": {"instances": len(opt), "max_gap": max(r["gap"] for r in opt),
                        "within_1pct": sum(r["gap"] <= 0.01 for r in opt)},
         "solve_time_s": {r["cluster"]: round(r["solve_time_s"], 2) for r in scale},
         "solve_cpu_time_s": {r["cluster"]: round(r["cpu_time_s"], 2) for r in scale},
-        "gains": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in gain],
+        "gains": [_rounded(r) for r in gain],
+        "batch_sweep": [_rounded(r) for r in sweep],
     }))
 
 

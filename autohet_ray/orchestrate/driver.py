@@ -24,7 +24,7 @@ from autohet_ray.orchestrate.pacer import emulation_targets
 from autohet_ray.orchestrate.placement import place_plan, remove_groups
 from autohet_ray.orchestrate.stage_group import StageGroup
 from autohet_ray.plan.schema import plan_from_dict
-from autohet_ray.profile.analytic import analytic_profile
+from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import load_profile
 
 STATES = ("new", "discovered", "profiled", "planned", "placed", "training", "done", "failed")
@@ -80,7 +80,8 @@ class Driver:
     def run_profile(self) -> dict:
         mode = self.job.profile
         if mode == "analytic":
-            self.profile_db = analytic_profile(self.model, self.found.cluster, self.priced_seq_len)
+            self.profile_db = analytic_profile(self.model, self.found.cluster, self.priced_seq_len,
+                                               with_micro_batches(self.job.micro_batch))
         elif mode == "measured":
             from autohet_ray.orchestrate.profiling import profile_cluster
             self.profile_db = profile_cluster(self.found, self.model, self.priced_seq_len,

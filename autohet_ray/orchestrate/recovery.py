@@ -62,12 +62,13 @@ class ElasticController:
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start keepers, plan, place and (with restore='cloud_only'/'local_first')
         load the newest committed step. Returns the launch report."""
-        from autohet_ray.profile.analytic import analytic_profile
+        from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
         from autohet_ray.orchestrate.spot import draining_nodes
         assert self.state == "new", self.state
         self.draining = set(draining_nodes())
         self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
-        self.profile = analytic_profile(self.model, self.found.cluster, self.seq_len)
+        self.profile = analytic_profile(self.model, self.found.cluster, self.seq_len,
+                                        with_micro_batches(self.job.micro_batch))
         for node in self.found.nodes:
             self.keeper_specs[node.name] = _start_keeper_spec(node)
         self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,

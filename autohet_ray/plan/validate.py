@@ -15,6 +15,9 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     """Raise ConfigError naming the first problem found."""
     if plan.micro_batch < 1 or plan.global_batch < 1:
         raise ConfigError(f"plan: global_batch={plan.global_batch} and micro_batch={plan.micro_batch} must be >= 1")
+    if not 1 <= plan.seq_len <= model.max_seq_len:
+        raise ConfigError(f"plan: seq_len={plan.seq_len} must lie in [1, {model.max_seq_len}] "
+                          f"({model.name}'s max_seq_len)")
     for k, pipeline in enumerate(plan.pipelines):
         if pipeline.micro_batch is not None and pipeline.micro_batch < 1:
             raise ConfigError(f"plan: pipelines[{k}].micro_batch={pipeline.micro_batch} must be >= 1")

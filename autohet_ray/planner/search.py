@@ -80,6 +80,21 @@ def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: i
     return [m for m in have if m * profile.seq_len <= MAX_MICROBATCH_TOKENS] or have[:1]
 
 
+def check_request(model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
+                  schedules: tuple[str, ...]) -> None:
+    """ConfigError naming the first bad value of a planning request."""
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ConfigError(f"global batch {global_batch} must be a positive integer")
+    if not 1 <= seq_len <= model.max_seq_len:
+        raise ConfigError(f"seq_len {seq_len} must lie in [1, {model.max_seq_len}] ({model.name}'s max_seq_len)")
+    if profile.seq_len != seq_len:
+        raise ConfigError(f"the {profile.kind} profile was made for seq_len {profile.seq_len}, not {seq_len}; "
+                          f"profile again with --seq-len {seq_len}")
+    if profile.model and profile.model != model.name:
+        raise ConfigError(f"the {profile.kind} profile was made for model {profile.model!r}, not {model.name!r}")
+    check_schedules(schedules)
+
+
 def check_schedules(schedules: tuple[str, ...]) -> None:
     bad = [s for s in schedules if s not in PLAN_SCHEDULES]
     if not schedules or bad:
@@ -92,9 +107,7 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
     """The fastest plan found within the time limit, each candidate under the fastest of `schedules` that
     fits. `incumbents` (e.g. the baselines' plans) are evaluated as candidates too, so the result is never
     worse than them."""
-    if global_batch < 1:
-        raise ConfigError(f"global batch {global_batch} must be a positive integer")
-    check_schedules(schedules)
+    check_request(model, profile, global_batch, seq_len, schedules)
     clock = _Deadline(time.perf_counter(), time_limit_s)
     best, per_size = _Best(), []
     for plan in incumbents:

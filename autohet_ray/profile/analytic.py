@@ -21,6 +21,12 @@ PARAM_BYTES = 2              # bf16 weights
 INTRA_LATENCY_S = 10e-6
 INTER_LATENCY_S = 25e-6
 TP_DEGREES = (1, 2, 4, 8)
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+def with_micro_batches(*sizes: int | None) -> tuple[int, ...]:
+    """MICRO_BATCHES plus the sizes a user fixed or a plan uses (an analytic entry costs nothing to add)."""
+    return tuple(sorted(set(MICRO_BATCHES) | {m for m in sizes if m is not None and m >= 1}))
 
 
 def _efficiency(tokens: int, width: float) -> float:
@@ -53,7 +59,7 @@ def analytic_links(cluster: Cluster) -> dict[str, LinkProfile]:
 
 
 def analytic_profile(model: ModelSpec, cluster: Cluster, seq_len: int,
-                     micro_batches: tuple[int, ...] = (1, 2, 4, 8)) -> ProfileDB:
+                     micro_batches: tuple[int, ...] = MICRO_BATCHES) -> ProfileDB:
     """Every (device type in the cluster, valid TP degree that fits on a node, micro-batch) entry."""
     db = ProfileDB(kind="analytic", model=model.name, seq_len=seq_len, links=analytic_links(cluster),
                    meta={"source": "device catalog (published dense BF16 figures)"})

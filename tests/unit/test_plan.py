@@ -100,10 +100,15 @@ def test_validation_names_the_problem(plan, fragment):
 
 def test_tp_must_divide_heads():
     spec = PRESETS["tiny-llama"]                    # 2 kv heads
-    plan = _plan(model=spec.name, pipelines=(Pipeline(num_microbatches=8, stages=(
+    plan = _plan(model=spec.name, seq_len=16, pipelines=(Pipeline(num_microbatches=8, stages=(
         Stage(layers=(0, 4), tp=4, device_type="H20", node="h20", devices=(0, 1, 2, 3)),)),))
     with pytest.raises(ConfigError, match="TP degree 4 does not divide"):
         validate_plan(plan, CLUSTER, spec)
+
+
+def test_seq_len_beyond_the_positions_table_is_refused():
+    with pytest.raises(ConfigError, match=r"seq_len=4096 must lie in \[1, 2048\] \(gpt3-1.3b's max_seq_len\)"):
+        validate_plan(_plan(seq_len=4096), CLUSTER, MODEL)
 
 
 @pytest.mark.parametrize("raw, fragment", [

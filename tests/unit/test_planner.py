@@ -89,19 +89,29 @@ def _cli(*args):
       "--micro-batch", "4"], "not divisible by micro-batch 4"),
     (["plan", "--cluster", "{small}", "--model", "llama2-70b", "--global-batch", "8"], "missing 1145.6 GB"),
     (["plan", "--cluster", "{bad}", "--model", "llama2-70b", "--global-batch", "8"], "not valid YAML"),
+    (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "gpt3-1.3b", "--global-batch", "8",
+      "--seq-len", "4096"], "seq_len 4096 must lie in [1, 2048] (gpt3-1.3b's max_seq_len)"),
+    (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "gpt3-1.3b", "--global-batch", "8",
+      "--seq-len", "1024", "--profile", "{profile}"], "made for seq_len 2048, not 1024; profile again"),
+    (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "llama-7b", "--global-batch", "8",
+      "--profile", "{profile}"], "made for model 'gpt3-1.3b', not 'llama-7b'"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, fragment, tmp_path):
     (tmp_path / "small.yaml").write_text("name: small\nnodes: [{name: a, device: A10, count: 4}]\n")
     (tmp_path / "bad.yaml").write_text("name: [\n")
-    out = _cli(*(a.format(small=tmp_path / "small.yaml", bad=tmp_path / "bad.yaml") for a in args))
+    cluster, spec = load_cluster("jobs/clusters/paper-24.yaml"), PRESETS["gpt3-1.3b"]
+    analytic_profile(spec, cluster, 2048, micro_batches=(1,)).save(str(tmp_path / "p.json"))
+    out = _cli(*(a.format(small=tmp_path / "small.yaml", bad=tmp_path / "bad.yaml", profile=tmp_path / "p.json")
+                 for a in args))
     assert out.returncode == 2, out.stderr
     assert fragment in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_cli_plan_json_evaluate_and_show(tmp_path):
     plan_file = tmp_path / "plan.json"
+    # 3 is not among the analytic profile's default sizes: the CLI adds an entry for the size asked for
     out = _cli("plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "bert-large", "--global-batch",
-               "96", "--micro-batch", "2", "--json", "--out", str(plan_file))
+               "96", "--micro-batch", "3", "--json", "--out", str(plan_file))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert set(doc) >= {"plan", "predicted", "baselines", "solve_time_s"}
