@@ -81,9 +81,16 @@ def _train_parser(sub) -> None:
     t.add_argument("--elastic", action="store_true",
                    help="checkpoint every step to the nodes (two copies) and recover from node loss local-first")
     t.add_argument("--cloud-every", type=int, default=10, help="--elastic: also save to --storage every N steps")
-    t.add_argument("--endpoint-url", help="--elastic with s3://: the S3 endpoint (default: AWS)")
+    t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
     t.add_argument("--spot-watch", action="store_true",
                    help="--elastic: watch each node's instance metadata for spot interruption notices")
+
+
+def _message(exc: ConfigError) -> str:
+    """The error's own message: one raised in a Ray actor arrives wrapped with the remote traceback, its
+    original as `cause`."""
+    cause = getattr(exc, "cause", None)
+    return str(cause) if isinstance(cause, ConfigError) else str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             from autohet_ray.cli_resume import cmd_resume
             return cmd_resume(args)
     except ConfigError as exc:
-        print(f"autohet {args.command}: error: {exc}", file=sys.stderr)
+        print(f"autohet {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
     return 2
 

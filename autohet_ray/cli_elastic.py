@@ -23,9 +23,10 @@ AUTO_ITERATION_WALL_S = 2.0
 
 def elastic_job_of(args) -> dict:
     """ElasticJob fields from the `autohet train --elastic` arguments."""
-    from autohet_ray.orchestrate.elastic_tiers import storage_spec
+    from autohet_ray.orchestrate.elastic_tiers import check_storage, storage_spec
     if not args.storage:
         raise ConfigError("--elastic needs --storage DIR|s3://bucket/prefix (the cloud tier and resume point)")
+    check_storage(storage_spec(args.storage, endpoint_url=args.endpoint_url))
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     clock = {}
     if args.emulate:                    # the emulated devices' clock, as `autohet train --emulate` runs it

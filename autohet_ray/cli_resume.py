@@ -16,10 +16,11 @@ from autohet_ray import ConfigError
 def resume_job(storage_url: str, *, endpoint_url: str | None = None) -> tuple[dict, int]:
     """The job (ElasticJob fields) and newest committed step found in `storage_url`."""
     from autohet_ray.checkpoint import find_manifest, scan_manifests
-    from autohet_ray.orchestrate.elastic_tiers import build_tier, storage_spec
+    from autohet_ray.orchestrate.elastic_tiers import build_tier, check_storage, storage_spec
     spec = storage_spec(storage_url, endpoint_url=endpoint_url)
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         raise ConfigError(f"storage {storage_url!r} is not a directory; give the --storage the job wrote to")
+    check_storage(spec, create=False)
     tier = build_tier(spec)
     scan = scan_manifests([tier])
     if not scan.steps:

@@ -27,7 +27,7 @@ def _job(args, cluster, model) -> dict:
             "time_scale": 1.0 if args.time_scale == "auto" else float(args.time_scale),
             "iteration_wall_s": AUTO_ITERATION_WALL_S if args.time_scale == "auto" else None,
             "profile": args.profile, "profile_cache": args.profile_cache,
-            "storage": args.storage, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit,
+            "storage": args.storage, "endpoint_url": args.endpoint_url, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit,
             "placement_timeout_s": args.placement_timeout}
 
 
@@ -60,6 +60,7 @@ def _starting(cluster) -> None:
 
 
 def cmd_train(args) -> int:
+    from autohet_ray.orchestrate.elastic_tiers import check_storage, storage_spec
     from autohet_ray.orchestrate.job import job_from_dict
     from autohet_ray.orchestrate.session import ray_session, run_job
     cluster, model = load_cluster(args.cluster), load_model(args.model)
@@ -78,6 +79,8 @@ def cmd_train(args) -> int:
 
     job = _job(args, cluster, model)
     job_from_dict(job)                    # bad values fail here, before a cluster starts
+    if args.storage:                      # and an unusable storage, before a job runs up to its first write
+        check_storage(storage_spec(args.storage, endpoint_url=args.endpoint_url))
     with ray_session(cluster, address=args.address, emulate=args.emulate, on_start=_starting):
         history = run_job(job, on_phase=lambda r: _print_phase(r, tag), on_step=on_step)
     summary = _summary(history, args.emulate, args.global_batch)

@@ -53,7 +53,7 @@ SMALL = [
 SCALE = [("three-type-64", "gpt3-13b", 1024), ("four-type-256", "gpt3-13b", 2048), ("mixed-1024", "llama-13b", 4096)]
 MIXES = ["paper-24", "uneven-4-4-16", "uneven-16-4-4"]
 MODELS = ["bert-large", "gpt3-1.3b", "llama-7b"]
-GAIN_TOKENS = 768 * 2048     # tokens per global batch (1.5 M; GPT-3 trained its 1.3B-6.7B models on 1-2 M)
+GAIN_TOKENS = 768 * 2048     # tokens per global batch (1.57 M; GPT-3 trained its 1.3B-6.7B models on 1-2 M)
 SWEEP_MODEL, SWEEP_BATCHES = "bert-large", (768, 1536)   # sequences of 512 tokens: 0.4 M and 0.8 M tokens
 
 

@@ -139,7 +139,7 @@ class Driver:
         setups = self.group.gather(refs, timeout_s=job.placement_timeout_s + 120)
         self._enter("planned", "placed")
         if job.storage:
-            write_text(job.storage, "plan.json", self.plan.to_json())
+            write_text(job.storage, "plan.json", self.plan.to_json(), job.endpoint_url)
         return {"ranks": len(setups), "locations": self.group.locations, "time_scale": self.time_scale,
                 "setup_s": max(s["setup_s"] for s in setups)}
 
@@ -198,7 +198,8 @@ class Driver:
 
     def _save_history(self) -> None:
         if self.job.storage:
-            write_text(self.job.storage, "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in self.history))
+            write_text(self.job.storage, "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in self.history),
+                       self.job.endpoint_url)
 
     def stage_state(self, rank: int) -> dict:
         return ray.get(self.group.actors[rank].state_dict.remote())

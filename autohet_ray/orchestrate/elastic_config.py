@@ -8,6 +8,7 @@ from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.plan.schedule import schedule_choices
+from autohet_ray.plan.validate import check_micro_batch
 
 RESTORE_MODES = ("local_first", "cloud_only")
 DTYPES = ("float32", "float64")
@@ -59,6 +60,8 @@ class ElasticJob:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.micro_batch is not None:
+            check_micro_batch(self.global_batch, self.micro_batch)
         for name in ("cloud_every", "gc_every", "num_peers"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")

@@ -14,6 +14,7 @@ Every built tier is wrapped in a TimedTier that records how long reads from it t
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -40,6 +41,29 @@ def storage_spec(url: str, *, name: str = "cloud", endpoint_url: str | None = No
     if rate_bytes_per_s is not None:
         spec["rate_bytes_per_s"] = float(rate_bytes_per_s)
     return spec
+
+
+def check_storage(spec: dict, *, create: bool = True) -> None:
+    """ConfigError unless the storage of `spec` (a `storage_spec`) can be used: a directory that exists or
+    (with `create`) can be made and is writable; an S3 bucket that answers these credentials."""
+    if spec["kind"] == "s3":
+        from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket
+        check_bucket(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),
+                              endpoint_url=spec.get("endpoint_url")))
+        return
+    assert spec["kind"] == "dir", spec
+    path = spec["path"]
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"storage {path!r} is not a directory")
+    try:
+        if create:
+            os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"storage directory {path!r} cannot be created: {err.strerror}") from None
+    if not os.path.isdir(path):
+        raise ConfigError(f"storage {path!r} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"storage directory {path!r} is not writable")
 
 
 def push_spec(peer: dict, local: dict) -> dict:

@@ -7,6 +7,7 @@ from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.orchestrate.elastic_tiers import storage_spec
 from autohet_ray.plan.schedule import schedule_choices
+from autohet_ray.plan.validate import check_micro_batch
 
 PROFILE_MODES = ("analytic", "measured")
 DTYPES = ("float32", "float64", "bfloat16")
@@ -32,6 +33,7 @@ class TrainJob:
     profile: str = "analytic"            # "analytic" (device catalog), "measured" (profile on Ray), or a DB path
     profile_cache: str | None = None     # directory caching measured profiles
     storage: str | None = None           # directory or s3://bucket/prefix for the plan and per-step metrics
+    endpoint_url: str | None = None      # S3 endpoint of an s3:// storage (default: AWS_ENDPOINT_URL, or AWS)
     dtype: str = "float32"              # training dtype on the stage actors (float64 for exact comparisons)
     seed: int = 0
     lr: float = 1e-3
@@ -44,6 +46,8 @@ class TrainJob:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.micro_batch is not None:
+            check_micro_batch(self.global_batch, self.micro_batch)
         if not self.time_scale > 0:
             raise ConfigError(f"time_scale={self.time_scale!r} must be > 0")
         if self.iteration_wall_s is not None and not self.iteration_wall_s > 0:

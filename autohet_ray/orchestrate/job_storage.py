@@ -17,8 +17,8 @@ def write_text(storage: str, name: str, text: str, endpoint_url: str | None = No
             f.write(text)
         os.replace(path + ".tmp", path)
         return path
-    import boto3
+    from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
     key = spec["prefix"] + name
-    client = boto3.client("s3", endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL"))
+    client = make_client(S3Config(bucket=spec["bucket"], endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL")))
     client.put_object(Bucket=spec["bucket"], Key=key, Body=text.encode())
     return f"s3://{spec['bucket']}/{key}"

@@ -154,6 +154,13 @@ def start_keeper(node_id: str, *, label: str | None = None, root: str | None = N
     ).remote(label or f"keeper-{node_id[:8]}", root)
 
 
+def keeper_spec(node_id: str, node_name: str) -> dict:
+    """Start the node's keeper; its tier spec (the store directory lets that node's ranks bypass the actor)."""
+    keeper = start_keeper(node_id, label=f"keeper-{node_name}")
+    return {"kind": "keeper", "name": f"keeper-{node_name}", "node_id": node_id,
+            "dir": ray.get(keeper.directory.remote(), timeout=60)}
+
+
 def get_keeper(node_id: str, namespace: str = KEEPER_NAMESPACE):
     return ray.get_actor(keeper_name(node_id), namespace=namespace)
 

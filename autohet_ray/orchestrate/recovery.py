@@ -30,7 +30,7 @@ from autohet_ray.orchestrate.elastic_config import (ElasticJob, merge_restores, 
                                                     tiling_holdings, without_nodes)
 from autohet_ray.orchestrate.elastic_group import ElasticGroup, GroupFailure
 from autohet_ray.orchestrate.elastic_tiers import push_spec
-from autohet_ray.orchestrate.keeper import start_keeper, stop_keeper
+from autohet_ray.orchestrate.keeper import keeper_spec, stop_keeper
 
 
 class RecoveryFailed(RuntimeError):
@@ -70,7 +70,7 @@ class ElasticController:
         self.profile = analytic_profile(self.model, self.found.cluster, self.seq_len,
                                         with_micro_batches(self.job.micro_batch))
         for node in self.found.nodes:
-            self.keeper_specs[node.name] = _start_keeper_spec(node)
+            self.keeper_specs[node.name] = keeper_spec(node.node_id, node.name)
         self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
                                    extra={"job": self.job.to_dict()}, gc_every=self.job.gc_every)
         report = self._launch(restore)
@@ -317,7 +317,7 @@ class ElasticController:
         self.found = discover(without_nodes(self.base_cluster, self._dead_nodes()))
         for node in self.found.nodes:
             if node.name not in self.keeper_specs:          # a replacement node: a keeper of its own
-                self.keeper_specs[node.name] = _start_keeper_spec(node)
+                self.keeper_specs[node.name] = keeper_spec(node.node_id, node.name)
                 self.committer.keepers[node.name] = _build(self.keeper_specs[node.name])
         discover_s = time.perf_counter() - discover_start
         report = {"reason": reason, "discover_s": discover_s, **self._launch(mode, reuse, plan)}
@@ -391,13 +391,6 @@ class ElasticController:
         for spec in self.keeper_specs.values():
             stop_keeper(spec["node_id"])
         self.state = "closed"
-
-
-def _start_keeper_spec(node) -> dict:
-    """Start the node's keeper; its tier spec (the store directory lets that node's ranks bypass the actor)."""
-    keeper = start_keeper(node.node_id, label=f"keeper-{node.name}")
-    return {"kind": "keeper", "name": f"keeper-{node.name}", "node_id": node.node_id,
-            "dir": ray.get(keeper.directory.remote(), timeout=60)}
 
 
 def _build(spec: dict):

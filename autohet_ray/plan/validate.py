@@ -11,6 +11,14 @@ def _is_power_of_two(x: int) -> bool:
     return x >= 1 and x & (x - 1) == 0
 
 
+def check_micro_batch(global_batch: int, micro_batch: int) -> None:
+    """ConfigError unless `micro_batch` is a positive integer that divides `global_batch`."""
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ConfigError(f"micro-batch {micro_batch!r} must be a positive integer")
+    if global_batch % micro_batch:
+        raise ConfigError(f"global batch {global_batch} is not divisible by micro-batch {micro_batch}")
+
+
 def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
     """Raise ConfigError naming the first problem found."""
     if plan.micro_batch < 1 or plan.global_batch < 1:

@@ -12,6 +12,7 @@ from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import Plan
+from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
 from autohet_ray.planner.batch import allocate_microbatches
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
@@ -70,8 +71,7 @@ def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: i
     """The given micro-batch, or every profiled one that divides the batch and keeps at most
     MAX_MICROBATCH_TOKENS tokens (past that GEMMs are saturated while bubbles and activations only grow)."""
     if micro_batch is not None:
-        if micro_batch < 1 or global_batch % micro_batch:
-            raise ConfigError(f"global batch {global_batch} is not divisible by micro-batch {micro_batch}")
+        check_micro_batch(global_batch, micro_batch)
         return [micro_batch]
     have = sorted({key[2] for key in profile.entries if global_batch % key[2] == 0})
     if not have:

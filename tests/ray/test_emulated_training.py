@@ -130,3 +130,21 @@ def test_cli_profile_through_ray(three_node_cluster, tmp_path, capsys):
     db = load_profile(str(out))
     assert db.kind == "measured" and {d for d, _, _ in db.entries} == {"H800", "H20"}
     assert ray.is_initialized()          # the CLI reused this process's connection and left it open
+
+
+def test_cli_prints_an_error_raised_in_the_driver_actor_on_one_line(three_node_cluster, tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from autohet_ray.cli import main
+    plan = asymmetric_plan()
+    plan["pipelines"][0]["stages"][0] = {"layers": [0, 2], "tp": 4, "device_type": "H20", "node": "c",
+                                         "devices": [0, 1, 2, 3]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(THREE_NODES))
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    code = main(["train", "--cluster", str(tmp_path / "cluster.yaml"), "--model", "tiny-gpt", "--global-batch", "4",
+                 "--steps", "1", "--plan", str(tmp_path / "plan.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "node 'c'" in err and "only 2 H20" in err and "ray::" not in err

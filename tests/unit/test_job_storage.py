@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from autohet_ray import ConfigError  # noqa: E402
+from autohet_ray.orchestrate.elastic_tiers import check_storage, storage_spec  # noqa: E402
 from autohet_ray.orchestrate.job import job_from_dict  # noqa: E402
 from autohet_ray.orchestrate.job_storage import write_text  # noqa: E402
 from s3_server import CREDENTIALS, moto_endpoint  # noqa: E402
@@ -19,10 +20,17 @@ def test_directory_storage(tmp_path):
     assert not list((tmp_path / "run").glob("*.tmp"))
 
 
-def test_s3_storage(monkeypatch):
+ENV = {"aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+       "region_name": "AWS_DEFAULT_REGION"}
+
+
+def _credentials(monkeypatch):
     for key, value in CREDENTIALS.items():
-        monkeypatch.setenv({"aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
-                            "region_name": "AWS_DEFAULT_REGION"}[key], value)
+        monkeypatch.setenv(ENV[key], value)
+
+
+def test_s3_storage(monkeypatch):
+    _credentials(monkeypatch)
     with moto_endpoint() as endpoint:
         s3 = boto3.client("s3", endpoint_url=endpoint, **CREDENTIALS)
         s3.create_bucket(Bucket="runs")
@@ -44,3 +52,31 @@ def test_job_schedule_choice():
     assert job_from_dict({**job, "schedule": "1f1b"}).schedules() == ("1f1b",)
     with pytest.raises(ConfigError, match="schedule='gpipe'; valid: auto, 1f1b, zb-h1"):
         job_from_dict({**job, "schedule": "gpipe"})
+
+
+def test_unusable_storage_is_named_before_a_job_starts(monkeypatch, tmp_path):
+    check_storage(storage_spec(str(tmp_path / "new" / "run")))          # made
+    assert (tmp_path / "new" / "run").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_storage(storage_spec(str(tmp_path / "file")))
+    with pytest.raises(ConfigError, match="cannot be created"):
+        check_storage(storage_spec(str(tmp_path / "file" / "run")))
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_storage(storage_spec(str(tmp_path / "absent")), create=False)
+    _credentials(monkeypatch)
+    with moto_endpoint() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, **CREDENTIALS).create_bucket(Bucket="runs")
+        check_storage(storage_spec("s3://runs/job-1", endpoint_url=endpoint))
+        with pytest.raises(ConfigError, match=r"s3://nope/job-1/ at http.*: the bucket does not exist"):
+            check_storage(storage_spec("s3://nope/job-1", endpoint_url=endpoint))
+        for name in ENV.values():
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        with pytest.raises(ConfigError, match="no AWS credentials found"):
+            check_storage(storage_spec("s3://runs/job-1", endpoint_url=endpoint))
+    _credentials(monkeypatch)
+    with pytest.raises(ConfigError, match="cannot reach the S3 endpoint"):         # the server is gone
+        check_storage(storage_spec("s3://runs/job-1", endpoint_url=endpoint))

@@ -95,6 +95,8 @@ def _cli(*args):
       "--seq-len", "1024", "--profile", "{profile}"], "made for seq_len 2048, not 1024; profile again"),
     (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "llama-7b", "--global-batch", "8",
       "--profile", "{profile}"], "made for model 'gpt3-1.3b', not 'llama-7b'"),
+    (["train", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "small-gpt", "--global-batch", "48",
+      "--steps", "1", "--micro-batch", "5", "--emulate"], "global batch 48 is not divisible by micro-batch 5"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, fragment, tmp_path):
     (tmp_path / "small.yaml").write_text("name: small\nnodes: [{name: a, device: A10, count: 4}]\n")

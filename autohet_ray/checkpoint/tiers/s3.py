@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.errors import ChunkMissingError, TierUnavailableError
@@ -62,15 +62,39 @@ class S3Config:
                               f"({self.max_attempts}) must be >= 1")
 
 
-def make_client(config: S3Config):
-    """A boto3 S3 client for `config` (credentials from the usual environment/config chain)."""
+def make_client(config: S3Config, session=None):
+    """A boto3 S3 client for `config` (credentials from the usual environment/config chain, as `session`, by
+    default boto3's process-wide one, resolved and cached them)."""
     botocore_config = Config(
         region_name=config.region,
         retries={"max_attempts": config.max_attempts, "mode": "standard"},
         max_pool_connections=max(10, 2 * config.num_upload_threads),
         connect_timeout=config.connect_timeout_s, read_timeout=config.read_timeout_s,
     )
-    return boto3.client("s3", endpoint_url=config.endpoint_url, config=botocore_config)
+    return (session or boto3).client("s3", endpoint_url=config.endpoint_url, config=botocore_config)
+
+
+def check_bucket(config: S3Config) -> None:
+    """ConfigError, saying what is wrong, unless the bucket answers these credentials (HeadBucket, two quick
+    attempts: a job should not start, then fail at its first upload)."""
+    where = f"s3://{config.bucket}/{config.prefix}" + (f" at {config.endpoint_url}" if config.endpoint_url else "")
+    client = make_client(replace(config, max_attempts=2, connect_timeout_s=5.0, read_timeout_s=10.0),
+                         boto3.session.Session())          # credentials as they are now, not as first cached
+    try:
+        client.head_bucket(Bucket=config.bucket)
+    except NoCredentialsError:
+        raise ConfigError(f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                          "(or AWS_PROFILE, or run where an instance role applies)") from None
+    except EndpointConnectionError as err:
+        raise ConfigError(f"{where}: cannot reach the S3 endpoint ({err})") from None
+    except ClientError as err:
+        code = _code(err)
+        what = ("the bucket does not exist" if code in _MISSING | {"NoSuchBucket"} else
+                "access denied to the bucket with these credentials" if code in ("403", "AccessDenied", "Forbidden")
+                else f"HeadBucket failed ({code or err})")
+        raise ConfigError(f"{where}: {what}") from None
+    except BotoCoreError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def _code(err: ClientError) -> str:
