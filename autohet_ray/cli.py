@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import check_writable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,6 +97,9 @@ def _message(exc: ConfigError) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        for option in ("out", "png"):             # outputs are checked before the work that fills them
+            if getattr(args, option, None):
+                check_writable(getattr(args, option), f"--{option}")
         if args.command == "plan":
             from autohet_ray.cli_plan import cmd_plan
             return cmd_plan(args)

@@ -1,6 +1,8 @@
 """Reading user files (YAML, or JSON which YAML also reads) with one-line errors naming the file."""
 from __future__ import annotations
 
+import os
+
 import yaml
 
 from autohet_ray import ConfigError
@@ -25,3 +27,15 @@ def dataclass_from_dict(cls, raw: dict, what: str):
     if unknown:
         raise ConfigError(f"{what} has unknown fields {unknown}; valid: {sorted(names)}")
     return cls(**raw)
+
+
+def check_writable(path: str, what: str) -> None:
+    """ConfigError unless `path` can be written: its folder exists and is writable, and it is not a folder
+    (checked before the work whose result it will hold)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path!r} is a directory; give a file name")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{what} {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r}: folder {folder!r} is not writable")

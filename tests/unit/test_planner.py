@@ -97,14 +97,17 @@ def _cli(*args):
       "--profile", "{profile}"], "made for model 'gpt3-1.3b', not 'llama-7b'"),
     (["train", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "small-gpt", "--global-batch", "48",
       "--steps", "1", "--micro-batch", "5", "--emulate"], "global batch 48 is not divisible by micro-batch 5"),
+    (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "gpt3-1.3b", "--global-batch", "8",
+      "--out", "{small}/plan.json"], "small.yaml/plan.json': folder"),        # checked before planning
+    (["profile", "--local", "--model", "tiny-gpt", "--out", "{tmp}"], "is a directory; give a file name"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, fragment, tmp_path):
     (tmp_path / "small.yaml").write_text("name: small\nnodes: [{name: a, device: A10, count: 4}]\n")
     (tmp_path / "bad.yaml").write_text("name: [\n")
     cluster, spec = load_cluster("jobs/clusters/paper-24.yaml"), PRESETS["gpt3-1.3b"]
     analytic_profile(spec, cluster, 2048, micro_batches=(1,)).save(str(tmp_path / "p.json"))
-    out = _cli(*(a.format(small=tmp_path / "small.yaml", bad=tmp_path / "bad.yaml", profile=tmp_path / "p.json")
-                 for a in args))
+    out = _cli(*(a.format(small=tmp_path / "small.yaml", bad=tmp_path / "bad.yaml", profile=tmp_path / "p.json",
+                          tmp=tmp_path) for a in args))
     assert out.returncode == 2, out.stderr
     assert fragment in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
