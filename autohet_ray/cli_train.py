@@ -27,7 +27,8 @@ def _job(args, cluster, model) -> dict:
             "time_scale": 1.0 if args.time_scale == "auto" else float(args.time_scale),
             "iteration_wall_s": AUTO_ITERATION_WALL_S if args.time_scale == "auto" else None,
             "profile": args.profile, "profile_cache": args.profile_cache,
-            "storage": args.storage, "endpoint_url": args.endpoint_url, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit,
+            "storage": args.storage, "endpoint_url": args.endpoint_url, "seed": args.seed,
+            "plan_time_limit_s": args.plan_time_limit,
             "placement_timeout_s": args.placement_timeout}
 
 

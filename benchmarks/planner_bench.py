@@ -168,7 +168,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["optimality", "scaling", "gains", "sweep"], help="run one table")
     args = ap.parse_args()
     if args.only:
-        rows = {"optimality": optimality, "scaling": scaling, "gains": gains, "sweep": batch_sweep}[args.only](args.quick)
+        table = {"optimality": optimality, "scaling": scaling, "gains": gains, "sweep": batch_sweep}[args.only]
+        rows = table(args.quick)
         print(json.dumps({args.only: rows}))
         return
     print("[analytic profile: predictions of the cost model]\nOptimality vs exhaustive search:")

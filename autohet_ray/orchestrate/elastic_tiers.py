@@ -53,13 +53,11 @@ def check_storage(spec: dict, *, create: bool = True) -> None:
         return
     assert spec["kind"] == "dir", spec
     path = spec["path"]
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"storage {path!r} is not a directory")
-    try:
-        if create:
-            os.makedirs(path, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"storage directory {path!r} cannot be created: {err.strerror}") from None
+    if create and not os.path.exists(path):
+        try:
+            os.makedirs(path)
+        except OSError as err:
+            raise ConfigError(f"storage directory {path!r} cannot be created: {err.strerror}") from None
     if not os.path.isdir(path):
         raise ConfigError(f"storage {path!r} is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):

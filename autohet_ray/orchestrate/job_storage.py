@@ -19,6 +19,7 @@ def write_text(storage: str, name: str, text: str, endpoint_url: str | None = No
         return path
     from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
     key = spec["prefix"] + name
-    client = make_client(S3Config(bucket=spec["bucket"], endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL")))
+    endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    client = make_client(S3Config(bucket=spec["bucket"], endpoint_url=endpoint_url))
     client.put_object(Bucket=spec["bucket"], Key=key, Body=text.encode())
     return f"s3://{spec['bucket']}/{key}"
