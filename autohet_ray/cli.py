@@ -7,6 +7,8 @@ import sys
 from autohet_ray import ConfigError
 from autohet_ray.config_io import check_writable
 
+AUTO_ITERATION_WALL_S = 4.0       # --time-scale auto: one predicted iteration takes about this long on the wall
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="autohet", description="Asymmetric 3D-parallel training on mixed GPUs")
@@ -56,6 +58,7 @@ def _schedule_option(parser) -> None:
 
 
 def _train_parser(sub) -> None:
+    from autohet_ray.orchestrate.job import TrainJob
     t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train")
     t.add_argument("--cluster", required=True, help="cluster file (nodes, GPU types, links)")
     t.add_argument("--model", required=True, help="preset name or model YAML")
@@ -66,9 +69,11 @@ def _train_parser(sub) -> None:
                    help="emulated GPUs: pace each op to the profile's prediction (starts a local emulated "
                         "cluster unless --address or RAY_ADDRESS is given)")
     t.add_argument("--time-scale", default="auto",
-                   help="wall seconds per emulated second, or auto (an emulated iteration lasts ~10 s)")
-    t.add_argument("--storage", help="directory or s3://bucket/prefix for the plan and per-step metrics "
-                   "(--elastic: the checkpoints)")
+                   help="wall seconds per emulated second, or auto (a predicted iteration lasts --iteration-wall-s)")
+    t.add_argument("--iteration-wall-s", type=float, default=AUTO_ITERATION_WALL_S,
+                   help="--time-scale auto: wall seconds of one predicted iteration (room for the real CPU work)")
+    t.add_argument("--storage", help="directory or s3://bucket/prefix: the job's checkpoints, plan, profile and "
+                   "per-step metrics")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
     t.add_argument("--seq-len", type=int)
     t.add_argument("--micro-batch", type=int)
@@ -76,12 +81,16 @@ def _train_parser(sub) -> None:
     t.add_argument("--profile", default="analytic", help="analytic, measured (profile on Ray), or a profile JSON")
     t.add_argument("--profile-cache", help="directory caching measured profiles")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--plan-time-limit", type=float, default=20.0)
-    t.add_argument("--placement-timeout", type=float, default=120.0)
+    t.add_argument("--plan-time-limit", type=float, default=TrainJob.plan_time_limit_s)
+    t.add_argument("--placement-timeout", type=float, default=TrainJob.setup_timeout_s,
+                   help="seconds the workers may take to start and join")
     t.add_argument("--json", action="store_true", help="end with one JSON line of the run's figures")
     t.add_argument("--elastic", action="store_true",
                    help="checkpoint every step to the nodes (two copies) and recover from node loss local-first")
-    t.add_argument("--cloud-every", type=int, default=10, help="--elastic: also save to --storage every N steps")
+    t.add_argument("--checkpoint-every", "--cloud-every", dest="checkpoint_every", type=int,
+                   default=TrainJob.checkpoint_every, help="commit to --storage every N steps (and at the end)")
+    t.add_argument("--loss-grace-s", type=float, default=TrainJob.loss_grace_s,
+                   help="a node whose raylet stays silent this long is lost (a shorter stall costs nothing)")
     t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
     t.add_argument("--spot-watch", action="store_true",
                    help="--elastic: watch each node's instance metadata for spot interruption notices")
@@ -117,9 +126,6 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_profile_ray(args)
             from autohet_ray.profile.measure import cmd_profile_local
             return cmd_profile_local(args)
-        if args.command == "train" and args.elastic:
-            from autohet_ray.cli_elastic import cmd_train_elastic
-            return cmd_train_elastic(args)
         if args.command == "train":
             from autohet_ray.cli_train import cmd_train
             return cmd_train(args)

@@ -1,7 +1,17 @@
-"""`autohet train` and `autohet profile` through Ray: console UI over the orchestrate driver actor."""
+"""`autohet train`, `autohet resume` and `autohet profile --cluster`: console UI over the one controller.
+
+Without --elastic a job checkpoints every --checkpoint-every steps (and its final step) into --storage. With
+--elastic every step is snapshotted into two nodes' stores as well; between steps the controller acts on spot
+notices (`--spot-watch`) and Ray drains, and re-plans onto nodes of the cluster file that (re)joined; a lost
+node is recovered from the cheapest copies. Every exit (the end, Ctrl-C, SIGTERM, an error) first gets the
+newest committed step into --storage. With `--emulate`, every op is stretched to its emulated device's
+predicted time (`--time-scale`; auto: a predicted iteration lasts --iteration-wall-s).
+"""
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
 
@@ -11,48 +21,125 @@ from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
 
 BAR_WIDTH = 20
-AUTO_ITERATION_WALL_S = 10.0      # --time-scale auto: one emulated iteration takes about this long on the wall
 
 
 def _bar(done: int, total: int) -> str:
-    filled = BAR_WIDTH * done // total
-    return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + f"] {done}/{total}"
+    filled = BAR_WIDTH * min(done, total) // total
+    return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + "]"
 
 
-def _job(args, cluster, model) -> dict:
-    return {"model": model.to_dict(), "global_batch": args.global_batch, "steps": args.steps,
-            "cluster": cluster.to_dict(), "plan": load_plan(args.plan).to_dict() if args.plan else None,
+def job_fields(args) -> dict:
+    """TrainJob fields from the `autohet train` arguments (checked before any cluster starts)."""
+    from autohet_ray.elastic.tiers import check_storage, storage_spec
+    if args.elastic and not args.storage:
+        raise ConfigError("--elastic needs --storage DIR|s3://bucket/prefix (the durable tier and resume point)")
+    storage = storage_spec(args.storage, endpoint_url=args.endpoint_url) if args.storage else None
+    if storage:
+        check_storage(storage)
+    clock = {}
+    if args.emulate:
+        if args.time_scale == "auto":
+            clock = {"iteration_wall_s": args.iteration_wall_s}
+        else:
+            try:
+                clock = {"time_scale": float(args.time_scale)}
+            except ValueError:
+                raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'") from None
+            if clock["time_scale"] <= 0:
+                raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'")
+    cluster, model = load_cluster(args.cluster), load_model(args.model)
+    return {"model": model.to_dict(), "cluster": cluster.to_dict(), "global_batch": args.global_batch,
+            "storage": storage, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
             "seq_len": args.seq_len, "micro_batch": args.micro_batch, "schedule": args.schedule,
-            "emulate": args.emulate,
-            "time_scale": 1.0 if args.time_scale == "auto" else float(args.time_scale),
-            "iteration_wall_s": AUTO_ITERATION_WALL_S if args.time_scale == "auto" else None,
-            "profile": args.profile, "profile_cache": args.profile_cache,
-            "storage": args.storage, "endpoint_url": args.endpoint_url, "seed": args.seed,
-            "plan_time_limit_s": args.plan_time_limit,
-            "placement_timeout_s": args.placement_timeout}
+            "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
+            "profile_cache": args.profile_cache, "seed": args.seed, "plan_time_limit_s": args.plan_time_limit,
+            "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s, **clock}
 
 
-def _print_phase(report: dict, tag: str) -> None:
-    phase, secs = report["phase"], report["seconds"]
-    if phase == "discover":
-        nodes = ", ".join(f"{n['name']} {n['gpus']}x {n['device']}" for n in report["nodes"])
-        print(f"discover: {nodes}{' (emulated GPUs)' if report['emulated'] else ''}  [{secs:.1f} s]")
-    elif phase == "profile":
-        print(f"profile: {report['entries']} entries, {report['profile_kind']}  [{secs:.1f} s]")
-    elif phase == "plan":
-        plan = report["plan"]
-        shape = " | ".join("+".join(f"{s['device_type']}x{s['tp']}[{s['layers'][0]},{s['layers'][1]})"
-                                    for s in p["stages"])
-                          + f" m={p['num_microbatches']}x{p.get('micro_batch') or plan['micro_batch']}"
-                          for p in plan["pipelines"])
-        print(f"plan ({plan.get('schedule', '1f1b')}): {shape}")
-        print(f"  predicted {report['predicted_iteration_s']:.4f} s/iteration, "
-              f"{report['predicted_samples_per_s']:.1f} samples/s{tag}  [{secs:.1f} s]")
-        for name, t in report["baselines_iteration_s"].items():
-            print(f"  vs {name}: predicted {t:.4f} s/iteration -> gain {t / report['predicted_iteration_s']:.2f}x")
-    elif phase == "place":
-        print(f"place: {report['ranks']} stage actors placed and joined; time scale {report['time_scale']:.3g} "
-              f"wall s per emulated s  [{secs:.1f} s]")
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """SIGTERM (a spot reclaim, `kill`, Kubernetes) raises SystemExit in the main thread, so the controller's
+    exit path runs as it does for Ctrl-C."""
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_launch(ctl, launch: dict, seconds: float, tag: str) -> None:
+    plan = ctl.plan
+    shape = " | ".join("+".join(f"{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in p.stages)
+                       + f" m={p.num_microbatches}x{plan.micro_batch_of(k)}" for k, p in enumerate(plan.pipelines))
+    print(f"plan ({plan.schedule}): {shape}")
+    print(f"  predicted {ctl.evaluation.iteration_time_s:.4f} s/iteration, {ctl.evaluation.samples_per_s:.1f} "
+          f"samples/s{tag}; profile {ctl.profile.kind}  [{seconds:.1f} s]")
+    for name, t in ctl.baselines.items():
+        print(f"  vs {name}: predicted {t:.4f} s/iteration -> gain {t / ctl.evaluation.iteration_time_s:.2f}x")
+    if launch.get("time_scale"):
+        print(f"  time scale {launch['time_scale']:.3g} wall s per emulated s (emulated)")
+    if launch.get("restored_step") is not None:
+        print(f"restored step {launch['restored_step']} ({launch['bytes_by_tier']} bytes)")
+        from autohet_ray.elastic.restore import describe_skipped
+        for entry in launch.get("skipped_chunks", []):
+            print(f"  skipped {describe_skipped(entry)}")
+
+
+def _between_steps(ctl) -> list[dict]:
+    """Spot notices / drains first (flush, then re-plan without those nodes), then nodes that joined."""
+    events = []
+    for check in (ctl.check_notices, ctl.check_joins):
+        report = check()
+        if report is not None and report.get("plan"):
+            events.append(report)
+            print(f"re-planned: {report.get('reason', '')} -> {report['plan']}")
+    return events
+
+
+def run_until(ctl, target: int, *, restore: str | None = None, spot_watch: bool = False) -> dict:
+    """Start the controller, train until step `target`, close it on every exit path. The run's summary."""
+    tag = " (emulated)" if ctl.job.paced else ""
+    events: list[dict] = []
+    try:
+        start = time.perf_counter()
+        launch = ctl.start(restore=restore)
+        _print_launch(ctl, launch, time.perf_counter() - start, tag)
+        if spot_watch:
+            ctl.watch_spot()
+        while ctl.step_index < target:
+            if ctl.job.elastic:
+                events += _between_steps(ctl)
+            m = ctl.step()
+            if "recovery" in m:
+                events.append(m["recovery"])
+                print(f"recovered ({m['recovery']['message']}) onto {m['recovery']['plan']} from step "
+                      f"{m['recovery']['restored_step']}: {m['recovery']['bytes_by_tier']} bytes, "
+                      f"{m['recovery']['total_s']:.1f} s")
+            print(f"{_bar(m['step'], target)} step {m['step']}/{target}: loss {m['loss']:.4f}  {m['wall_s']:.2f} s  "
+                  f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} "
+                  f"predicted{tag}", flush=True)
+    finally:
+        secured = ctl.close()
+        if secured.get("step") is not None:
+            print(f"committed step {secured['step']} is in {secured['where']}", flush=True)
+    return {"job_id": ctl.job_id, "launch": launch, "events": events, "secured": secured,
+            "steps": [{"step": m["step"], "loss": m["loss"], "wall_s": m["wall_s"]} for m in ctl.history],
+            "committed": ctl.committer.committed[-1:] if ctl.committer else [],
+            "cloud_committed": ctl.committer.cloud_committed[-1:] if ctl.committer else [],
+            **_figures(ctl.history, ctl.job.paced, ctl.job.global_batch)}
+
+
+def _figures(history: list[dict], emulated: bool, global_batch: int) -> dict:
+    if not history:
+        return {"emulated": emulated}
+    steady = history[1:] or history          # the first step includes warm-up
+    measured = sorted(m["iteration_s"] for m in steady)[len(steady) // 2]
+    return {"final_loss": history[-1]["loss"], "measured_iteration_s": measured,
+            "predicted_iteration_s": history[-1]["predicted_iteration_s"],
+            "measured_samples_per_s": global_batch / measured,
+            "predicted_samples_per_s": history[-1]["predicted_samples_per_s"], "emulated": emulated}
 
 
 def _starting(cluster) -> None:
@@ -61,46 +148,20 @@ def _starting(cluster) -> None:
 
 
 def cmd_train(args) -> int:
-    from autohet_ray.orchestrate.elastic_tiers import check_storage, storage_spec
+    from autohet_ray.orchestrate.controller import Controller
     from autohet_ray.orchestrate.job import job_from_dict
-    from autohet_ray.orchestrate.session import ray_session, run_job
-    cluster, model = load_cluster(args.cluster), load_model(args.model)
-    if args.time_scale != "auto":
-        try:
-            if float(args.time_scale) <= 0:
-                raise ValueError
-        except ValueError:
-            raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'") from None
-    tag = " (emulated)" if args.emulate else ""
-
-    def on_step(m: dict) -> None:
-        print(f"{_bar(m['step'], args.steps)} step {m['step']} loss {m['loss']:.4f}  "
-              f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} predicted{tag}",
-              flush=True)
-
-    job = _job(args, cluster, model)
-    job_from_dict(job)                    # bad values fail here, before a cluster starts
-    if args.storage:                      # and an unusable storage, before a job runs up to its first write
-        check_storage(storage_spec(args.storage, endpoint_url=args.endpoint_url))
-    with ray_session(cluster, address=args.address, emulate=args.emulate, on_start=_starting):
-        history = run_job(job, on_phase=lambda r: _print_phase(r, tag), on_step=on_step)
-    summary = _summary(history, args.emulate, args.global_batch)
-    print(f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}; iteration "
-          f"{summary['measured_iteration_s']:.4f} s measured (steady state) vs "
-          f"{summary['predicted_iteration_s']:.4f} s "
-          f"predicted{tag}")
+    from autohet_ray.orchestrate.session import ray_session
+    job = job_from_dict(job_fields(args))          # bad values fail here, before a cluster starts
+    with ray_session(load_cluster(args.cluster), address=args.address, emulate=args.emulate,
+                     on_start=_starting), sigterm_as_exit():
+        out = run_until(Controller(job), args.steps, spot_watch=args.spot_watch)
+    if out["steps"]:
+        print(f"done: {len(out['steps'])} steps, final loss {out['final_loss']:.4f}; iteration "
+              f"{out['measured_iteration_s']:.4f} s measured (steady state) vs {out['predicted_iteration_s']:.4f} s "
+              f"predicted{' (emulated)' if out['emulated'] else ''}")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(out, default=str))
     return 0
-
-
-def _summary(history: list[dict], emulated: bool, global_batch: int) -> dict:
-    steady = history[1:] or history          # the first step includes warm-up
-    measured = sorted(m["iteration_s"] for m in steady)[len(steady) // 2]
-    return {"steps": len(history), "losses": [m["loss"] for m in history], "final_loss": history[-1]["loss"],
-            "measured_iteration_s": measured, "predicted_iteration_s": history[-1]["predicted_iteration_s"],
-            "measured_samples_per_s": global_batch / measured,
-            "predicted_samples_per_s": history[-1]["predicted_samples_per_s"], "emulated": emulated}
 
 
 def cmd_profile_ray(args) -> int:

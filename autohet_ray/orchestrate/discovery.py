@@ -60,7 +60,7 @@ def _device_type(raw: dict) -> str | None:
 def live_nodes(raw_nodes: list[dict] | None = None) -> list[LiveNode]:
     """Alive nodes with GPUs, from `ray.nodes()` (or the given list of its entries). A node Ray still lists
     as alive whose raylet refuses connections has died (Ray's health checks have not noticed yet): left out."""
-    from autohet_ray.orchestrate.liveness import refused_raylets
+    from autohet_ray.elastic.liveness import refused_raylets
     out = []
     raws = raw_nodes if raw_nodes is not None else ray.nodes()
     dead = refused_raylets(raws) if raw_nodes is None else set()

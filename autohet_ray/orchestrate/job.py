@@ -1,55 +1,98 @@
-"""The training job a driver runs: plain data (a frozen dataclass that travels to the driver actor as a dict)."""
+"""The one training job config: plain data for every entry point (`autohet train` with or without
+--elastic, `autohet resume`, `jobs/train.py` under `ray job submit`, the Python API). It travels in every
+committed manifest, so `autohet resume` can restart the job from its storage alone. Each setting and its
+default is stated here once."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
-from autohet_ray.orchestrate.elastic_tiers import storage_spec
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.validate import check_micro_batch
 
 PROFILE_MODES = ("analytic", "measured")
 DTYPES = ("float32", "float64", "bfloat16")
+RESTORE_MODES = ("local_first", "cloud_only")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainJob:
-    model: dict                          # ModelSpec fields of the model that runs
-    global_batch: int                    # samples per step
-    steps: int                           # optimizer steps to run
-    cluster: dict | None = None          # cluster file contents (links, custom devices); None: discover only
-    priced_as: dict | None = None        # ModelSpec fields to profile/plan/price with (default: `model`), e.g.
-                                         # the real-size model whose layer count a scaled-down `model` shares
-    plan: dict | None = None             # a plan to run instead of planning
-    seq_len: int | None = None           # tokens per sample the model runs (default: model's max_seq_len)
-    priced_seq_len: int | None = None    # tokens per sample the plan is priced for (default: seq_len)
-    micro_batch: int | None = None       # fix the planner's micro-batch size
-    schedule: str = "auto"               # pipeline schedule: "auto" (the faster that fits), "1f1b" or "zb-h1"
-    emulate: bool = False                # pace stage actors to the profile's predicted times (emulated GPUs)
-    time_scale: float = 1.0              # emulated seconds x time_scale = wall seconds
-    iteration_wall_s: float | None = None  # instead of time_scale: pace so one predicted iteration takes this
-                                         # many wall seconds (leave the real CPU work room inside the paced ops)
-    profile: str = "analytic"            # "analytic" (device catalog), "measured" (profile on Ray), or a DB path
-    profile_cache: str | None = None     # directory caching measured profiles
-    storage: str | None = None           # directory or s3://bucket/prefix for the plan and per-step metrics
-    endpoint_url: str | None = None      # S3 endpoint of an s3:// storage (default: AWS_ENDPOINT_URL, or AWS)
-    dtype: str = "float32"              # training dtype on the stage actors (float64 for exact comparisons)
+    model: dict
+    """ModelSpec fields of the model that runs."""
+    cluster: dict
+    """Cluster file contents; every node must be a live Ray node labelled autohet.io/node=<name>."""
+    global_batch: int
+    """Samples per step."""
+    storage: dict | None = None
+    """Durable tier spec (elastic.tiers.storage_spec): a directory or S3. Holds the plan, the profile, the job
+    id, metrics.jsonl and the checkpoints. None: nothing is kept (plain runs only)."""
+    elastic: bool = False
+    """Snapshot every step into two nodes' stores and recover from a lost node local-first. False: no node
+    stores; `checkpoint_every` steps (and the final step) go to `storage` directly."""
+    checkpoint_every: int = 10
+    """Commit to `storage` every this many steps (0: only the final step, and on the way out)."""
+    num_peers: int = 1
+    """Elastic: peer node stores holding a replica of each rank's shards."""
+    gc_every: int = 4
+    """Delete node-store and storage steps older than the newest two committed ones every this many steps."""
+    priced_as: dict | None = None
+    """ModelSpec fields to profile, plan and price with (default: `model`), e.g. the real-size model whose
+    layer count a scaled-down `model` shares."""
+    plan: dict | None = None
+    """The plan of the first launch (default: plan now); every re-plan uses the planner on the live nodes."""
+    seq_len: int | None = None
+    """Tokens per sample the model runs (default: the model's max_seq_len)."""
+    priced_seq_len: int | None = None
+    """Tokens per sample the plan is priced for (default: seq_len)."""
+    micro_batch: int | None = None
+    """Fix the planner's micro-batch size."""
+    schedule: str = "auto"
+    """Pipeline schedule: "auto" (the faster that fits), "1f1b" or "zb-h1"; re-plans keep the choice."""
+    profile: str = "analytic"
+    """"analytic" (device catalog), "measured" (profiled on Ray once), or a profile DB .json path. The
+    profile the job starts with is saved in `storage` and prices every re-plan."""
+    profile_cache: str | None = None
+    """Directory caching measured profiles."""
+    time_scale: float = 0.0
+    """Emulated GPUs: wall seconds per emulated second; each op is stretched to the time the profile predicts
+    for its device. 0: no pacing, compute runs at this machine's speed."""
+    iteration_wall_s: float | None = None
+    """Instead of time_scale: pick the scale at the first launch so one predicted iteration lasts this long."""
+    dtype: str = "float32"
+    """Training dtype on the workers (float64 for exact comparisons)."""
     seed: int = 0
     lr: float = 1e-3
-    plan_time_limit_s: float = 20.0
-    placement_timeout_s: float = 60.0
-    collective_timeout_s: float = 300.0  # torch.distributed timeout (a hung peer fails after this)
+    baselines: bool = True
+    """Price the Megatron-LM and Whale baselines beside the first plan (reported, never trained)."""
+    plan_time_limit_s: float = 10.0
+    """Solver time limit of each planning (the first and every re-plan)."""
+    setup_timeout_s: float = 120.0
+    """How long workers may take to start, join the process group and build their engines."""
+    collective_timeout_s: float = 120.0
+    """torch.distributed timeout: a rank waiting on a vanished peer fails after at most this."""
+    detect_timeout_s: float = 60.0
+    """How long recovery waits for Ray to name the lost node or dead worker."""
+    loss_grace_s: float = 3.0
+    """A node whose raylet stays silent (no refusal, Ray still lists it) is declared lost only after this
+    many seconds of silence; a shorter stall (a network blip, a paused process) costs no recovery."""
 
     def __post_init__(self):
-        for name in ("global_batch", "steps"):
+        for name in ("global_batch",):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
         if self.micro_batch is not None:
             check_micro_batch(self.global_batch, self.micro_batch)
-        if not self.time_scale > 0:
-            raise ConfigError(f"time_scale={self.time_scale!r} must be > 0")
+        for name in ("checkpoint_every", "gc_every", "num_peers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("time_scale",):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if self.iteration_wall_s is not None and not self.iteration_wall_s > 0:
             raise ConfigError(f"iteration_wall_s={self.iteration_wall_s!r} must be > 0")
         if self.dtype not in DTYPES:
@@ -57,8 +100,16 @@ class TrainJob:
         if self.profile not in PROFILE_MODES and not self.profile.endswith(".json"):
             raise ConfigError(f"profile={self.profile!r}; valid: {', '.join(PROFILE_MODES)}, or a profile DB .json")
         schedule_choices(self.schedule)
-        if self.storage is not None:
-            storage_spec(self.storage)          # a directory or s3://bucket/prefix, else ConfigError
+        if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
+            raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
+        if self.elastic and self.storage is None:
+            raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
+                              "tier and resume point")
+
+    @property
+    def paced(self) -> bool:
+        """Whether workers stretch their ops to emulated devices' predicted times."""
+        return bool(self.time_scale or self.iteration_wall_s)
 
     def schedules(self) -> tuple[str, ...]:
         """The schedules the planner may choose from."""

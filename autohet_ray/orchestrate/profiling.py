@@ -18,9 +18,13 @@ import ray
 from autohet_ray.model.spec import ModelSpec, model_from_dict
 from autohet_ray.orchestrate.discovery import Discovered, LiveNode
 from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_ID_LABEL, label_value
-from autohet_ray.orchestrate.placement import PlacementError
 from autohet_ray.profile.db import LinkProfile, ProfileDB, profile_from_dict
 from autohet_ray.profile.measure import software_versions
+
+
+class PlacementError(RuntimeError):
+    """The profiling actors could not be scheduled in time."""
+
 
 TP_DEGREES = (1, 2, 4, 8)
 MICRO_BATCHES = (1, 2, 4)

@@ -1,5 +1,4 @@
-"""Run a training job on Ray from a plain caller (the CLI, jobs/train.py, a benchmark): connect to or start a
-Ray cluster, drive the driver actor through its phases and steps, and hand back plain dicts."""
+"""Connect a plain caller (the CLI, jobs/train.py, a benchmark) to a Ray cluster, or start an emulated one."""
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +19,7 @@ def ray_session(cluster: Cluster, *, address: str | None, emulate: bool, on_star
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address is None and emulate:
-        from autohet_ray.orchestrate.emulation import emulated_cluster
+        from autohet_ray.emulate.cluster import emulated_cluster
         if on_start:
             on_start(cluster)
         with emulated_cluster(cluster) as started:
@@ -31,26 +30,6 @@ def ray_session(cluster: Cluster, *, address: str | None, emulate: bool, on_star
         yield None
     finally:
         ray.shutdown()
-
-
-def run_job(job: dict, *, on_phase=None, on_step=None) -> list[dict]:
-    """Run `job` (TrainJob fields) on the connected cluster through a driver actor; per-step metrics."""
-    from autohet_ray.orchestrate.driver import DriverActor
-    driver = DriverActor.remote(job)
-    history = []
-    try:
-        for _ in range(4):
-            report = ray.get(driver.advance.remote())
-            if on_phase:
-                on_phase(report)
-        for _ in range(job["steps"]):
-            history.append(ray.get(driver.step.remote()))
-            if on_step:
-                on_step(history[-1])
-    finally:
-        ray.get(driver.close.remote())
-        ray.kill(driver)
-    return history
 
 
 def profile_on_ray(cluster: Cluster, model, seq_len: int, cache_dir: str | None):

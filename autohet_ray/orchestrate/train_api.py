@@ -5,6 +5,8 @@ type (and node). Ray Train sorts worker ranks by node and GPU id, so `engine_for
 each worker its plan role by where the worker actually is (its node, then its GPU id), not by its rank; it
 then re-forms the torch process group so that the process rank equals the plan rank (torch sorts the ranks
 of a sub-group, so a permuted sub-group is not possible), and returns this worker's Engine.
+`restore_from_train_checkpoint(engine)` and `report_step(engine, out, checkpoint_every=N)` (train_checkpoint.py)
+make the run resumable: after a restart of the worker group, or under another plan.
 """
 from __future__ import annotations
 
@@ -20,8 +22,12 @@ from ray.train import ScalingConfig
 from autohet_ray import ConfigError
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_NAME_LABEL, label_value
+from autohet_ray.orchestrate.train_checkpoint import report_step, restore_from_train_checkpoint
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan
+
+__all__ = ["WorkerPlace", "assign_roles", "engine_for_worker", "plan_scaling_config", "report_step",
+           "restore_from_train_checkpoint"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,9 +14,9 @@ ray = pytest.importorskip("ray")
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.data import synthetic_batch  # noqa: E402
-from autohet_ray.orchestrate.elastic_config import ElasticJob  # noqa: E402
-from autohet_ray.orchestrate.elastic_tiers import storage_spec  # noqa: E402
-from autohet_ray.orchestrate.recovery import ElasticController  # noqa: E402
+from autohet_ray.elastic.tiers import storage_spec  # noqa: E402
+from autohet_ray.orchestrate.controller import Controller  # noqa: E402
+from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
 from ray_helpers import asymmetric_plan  # noqa: E402
 
@@ -31,16 +31,16 @@ FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_thre
 
 @pytest.fixture(scope="module")
 def cluster():
-    from autohet_ray.orchestrate.emulation import emulated_cluster
+    from autohet_ray.emulate.cluster import emulated_cluster
     with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
         yield test_cluster
 
 
-def elastic_job(storage: str, **kw) -> ElasticJob:
-    base = dict(model=SPEC.to_dict(), cluster=NODES, global_batch=4, storage=storage_spec(storage),
-                dtype="float64", cloud_every=2, collective_timeout_s=30, detect_timeout_s=30,
-                plan=asymmetric_plan())
-    return ElasticJob(**(base | kw))
+def elastic_job(storage: str, **kw) -> TrainJob:
+    base = dict(model=SPEC.to_dict(), cluster=NODES, global_batch=4, storage=storage_spec(storage), elastic=True,
+                dtype="float64", checkpoint_every=2, collective_timeout_s=30, detect_timeout_s=30,
+                plan=asymmetric_plan(), baselines=False)
+    return TrainJob(**(base | kw))
 
 
 def reference_losses(steps: int) -> list[float]:
@@ -58,7 +58,7 @@ def node_handle(test_cluster, name: str):
 
 
 def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster, tmp_path):
-    ctl = ElasticController(elastic_job(str(tmp_path / "cloud")))
+    ctl = Controller(elastic_job(str(tmp_path / "cloud")))
     try:
         ctl.start()
         before = [ctl.step()["loss"] for _ in range(3)]
@@ -89,15 +89,15 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
 
 
 def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, tmp_path):
-    from autohet_ray.orchestrate.emulation import node_args
-    from autohet_ray.orchestrate.spot import BOARD_NAME, NAMESPACE, draining_nodes, start_watchers
+    from autohet_ray.emulate.cluster import node_args
+    from autohet_ray.elastic.spot import BOARD_NAME, NAMESPACE, draining_nodes, start_watchers
     from test_spot import notice_in, start_imds
     from autohet_ray.orchestrate.discovery import live_nodes
     if "b" not in {n.name for n in live_nodes()}:      # the raylet probe knows before Ray's health checks
         cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))         # the replacement spot node
         cluster.wait_for_nodes()
     server, imds, url = start_imds()
-    ctl = ElasticController(elastic_job(str(tmp_path / "cloud")))
+    ctl = Controller(elastic_job(str(tmp_path / "cloud")))
     try:
         ctl.start()
         b_id = ctl.found.node_ids["b"]
@@ -134,26 +134,26 @@ def test_resume_cli_restarts_a_stopped_job_from_its_storage(cluster, tmp_path, c
 
     from autohet_ray.cli import main
     storage = str(tmp_path / "cloud")
-    ctl = ElasticController(elastic_job(storage, plan=None))        # planned on whatever nodes are live
+    ctl = Controller(elastic_job(storage, plan=None))        # planned on whatever nodes are live
     try:
         ctl.start()
         losses = [ctl.step()["loss"] for _ in range(3)]
-        ctl.flush()                                                  # cloud holds step 2 (cloud_every=2)
     finally:
-        ctl.close()
+        secured = ctl.close()            # step 3 is not a cloud step (checkpoint_every=2): close copies it there
+    assert secured["step"] == 3
     assert main(["resume", "--storage", storage, "--steps", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["resumed_from"] == 2 and out["launch"]["restored_step"] == 2
+    assert out["resumed_from"] == 3 and out["launch"]["restored_step"] == 3 and out["skipped_chunks"] == []
     assert out["launch"]["bytes_by_tier"]["cloud"] > 0
-    assert [s["step"] for s in out["steps"]] == [3, 4, 5]
+    assert [s["step"] for s in out["steps"]] == [4, 5]
     ref = reference_losses(5)
     assert losses == pytest.approx(ref[:3], rel=1e-6)
-    assert [s["loss"] for s in out["steps"]] == pytest.approx(ref[2:5], rel=1e-6)
+    assert [s["loss"] for s in out["steps"]] == pytest.approx(ref[3:5], rel=1e-6)
     assert main(["resume", "--storage", str(tmp_path / "nothing-here")]) == 2
 
 
 def test_dead_stage_actor_on_a_live_node_is_named_and_recovered(cluster, tmp_path):
-    ctl = ElasticController(elastic_job(str(tmp_path / "cloud"), plan=None))
+    ctl = Controller(elastic_job(str(tmp_path / "cloud"), plan=None))
     try:
         ctl.start()
         losses = [ctl.step()["loss"] for _ in range(2)]
@@ -168,7 +168,7 @@ def test_dead_stage_actor_on_a_live_node_is_named_and_recovered(cluster, tmp_pat
         ctl.close()
     rec = first["recovery"]
     assert rec["lost_nodes"] == [] and rec["dead_ranks"] == [0], rec["message"]
-    assert "dead stage actor(s): rank 0 (pipeline 0 stage 0" in rec["message"]
+    assert "dead worker(s): rank 0 (pipeline 0 stage 0" in rec["message"]
     assert rec["bytes_by_tier"].get("cloud", 0) == 0 and rec["lost_steps"] <= 1
     ref = reference_losses(4)
     assert losses[:2] == pytest.approx(ref[:2], rel=1e-6)

@@ -7,18 +7,18 @@ PKG = pathlib.Path(__file__).resolve().parents[2] / "autohet_ray"
 # package -> autohet_ray subpackages it must not import
 FORBIDDEN = {
     "layout": {"cluster", "model", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint",
-               "orchestrate", "cli"},
-    "cluster": {"profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
-    "model": {"cluster", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
-    "profile": {"cost", "planner", "plan", "runtime", "checkpoint", "orchestrate", "cli"},
-    "plan": {"profile", "cost", "planner", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
-    "cost": {"planner", "nn", "runtime", "checkpoint", "orchestrate", "cli"},
-    "planner": {"nn", "runtime", "checkpoint", "orchestrate", "cli"},
-    "nn": {"cost", "planner", "runtime", "checkpoint", "orchestrate", "cli"},
-    "runtime": {"cost", "planner", "checkpoint", "orchestrate", "cli"},
-    "checkpoint": {"cost", "planner", "runtime", "orchestrate", "cli"},
+               "orchestrate", "elastic", "emulate", "cli"},
+    "cluster": {"profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "model": {"cluster", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "profile": {"cost", "planner", "plan", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "plan": {"profile", "cost", "planner", "nn", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "cost": {"planner", "nn", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "planner": {"nn", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "nn": {"cost", "planner", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "runtime": {"cost", "planner", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "checkpoint": {"cost", "planner", "runtime", "orchestrate", "elastic", "emulate", "cli"},
 }
-THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate"}, "pyscipopt": {"planner"}}
+THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate", "elastic", "emulate"}, "pyscipopt": {"planner"}}
 
 
 def _imports(path: pathlib.Path):

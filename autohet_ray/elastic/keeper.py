@@ -15,6 +15,7 @@ into TierUnavailableError so a restore falls through to the next tier (and repor
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -45,21 +46,22 @@ def default_store_root() -> str:
     return os.path.join(base, "autohet-node-store")
 
 
-def node_store_dir(node_id: str, root: str | None = None) -> str:
-    return os.path.join(root or default_store_root(), node_id)
+def node_store_dir(job_id: str, node_id: str, root: str | None = None) -> str:
+    """A job's store on a node: `<root>/<job id>/<node id>` (jobs on one cluster never share a store)."""
+    return os.path.join(root or default_store_root(), job_id, node_id)
 
 
-def keeper_name(node_id: str) -> str:
-    return f"keeper-{node_id}"
+def keeper_name(job_id: str, node_id: str) -> str:
+    return f"keeper-{job_id}-{node_id}"
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)
 class NodeKeeper:
     """Threaded actor serving the node's store directory (a LocalDirTier without fsync: it is RAM)."""
 
-    def __init__(self, label: str, root: str | None = None):
-        self._node_id = ray.get_runtime_context().get_node_id()
-        self._dir = node_store_dir(self._node_id, root)
+    def __init__(self, job_id: str, label: str, root: str | None = None):
+        self._node_id, self._job_id = ray.get_runtime_context().get_node_id(), job_id
+        self._dir = node_store_dir(job_id, self._node_id, root)
         self._tier = LocalDirTier(self._dir, name=label, fsync=False)
 
     def node_id(self) -> str:
@@ -123,6 +125,15 @@ class NodeKeeper:
     def delete_manifest(self, step: int) -> None:
         self._tier.delete_manifest(step)
 
+    def upload(self, keys: list[str], spec: dict) -> int:
+        """Copy these chunks (as stored, so their hashes hold) to the durable tier of `spec`; returns bytes."""
+        from autohet_ray.elastic.tiers import build_tier
+        tier = build_tier(spec)
+        blobs = [(key, self._tier.get_chunk(key)) for key in keys]
+        for key, blob in blobs:
+            tier.put_chunk(key, blob)
+        return sum(len(blob) for _, blob in blobs)
+
     def replicate(self, keys: list[str], peer_actor_name: str, namespace: str = KEEPER_NAMESPACE) -> int:
         """Push these chunks to the keeper named `peer_actor_name`; returns the bytes sent."""
         peer = ray.get_actor(peer_actor_name, namespace=namespace)
@@ -136,6 +147,8 @@ class NodeKeeper:
     def close(self) -> None:
         """Remove the node store (the keeper is stopped right after)."""
         shutil.rmtree(self._dir, ignore_errors=True)
+        with contextlib.suppress(OSError):               # the job's folder, once its last node store is gone
+            os.rmdir(os.path.dirname(self._dir))
 
 
 def _wire(blob) -> np.ndarray:
@@ -143,33 +156,34 @@ def _wire(blob) -> np.ndarray:
     return np.frombuffer(blob, dtype=np.uint8)
 
 
-def start_keeper(node_id: str, *, label: str | None = None, root: str | None = None,
+def start_keeper(job_id: str, node_id: str, *, label: str | None = None, root: str | None = None,
                  namespace: str = KEEPER_NAMESPACE):
-    """Start (or find) the keeper pinned to `node_id`: detached, named, zero CPUs, hard node affinity."""
-    if not node_id:
-        raise ConfigError("start_keeper needs a Ray node id (ray.nodes()[i]['NodeID'])")
+    """Start (or find) the job's keeper pinned to `node_id`: detached, named, zero CPUs, hard node affinity."""
+    if not node_id or not job_id:
+        raise ConfigError(f"start_keeper needs a job id and a Ray node id, got {job_id!r} and {node_id!r}")
     return NodeKeeper.options(
-        name=keeper_name(node_id), namespace=namespace, lifetime="detached", get_if_exists=True,
+        name=keeper_name(job_id, node_id), namespace=namespace, lifetime="detached", get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(label or f"keeper-{node_id[:8]}", root)
+    ).remote(job_id, label or f"keeper-{node_id[:8]}", root)
 
 
-def keeper_spec(node_id: str, node_name: str) -> dict:
-    """Start the node's keeper; its tier spec (the store directory lets that node's ranks bypass the actor)."""
-    keeper = start_keeper(node_id, label=f"keeper-{node_name}")
-    return {"kind": "keeper", "name": f"keeper-{node_name}", "node_id": node_id,
+def keeper_spec(job_id: str, node_id: str, node_name: str) -> dict:
+    """Start the job's keeper on the node; its tier spec (the store directory lets that node's ranks bypass
+    the actor)."""
+    keeper = start_keeper(job_id, node_id, label=f"keeper-{node_name}")
+    return {"kind": "keeper", "name": f"keeper-{node_name}", "node_id": node_id, "job_id": job_id,
             "dir": ray.get(keeper.directory.remote(), timeout=60)}
 
 
-def get_keeper(node_id: str, namespace: str = KEEPER_NAMESPACE):
-    return ray.get_actor(keeper_name(node_id), namespace=namespace)
+def get_keeper(job_id: str, node_id: str, namespace: str = KEEPER_NAMESPACE):
+    return ray.get_actor(keeper_name(job_id, node_id), namespace=namespace)
 
 
-def stop_keeper(node_id: str, namespace: str = KEEPER_NAMESPACE) -> bool:
+def stop_keeper(job_id: str, node_id: str, namespace: str = KEEPER_NAMESPACE) -> bool:
     """Remove the keeper's node store and kill it (keepers are detached: they outlive drivers). False if
     there was none alive."""
     try:
-        keeper = get_keeper(node_id, namespace)
+        keeper = get_keeper(job_id, node_id, namespace)
     except ValueError:
         return False
     try:
@@ -181,9 +195,12 @@ def stop_keeper(node_id: str, namespace: str = KEEPER_NAMESPACE) -> bool:
 
 
 def sweep_node_stores(node_ids, root: str | None = None) -> None:
-    """Remove the stores of nodes that died without their keeper's close (emulated nodes share a host)."""
+    """Remove every job's stores of nodes that died without their keeper's close (emulated nodes share a
+    host)."""
+    base = Path(root or default_store_root())
     for node_id in node_ids:
-        shutil.rmtree(node_store_dir(node_id, root), ignore_errors=True)
+        for store in base.glob(f"*/{node_id}"):
+            shutil.rmtree(store, ignore_errors=True)
 
 
 class KeeperTier:

@@ -1,9 +1,9 @@
-"""The elastic stage actor: one per plan rank, hosting the runtime Engine, snapshotting its shards into the
-node keeper (every step), a peer node's keeper (every step) and the cloud tier (every N steps), and restoring
-its chunks of a saved step from the cheapest tier that holds them.
+"""The worker actor: one per plan rank, hosting the runtime Engine, snapshotting its shards into its node's
+store and a peer node's store (elastic jobs: every step) and the durable storage (every N steps; plain jobs
+write there directly), and restoring its chunks of a saved step from the cheapest tier that holds them.
 
 A threaded actor (max_concurrency=3): `fast_records(step)` answers while the next `train_step` computes, so
-the driver commits a step's manifest without stalling compute. `where()` (health pings) and
+the controller commits a step's manifest without stalling compute. `where()` (health pings) and
 `abort_collectives()` run in their own "control" threads, so they answer even when every other thread waits.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ray
 import torch
 
 from autohet_ray.layout import Chunk
-from autohet_ray.orchestrate.elastic_tiers import build_tier
+from autohet_ray.elastic.tiers import build_tier
 from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.optim import ADAM_KEYS, STEP_KEY
 
@@ -32,9 +32,9 @@ def needs_of_layout(layout: dict) -> dict:
     return needs
 
 
-class ElasticWorker:
+class Worker:
     def __init__(self, rank: int):
-        self.rank, self.engine, self.snapshotter = rank, None, None
+        self.rank, self.engine, self.snapshotter, self.pacer = rank, None, None, None
         self.handles: dict = {}
         self._copy_wait_s = 0.0
         torch.set_num_threads(1)
@@ -84,10 +84,10 @@ class ElasticWorker:
             store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=world_size, timeout=timeout)
         joined = time.perf_counter()
-        from autohet_ray.orchestrate.pacer import EmulationPacer
+        from autohet_ray.emulate.pacer import EmulationPacer
+        self.pacer = EmulationPacer(**pacer) if pacer else None
         self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
-                             seed=seed, lr=lr, dtype=getattr(torch, dtype),
-                             pacer=EmulationPacer(**pacer) if pacer else None)
+                             seed=seed, lr=lr, dtype=getattr(torch, dtype), pacer=self.pacer)
         sockets.capture()                     # the engine has built every subgroup
         self.collective_sockets = sockets
         return {"rank": self.rank, "backend": backend, "setup_s": time.perf_counter() - start, "started_at": started_at,
@@ -124,6 +124,13 @@ class ElasticWorker:
         self.routes = {tier: set(items) for tier, items in routes.items()}
         self.owned = set().union(*self.routes.values())
 
+    def snapshot_now(self) -> None:
+        """Snapshot the current state as the engine's current step (nothing ran since it completed)."""
+        assert self.snapshotter is not None, "configure_snapshots first"
+        step = self.engine.step
+        self.handles[step] = self.snapshotter.snapshot(step, self.engine.live_state(), owned=self.owned,
+                                                       routes=self.routes, background_copy=False)
+
     def train_step(self, batch: dict, snapshot: bool) -> dict:
         """One step; then (when `snapshot`) snapshot the shards in the background: the copy itself runs
         beside the next step's forward and backward, which waits for it only before its optimizer step."""
@@ -132,6 +139,8 @@ class ElasticWorker:
         previous = self.handles.get(self.engine.step)    # the last step's snapshot, if it took one
         out = self.engine.train_step(batch)
         out["rank"] = self.rank
+        if self.pacer is not None:
+            out["emulation"] = self.pacer.report()
         if previous is not None:          # its copy finished before this step's update
             out["snapshot_copy_s"] = previous.copy_seconds
             out["snapshot_wait_s"] = self._copy_wait_s + previous.wait_seconds
@@ -167,13 +176,18 @@ class ElasticWorker:
     def restore(self, *, manifest_json: bytes, tiers: list[dict], num_threads: int = 4) -> dict:
         """Fetch this rank's chunks of the manifest's step (tiers cheapest first), verify, load."""
         from autohet_ray.checkpoint import Manifest, restore
+        from autohet_ray.checkpoint.errors import ChunkUnavailableError
 
-        manifest = Manifest.from_json(manifest_json, where="sent by the recovery controller")
+        manifest = Manifest.from_json(manifest_json, where="sent by the controller")
         built = [build_tier(spec) for spec in tiers]
         start = time.perf_counter()
         try:
             state, report = restore(manifest, self.needs(), built, num_threads=num_threads)
-        except Exception as err:             # e.g. ChunkUnavailableError naming the chunk and step: as text
+        except ChunkUnavailableError as err:  # no valid copy: the controller skips this step, naming the chunk
+            attempts = [tuple(a.split(": ", 1)) if ": " in a else (a, "") for a in err.attempts]
+            return {"rank": self.rank, "step": manifest.step,
+                    "unavailable": {"key": err.key, "step": err.step, "attempts": attempts}}
+        except Exception as err:             # anything else: as text (checkpoint errors do not pickle well)
             raise RuntimeError(f"rank {self.rank}: restore of step {manifest.step} failed: "
                                f"{type(err).__name__}: {err}") from None
         fetch_s = time.perf_counter() - start

@@ -1,9 +1,9 @@
 """Checkpoint tiers as plain data, so they travel to stage actors and are built where they are used.
 
-    {"kind": "keeper", "name": "keeper-a", "node_id": "...", "dir": "/dev/shm/..."}
+    {"kind": "keeper", "name": "keeper-a", "node_id": "...", "job_id": "...", "dir": "/dev/shm/..."}
                                  a node's store (node / peer tier): processes on that node use the directory
                                  itself, others go through the node's keeper actor
-    {"kind": "keeper_push", "name": "keeper-c", "node_id": "<c>", "via_node_id": "<a>"}
+    {"kind": "keeper_push", "name": "keeper-c", "node_id": "<c>", "job_id": "...", "via_node_id": "<a>"}
                                  write-only peer tier: keeper a pushes chunks it already holds to keeper c
                                  (the writing rank sends its bytes once, to its own node's keeper)
     {"kind": "dir", "name": "cloud", "path": "/ckpt/run-7"}         a local directory ("cloud" default)
@@ -67,7 +67,8 @@ def check_storage(spec: dict, *, create: bool = True) -> None:
 def push_spec(peer: dict, local: dict) -> dict:
     """The write-only spec that replicates to keeper `peer` through keeper `local` (both keeper specs)."""
     assert peer["kind"] == local["kind"] == "keeper", (peer, local)
-    return {"kind": "keeper_push", "name": peer["name"], "node_id": peer["node_id"], "via_node_id": local["node_id"]}
+    return {"kind": "keeper_push", "name": peer["name"], "node_id": peer["node_id"], "job_id": peer["job_id"],
+            "via_node_id": local["node_id"]}
 
 
 def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
@@ -77,15 +78,16 @@ def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
         from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
         tier = LocalDirTier(spec["dir"], name=spec["name"], fsync=False)
     elif kind == "keeper":
-        from autohet_ray.orchestrate.keeper import KeeperTier, get_keeper
+        from autohet_ray.elastic.keeper import KeeperTier, get_keeper
         try:
-            handle = get_keeper(spec["node_id"])
+            handle = get_keeper(spec["job_id"], spec["node_id"])
         except ValueError:                         # the keeper (or its node) is gone: unavailable, not fatal
             handle = None
         tier = KeeperTier(handle, spec["name"], timeout_s=keeper_timeout_s) if handle else _GoneTier(spec["name"])
     elif kind == "keeper_push":
-        from autohet_ray.orchestrate.keeper import get_keeper, keeper_name
-        tier = KeeperPushTier(get_keeper(spec["via_node_id"]), keeper_name(spec["node_id"]), spec["name"],
+        from autohet_ray.elastic.keeper import get_keeper, keeper_name
+        tier = KeeperPushTier(get_keeper(spec["job_id"], spec["via_node_id"]),
+                              keeper_name(spec["job_id"], spec["node_id"]), spec["name"],
                               timeout_s=keeper_timeout_s)
     elif kind == "dir":
         from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
@@ -172,3 +174,12 @@ class TimedTier:
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
+
+
+def object_location(spec: dict, key: str) -> str:
+    """Where the object `key` of the tier of `spec` lives, for messages (a path or an s3:// URL)."""
+    if spec["kind"] == "s3":
+        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}{key}"
+    if spec["kind"] == "dir":
+        return os.path.join(spec["path"], key)
+    return os.path.join(spec.get("dir") or f"<node store of {spec['name']}>", key)

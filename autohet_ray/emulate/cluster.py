@@ -59,7 +59,7 @@ def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: fl
             ray.init(address=test_cluster.address)
         yield test_cluster
     finally:
-        from autohet_ray.orchestrate.keeper import sweep_node_stores
+        from autohet_ray.elastic.keeper import sweep_node_stores
         seen = [n["NodeID"] for n in ray.nodes()] if ray.is_initialized() else []
         if connect and ray.is_initialized():
             ray.shutdown()

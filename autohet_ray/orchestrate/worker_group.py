@@ -13,8 +13,8 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
-from autohet_ray.orchestrate.elastic_actor import ElasticWorker
-from autohet_ray.orchestrate.liveness import probe, raylet_addresses
+from autohet_ray.orchestrate.worker import Worker
+from autohet_ray.elastic.liveness import LOSS_GRACE_S, NodeWatch, raylet_addresses
 from autohet_ray.plan.schema import Plan
 
 ABORT_WAIT_S = 2.0
@@ -50,18 +50,19 @@ def rank_slots(plan: Plan) -> list[dict]:
     return slots
 
 
-class ElasticGroup:
+class WorkerGroup:
     def __init__(self, plan: Plan, node_ids: dict[str, str], *, gpus_per_actor: float = 1.0,
-                 reuse: dict[str, list] | None = None):
-        """`reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
+                 reuse: dict[str, list] | None = None, loss_grace_s: float = LOSS_GRACE_S):
+        """`loss_grace_s`: how long a node's raylet may stay silent before the node counts as lost (see
+        NodeWatch). `reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
         process start). The ones left over stay in `reuse` for the caller to kill."""
         self.plan, self.slots = plan, rank_slots(plan)
         names = sorted({s["node"] for s in self.slots})
         addresses = raylet_addresses(node_ids[name] for name in names)
         self.raylets = {name: addresses[node_ids[name]] for name in names}
-        self.silent_probes: dict[str, int] = {}
+        self.node_watch = NodeWatch(self.raylets, loss_grace_s, node_ids={name: node_ids[name] for name in names})
         remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3,
-                                concurrency_groups={"control": 2})(ElasticWorker)
+                                concurrency_groups={"control": 2})(Worker)
         reuse = reuse if reuse is not None else {}
         self.actors, self.num_reused = [], 0
         for rank, slot in enumerate(self.slots):
@@ -84,16 +85,14 @@ class ElasticGroup:
         return gather_in_rank_order(refs, timeout_s, self._failure, watch=self._watch_nodes)
 
     def _watch_nodes(self) -> None:
-        """A refused connect is conclusive; a silent one must repeat on the next watch (a network hiccup)."""
-        for name, address in self.raylets.items():
-            if address is None:
-                continue
-            verdict = probe(address)
-            self.silent_probes[name] = self.silent_probes.get(name, 0) + 1 if verdict == "silent" else 0
-            if verdict == "refused" or self.silent_probes[name] >= 2:
-                rank = next(r for r, s in enumerate(self.slots) if s["node"] == name)
-                raise GroupFailure(f"node {name!r} stopped answering (its raylet at {address[0]}:{address[1]}: "
-                                   f"{verdict}): {self.describe(rank)} is lost", rank=rank, dead=True)
+        """GroupFailure once a plan node is lost on conclusive evidence (NodeWatch: a refusal, Ray's word, or
+        silence past the grace); a shorter blip passes."""
+        lost = self.node_watch.check()
+        if lost is not None:
+            name, verdict = lost
+            rank = next(r for r, s in enumerate(self.slots) if s["node"] == name)
+            raise GroupFailure(f"node {name!r} is lost ({self.node_watch.explain(name, verdict)}): "
+                               f"{self.describe(rank)} is lost", rank=rank, dead=True)
 
     def _failure(self, rank: int, exc: Exception) -> Exception | None:
         if isinstance(exc, RayActorError):

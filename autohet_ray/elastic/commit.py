@@ -1,0 +1,163 @@
+"""Committing snapshot steps from the controller: node-store manifests once every rank's fast lane has written
+(each live keeper holds the manifest), storage manifests once every rank's upload finished, promotion of a
+committed node-store step to the storage (each keeper uploads what it holds), and garbage collection of older
+steps. Commits to a keeper that died meanwhile are skipped and reported, never silent.
+
+Without node stores (a plain, non-elastic job) the fast lane writes to the storage itself: a fast commit is
+then a storage commit."""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+
+import ray
+
+from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
+from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
+from autohet_ray.elastic.tiers import build_tier
+
+
+class Committer:
+    def __init__(self, *, keeper_specs: dict[str, dict], cloud_spec: dict, extra: dict, gc_every: int):
+        self.keeper_specs = keeper_specs                # node name -> keeper spec (shared with the controller)
+        self.keepers = {node: build_tier(spec, keeper_timeout_s=10.0) for node, spec in keeper_specs.items()}
+        self.cloud_spec, self.cloud = cloud_spec, build_tier(cloud_spec)
+        self.extra, self.gc_every = extra, gc_every
+        self.committed: list[int] = []
+        self.cloud_committed: list[int] = []
+        self.pending_cloud: dict[int, list] = {}       # step -> refs of every rank's cloud records
+        self.skipped: list[str] = []
+        self._gc_pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-gc")
+        self._gc: Future | None = None
+
+    def add_keeper(self, node: str, spec: dict) -> None:
+        self.keeper_specs[node] = spec
+        self.keepers[node] = build_tier(spec, keeper_timeout_s=10.0)
+
+    def drop_keeper(self, node: str) -> None:
+        self.keepers.pop(node, None)
+        self.keeper_specs.pop(node, None)
+
+    def commit_fast(self, step: int, records_per_rank: list[list]) -> None:
+        records = [r for rank_records in records_per_rank for r in rank_records]
+        if not self.keeper_specs:                       # no node stores: the fast lane wrote to the storage
+            commit_step(step, records, [self.cloud], extra=self.extra)
+            self.committed.append(step)
+            self.cloud_committed.append(step)
+            return
+        if not self.keepers:
+            raise CheckpointError(f"step {step}: no live keeper to take the manifest")
+        node_of = {id(tier): node for node, tier in self.keepers.items()}
+        missed = []
+
+        def unavailable(tier, err):
+            missed.append(tier)
+            self.skipped.append(f"step {step}: keeper of node {node_of[id(tier)]} unavailable ({err})")
+        commit_step(step, records, list(self.keepers.values()), extra=self.extra, on_unavailable=unavailable)
+        if len(missed) == len(self.keepers):
+            raise CheckpointError(f"step {step}: no live keeper took the manifest: "
+                                  f"{self.skipped[-len(self.keepers):]}")
+        self.committed.append(step)
+
+    def note_restored(self, step: int) -> None:
+        """The group now continues from committed step `step` (restored from some tier)."""
+        self.committed = sorted({*self.committed, step})
+        if step in scan_manifests([self.cloud]).steps:
+            self.cloud_committed = sorted({*self.cloud_committed, step})
+
+    def add_cloud(self, step: int, refs: list) -> None:
+        self.pending_cloud[step] = refs
+
+    def poll_cloud(self, *, wait: bool = False, timeout_s: float = 600.0) -> None:
+        """Commit the storage manifest of every step whose uploads all finished (all of them when `wait`)."""
+        for step in sorted(self.pending_cloud):
+            refs = self.pending_cloud[step]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s if wait else 0)
+            if len(ready) < len(refs):
+                continue
+            try:
+                records = [r for rank_records in ray.get(refs) for r in rank_records]
+            except ray.exceptions.RayError as err:     # an upload failed: this step stays off the storage
+                self.skipped.append(f"cloud step {step}: {str(err).splitlines()[0]}")
+                del self.pending_cloud[step]
+                continue
+            commit_step(step, records, [self.cloud], extra=self.extra)
+            self.cloud_committed.append(step)
+            del self.pending_cloud[step]
+
+    def forget_pending(self) -> None:
+        """Uploads of a failed group never commit (their chunks are swept by a later collection)."""
+        self.pending_cloud.clear()
+
+    def promote(self, step: int, timeout_s: float = 600.0) -> int:
+        """Copy committed node-store step `step` to the storage and commit it there: every chunk is uploaded
+        by one keeper holding it (spread over the holders, in parallel), then the manifest. Returns the bytes
+        uploaded; CheckpointError when some chunk has no live holder."""
+        from autohet_ray.elastic.keeper import get_keeper
+        manifest = find_manifest(list(self.keepers.values()), step)
+        node_of = {self.keeper_specs[node]["name"]: node for node in self.keepers}
+        todo = list(manifest.records)
+        uploaded, dead = 0, set()
+        while todo:
+            batches = _spread(todo, node_of, dead)
+            if batches is None:
+                raise CheckpointError(f"step {step}: chunk {todo[0].key!r} has no live node store to upload it "
+                                      f"from (held by {list(todo[0].replicas)}; lost: {sorted(dead)})")
+            refs = {node: get_keeper(self.keeper_specs[node]["job_id"], self.keeper_specs[node]["node_id"])
+                    .upload.remote([r.key for r in records], self.cloud_spec) for node, records in batches.items()}
+            todo = []
+            for node, ref in refs.items():
+                try:
+                    uploaded += ray.get(ref, timeout=timeout_s)
+                except (ray.exceptions.RayError, ValueError):
+                    dead.add(node)
+                    todo += batches[node]
+        records = [replace(r, replicas=tuple(sorted({*r.replicas, self.cloud.name}))) for r in manifest.records]
+        commit_step(step, records, [self.cloud], extra=manifest.extra)
+        self.cloud_committed.append(step)
+        return uploaded
+
+    def maybe_collect(self, step: int) -> None:
+        """Collect old steps in the background (one collection at a time; a busy collector skips a turn)."""
+        if not self.gc_every or step % self.gc_every or len(self.committed) < 2:
+            return
+        if self._gc is not None and not self._gc.done():
+            return
+        self._gc = self._gc_pool.submit(self._collect, step, list(self.committed), list(self.cloud_committed),
+                                        bool(self.pending_cloud))
+
+    def _collect(self, step: int, committed: list[int], cloud_committed: list[int], uploading: bool) -> None:
+        for node, tier in list(self.keepers.items()):
+            try:
+                collect_garbage(tier, keep_last=2, committed=committed)
+            except TierUnavailableError as err:
+                self.skipped.append(f"gc at step {step}: keeper of node {node} unavailable ({err})")
+        if len(cloud_committed) >= 2 and not uploading:
+            collect_garbage(self.cloud, keep_last=2, committed=cloud_committed)
+
+    def close(self) -> None:
+        """Wait for a running collection (its errors surface here)."""
+        if self._gc is not None:
+            self._gc.result()
+        self._gc_pool.shutdown(wait=True)
+
+    def manifest_tiers(self, mode: str) -> list:
+        return [self.cloud] if mode == "cloud_only" else [*self.keepers.values(), self.cloud]
+
+    def committed_steps(self, mode: str) -> list[int]:
+        """Committed steps any reachable manifest tier holds, newest first."""
+        return sorted(scan_manifests(self.manifest_tiers(mode)).steps, reverse=True)
+
+
+def _spread(records, node_of: dict[str, str], dead: set[str]) -> dict[str, list] | None:
+    """node -> the records it uploads: each record by its least loaded live holder; None if one has none."""
+    load: dict[str, int] = {}
+    batches: dict[str, list] = {}
+    for record in records:
+        holders = [node_of[r] for r in record.replicas if r in node_of and node_of[r] not in dead]
+        if not holders:
+            return None
+        node = min(holders, key=lambda n: (load.get(n, 0), n))
+        load[node] = load.get(node, 0) + record.nbytes
+        batches.setdefault(node, []).append(record)
+    return batches

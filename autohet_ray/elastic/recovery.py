@@ -1,0 +1,197 @@
+"""Recovery and re-planning of a running job (the controller's elastic half, as functions of the controller).
+
+A failed step is handled in phases: detect (name the lost node or dead worker) -> salvage (stop the survivors'
+step, keep their processes) -> rediscover -> relaunch (plan on what is left, restart, restore the newest
+committed step from the cheapest copies). Recovery is re-entrant: a loss during any phase, or during the first
+step after it (the controller's loop), is handled like the first. Planned changes (a spot notice or a Ray
+drain, nodes that joined) flush first, so they lose no step.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import ray
+
+from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.elastic.liveness import detect_failure, probe
+
+MAX_RECOVERIES_IN_A_ROW = 5
+
+
+class RecoveryFailed(RuntimeError):
+    """Recovery could not name the failure, or no committed step could be restored."""
+
+
+class StepFailed(RuntimeError):
+    """A step raised on a healthy cluster (every node and worker answers): an error, not a loss; the job ends
+    (its committed steps kept) instead of recovering into the same error."""
+
+
+def without_nodes(cluster: Cluster, lost: list[str]) -> Cluster:
+    """The cluster minus the lost nodes (ConfigError when nothing is left)."""
+    kept = tuple(n for n in cluster.nodes if n.name not in set(lost))
+    if not kept:
+        raise ConfigError(f"every node of cluster {cluster.name!r} is lost ({sorted(lost)}); nothing to re-plan on")
+    return replace(cluster, nodes=kept)
+
+
+def plan_summary(plan) -> list[list[str]]:
+    """Per pipeline, its stages as 'node:device xTP [start,end)'."""
+    return [[f"{s.node}:{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in p.stages]
+            for p in plan.pipelines]
+
+
+def dead_nodes(ctl) -> list[str]:
+    """Nodes of the cluster file with no usable live Ray node: none alive, its raylet refusing, draining or
+    already found lost. One `ray.nodes()` call; the alive nodes are probed."""
+    from autohet_ray.elastic.liveness import refused_raylets
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    refused = refused_raylets(alive)
+    live = [n for n in alive if n["NodeID"] not in refused]
+    avoid = ctl.draining | ctl.gone
+    names = {}
+    for raw in live:                      # a replacement may join before the drained node is gone
+        name = (raw.get("Labels") or {}).get("autohet.io/node")
+        if name and (name not in names or names[name] in avoid):
+            names[name] = raw["NodeID"]
+    return [n.name for n in ctl.base_cluster.nodes if names.get(n.name) in (None, *avoid)]
+
+
+def recover(ctl, failure, *, mode: str = "local_first") -> dict:
+    """Recover from a failed group call; the report of every phase (the controller adds the first step).
+    A loss during re-planning or restore starts the next round; after MAX_RECOVERIES_IN_A_ROW rounds without
+    a completed launch it gives up (RecoveryFailed)."""
+    started_at = time.perf_counter()
+    t0 = ctl.fault_at or started_at
+    rounds = []
+    for _ in range(MAX_RECOVERIES_IN_A_ROW):
+        try:
+            report = _recover_once(ctl, failure, mode, t0)
+        except _LostAgain as again:
+            rounds.append(again.report)
+            failure, t0 = again.failure, time.perf_counter()
+            continue
+        report |= {"started_at": ctl.fault_at or started_at, "rounds": len(rounds) + 1,
+                   "earlier_rounds": rounds, "lost_steps": report["completed_step"] - report["restored_step"]}
+        ctl.fault_at = None
+        ctl.recoveries.append(report)
+        return report
+    raise RecoveryFailed(f"{MAX_RECOVERIES_IN_A_ROW} losses in a row while recovering; last: {failure}")
+
+
+class _LostAgain(Exception):
+    def __init__(self, failure, report: dict):
+        super().__init__(str(failure))
+        self.failure, self.report = failure, report
+
+
+def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
+    from autohet_ray.orchestrate.worker_group import GroupFailure
+    if not getattr(failure, "dead", True) and _healthy(ctl):
+        raise StepFailed(f"a step failed with every node and worker alive: {failure}") from failure
+    try:
+        lost = detect_failure(ctl.group, ctl.found.node_ids, failure, job_id=ctl.job_id,
+                              timeout_s=ctl.job.detect_timeout_s)
+    except RuntimeError as err:
+        raise RecoveryFailed(str(err)) from failure
+    detect_s = time.perf_counter() - t0
+    ids = ctl.found.node_ids
+    ctl.gone |= {ids[node] for node in lost["lost_nodes"]}
+    completed = ctl.step_index
+    salvage_start = time.perf_counter()
+    reuse = ctl.group.salvage(ctl.inflight, set(lost["dead_ranks"]))
+    ctl.inflight = []
+    salvage = {f"salvage_{k}": v for k, v in ctl.group.salvage_phases.items()}
+    if ctl.committer is not None:
+        ctl.committer.forget_pending()
+        for node in lost["lost_nodes"]:
+            ctl.committer.drop_keeper(node)
+    ctl.lost += lost["lost_nodes"]
+    report = {"detect_s": detect_s, "salvage_s": time.perf_counter() - salvage_start, **salvage, **lost,
+              "completed_step": completed}
+    if ctl.committer is None:
+        raise RecoveryFailed(f"{lost['message']}; the job keeps no checkpoints (give it a storage), so it "
+                             f"cannot continue") from failure
+    try:
+        return report | relaunch(ctl, mode=mode, reason=lost["message"], reuse=reuse)
+    except GroupFailure as again:
+        raise _LostAgain(again, report) from None
+
+
+def _healthy(ctl, checks: int = 3, every_s: float = 0.3) -> bool:
+    """Every plan node's raylet answers and every worker answers a ping, `checks` times in a row."""
+    for i in range(checks):
+        raw = {n["NodeID"]: n for n in ray.nodes()}
+        for node in {s["node"] for s in ctl.group.slots}:
+            entry = raw.get(ctl.found.node_ids[node], {})
+            if not entry.get("Alive") or probe((entry["NodeManagerAddress"],
+                                                int(entry["NodeManagerPort"]))) != "ok":
+                return False
+        dead, silent = ctl.group.ping(timeout_s=1.0)
+        if dead or silent:
+            return False
+        if i + 1 < checks:
+            time.sleep(every_s)
+    return True
+
+
+def relaunch(ctl, *, mode: str, reason: str, reuse: dict[str, list] | None = None, plan: dict | None = None) -> dict:
+    """Rediscover the live nodes, give new ones a node store, plan, restart and restore the newest step."""
+    ctl.state = "replanning"
+    start = time.perf_counter()
+    ctl.found = ctl.discover()
+    if ctl.job.elastic:
+        ctl.start_keepers()
+    report = {"reason": reason, "discover_s": time.perf_counter() - start, **ctl.launch(mode, reuse, plan)}
+    ctl.state = "running"
+    return report
+
+
+def replan(ctl, *, reason: str = "requested", plan: dict | None = None) -> dict:
+    """A planned re-plan on the live nodes: flush, keep the workers' processes, relaunch from the flushed step."""
+    ctl.flush()
+    reuse = ctl.group.salvage([], set())
+    completed = ctl.step_index
+    report = relaunch(ctl, mode="local_first", reason=reason, reuse=reuse, plan=plan)
+    report["lost_steps"] = completed - report["restored_step"]
+    ctl.recoveries.append(report)
+    return report
+
+
+def check_notices(ctl, board) -> dict | None:
+    """Act on spot notices (the job's notice board) and on Ray's drain signal between steps: flush,
+    acknowledge (the watcher then drains its node), and re-plan without the noticed nodes, so no step is
+    lost. None when nothing is pending."""
+    from autohet_ray.elastic.spot import draining_nodes
+    assert ctl.state == "running", ctl.state
+    pending = set(ray.get(board.pending.remote())) if board is not None else set()
+    names = {n.node_id: n.name for n in ctl.found.nodes}
+    noticed = sorted({names[i] for i in pending | set(draining_nodes()) if i in names})
+    if not noticed and not pending:
+        return None
+    start = time.perf_counter()
+    ctl.flush()
+    flush_s = time.perf_counter() - start
+    for node_id in pending:
+        ray.get(board.ack.remote(node_id))
+    if not noticed:
+        return {"nodes": [], "flush_s": flush_s}
+    ctl.draining.update(i for i, name in names.items() if name in noticed)
+    report = replan(ctl, reason=f"spot notice: node(s) {noticed} will be preempted")
+    for node in noticed:
+        ctl.committer.drop_keeper(node)
+    return report | {"nodes": noticed, "flush_s": flush_s}
+
+
+def check_joins(ctl, plan: dict | None = None) -> dict | None:
+    """Re-plan onto nodes of the cluster file that joined since the last plan (replacement spot nodes the
+    autoscaler brought); None when none joined. `plan`: run this plan instead of planning."""
+    assert ctl.state == "running", ctl.state
+    current = {n.name for n in ctl.found.nodes}
+    dead = set(dead_nodes(ctl))
+    joined = sorted(n.name for n in ctl.base_cluster.nodes if n.name not in current | dead)
+    if not joined:
+        return None
+    return {"joined": joined, **replan(ctl, reason=f"node(s) {joined} joined", plan=plan)}

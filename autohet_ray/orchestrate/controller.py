@@ -1,0 +1,389 @@
+"""The one controller of every training job, elastic or not, from every entry point.
+
+    ctl = Controller(job)                  # job: TrainJob (plain data)
+    ctl.start()                            # discover, profile once, plan, node stores, workers
+    for _ in range(n): ctl.step()          # a lost node inside step() is recovered (elastic.recovery)
+    ctl.close()                            # the newest committed step reaches the storage, then stores go
+
+States: new -> running -> recovering -> replanning -> running ... -> closed.
+Elastic jobs snapshot every step into node stores (commit of step N while step N+1 computes) and into the
+storage every `checkpoint_every` steps; plain jobs write every `checkpoint_every` steps (and the final step)
+straight to the storage. `close()` is the exit path of every ending: a normal end, SIGINT/SIGTERM, an
+exception; it never removes a node store before the newest committed step is safe in the storage.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from dataclasses import replace
+
+import ray
+
+from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import cluster_from_dict
+from autohet_ray.cost.evaluate import evaluate_plan
+from autohet_ray.elastic import recovery
+from autohet_ray.elastic.commit import Committer
+from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
+from autohet_ray.elastic.restore import restore_newest
+from autohet_ray.elastic.snapshots import configure_snapshots
+from autohet_ray.model.spec import model_from_dict
+from autohet_ray.orchestrate import job_storage
+from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray.orchestrate.discovery import check_plan_fits, describe, discover
+from autohet_ray.orchestrate.job import TrainJob
+from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup
+from autohet_ray.plan.schema import plan_from_dict
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class Controller:
+    def __init__(self, job: TrainJob, *, job_id: str | None = None, profile=None):
+        """`job_id`/`profile`: those of a job resumed from its storage (default: a new job, profiled anew)."""
+        self.job, self.job_id, self.profile = job, job_id or new_job_id(), profile
+        self.model = model_from_dict(job.model)
+        self.priced_model = model_from_dict(job.priced_as) if job.priced_as else self.model
+        self.seq_len = job.seq_len or self.model.max_seq_len
+        self.priced_seq_len = job.priced_seq_len or self.seq_len
+        self.base_cluster = cluster_from_dict(job.cluster)
+        self.state = "new"
+        self.found = self.plan = self.evaluation = self.group = self.committer = self.metrics_log = None
+        self.board = self.watchers = None
+        self.baselines: dict[str, float] = {}
+        self.keeper_specs: dict[str, dict] = {}
+        self.lost: list[str] = []
+        self.draining: set[str] = set()      # ids of nodes with a spot notice or a Ray drain: planned around
+        self.gone: set[str] = set()          # ids of nodes confirmed lost before Ray's health checks said so
+        self.step_index = 0                  # completed optimizer steps of the live group
+        self.history: list[dict] = []
+        self.recoveries: list[dict] = []
+        self.fault_at: float | None = None
+        self.snapped: set[int] = set()       # steps the live group snapshotted
+        self.inflight: list = []             # the running train_step calls (empty between steps)
+        self.snapshots = True                # benchmarks toggle it to measure the snapshot cost
+        self.restore_mode = "local_first"    # how recovery restores ("cloud_only": the baseline)
+        self.time_scale = 0.0                # the emulated clock's scale, once the first launch fixed it
+
+    # -- setup ---------------------------------------------------------------------------------------------
+    def start(self, *, restore: str | None = None) -> dict:
+        """Discover, profile once, start node stores, plan, place and (with restore='cloud_only' or
+        'local_first') load the newest committed step. Returns the launch report."""
+        from autohet_ray.elastic.spot import draining_nodes
+        assert self.state == "new", self.state
+        self.draining = set(draining_nodes())
+        self.found = self.discover(confirm=True)
+        if self.profile is None:
+            self.profile = self._make_profile()
+        if self.job.storage:
+            self._record_job()
+            if self.job.elastic:
+                self.start_keepers()
+            self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
+                                       extra={"job_id": self.job_id}, gc_every=self.job.gc_every)
+            self.metrics_log = job_storage.LineLog(self.job.storage, job_storage.METRICS_FILE)
+        report = self.launch(restore)
+        self.state = "running"
+        return report
+
+    def discover(self, *, confirm: bool = False):
+        """The live nodes of the cluster file, less those lost, draining or refusing connections; with
+        `confirm`, each node's GPU type is confirmed by a task on it."""
+        from autohet_ray.orchestrate.device_probe import confirm_nodes
+        cluster = recovery.without_nodes(self.base_cluster, recovery.dead_nodes(self))
+        found = discover(cluster)
+        return describe(cluster, confirm_nodes(list(found.nodes))) if confirm else found
+
+    def _make_profile(self):
+        from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
+        plan = plan_from_dict(self.job.plan) if self.job.plan else None
+        plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
+        sizes = with_micro_batches(self.job.micro_batch, *plan_sizes)
+        if self.job.profile == "analytic":
+            return analytic_profile(self.priced_model, self.base_cluster, self.priced_seq_len, sizes)
+        if self.job.profile == "measured":
+            from autohet_ray.orchestrate.profiling import profile_cluster
+            return profile_cluster(self.found, self.priced_model, self.priced_seq_len, micro_batches=sizes,
+                                   cache_dir=self.job.profile_cache)
+        from autohet_ray.profile.db import load_profile
+        return load_profile(self.job.profile)
+
+    def _record_job(self) -> None:
+        """The job id, its config and its profile, in the storage (for resume and every re-plan)."""
+        storage = self.job.storage
+        job_storage.write_text(storage, job_storage.JOB_FILE,
+                               json.dumps({"job_id": self.job_id, "job": self.job.to_dict()}, indent=1))
+        job_storage.write_text(storage, job_storage.PROFILE_FILE, json.dumps(self.profile.to_dict()))
+
+    def start_keepers(self) -> None:
+        """A node store (and its keeper) of this job on every live node that has none yet."""
+        for node in self.found.nodes:
+            if node.name not in self.keeper_specs:
+                spec = keeper_spec(self.job_id, node.node_id, node.name)
+                if self.committer is None:
+                    self.keeper_specs[node.name] = spec
+                else:
+                    self.committer.add_keeper(node.name, spec)
+
+    def launch(self, restore: str | None, reuse: dict[str, list] | None = None, plan: dict | None = None) -> dict:
+        """Plan on self.found, start the workers, optionally restore, configure snapshots; phase seconds."""
+        t0 = time.perf_counter()
+        self.plan = self._choose_plan(plan)
+        t1 = time.perf_counter()
+        reuse = reuse if reuse is not None else {}
+        self.group = WorkerGroup(self.executed_plan(), self.found.node_ids, reuse=reuse,
+                                 loss_grace_s=self.job.loss_grace_s)
+        for leftover in (a for actors in reuse.values() for a in actors):
+            ray.kill(leftover, no_restart=True)
+        pacers, paced = self._pacers()
+        setup = self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr,
+                                 dtype=self.job.dtype, collective_timeout_s=self.job.collective_timeout_s,
+                                 timeout_s=self.job.setup_timeout_s, pacers=pacers)
+        t2 = time.perf_counter()
+        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": recovery.plan_summary(self.plan), **paced,
+                  **{f"restart_{k}": v for k, v in setup.items() if k != "setup_s"},
+                  "num_ranks": len(self.group.actors), "reused_actors": self.group.num_reused,
+                  "predicted_iteration_s": self.evaluation.iteration_time_s}
+        self.step_index, self.snapped = 0, set()
+        if restore:
+            report |= restore_newest(self.group, self.committer, self.keeper_specs, self.job.storage, restore,
+                                     self.job.setup_timeout_s)
+            self.step_index = report["restored_step"]
+            self.committer.note_restored(self.step_index)
+        if self.committer is not None:
+            start = time.perf_counter()
+            self.configure_snapshots()
+            report["configure_snapshots_s"] = time.perf_counter() - start
+            job_storage.write_text(self.job.storage, job_storage.PLAN_FILE, self.plan.to_json())
+        return report
+
+    def _choose_plan(self, plan: dict | None):
+        """`plan`, else the job's plan at the first launch, else the planner's on the live nodes; priced."""
+        from autohet_ray.planner import plan_training, plan_with_baselines
+        if plan is None and self.job.plan is not None and self.plan is None:
+            plan = self.job.plan
+        if plan is not None:
+            chosen = plan_from_dict(plan)
+        else:
+            request = dict(cluster=self.found.cluster, model=self.priced_model, profile=self.profile,
+                           global_batch=self.job.global_batch, seq_len=self.priced_seq_len,
+                           micro_batch=self.job.micro_batch, time_limit_s=self.job.plan_time_limit_s,
+                           schedules=self.job.schedules())
+            if self.job.baselines and self.plan is None:
+                result, found = plan_with_baselines(**request)
+                self.baselines = {n: b.evaluation.iteration_time_s for n, b in found.items()
+                                  if b.evaluation is not None}
+            else:
+                result = plan_training(**request)
+            chosen = result.plan
+        check_plan_fits(chosen, self.found)
+        self.evaluation = evaluate_plan(chosen, self.found.cluster, self.priced_model, self.profile)
+        if not self.evaluation.feasible:
+            raise ConfigError(f"the plan does not fit: {self.evaluation.reason}")
+        return chosen.with_predicted(self.evaluation.predicted())
+
+    def executed_plan(self):
+        """The plan the workers execute: the priced plan on the model (and sequence length) that runs."""
+        return replace(self.plan, model=self.model.name, model_spec=self.model.to_dict(), seq_len=self.seq_len)
+
+    def _pacers(self) -> tuple[list[dict] | None, dict]:
+        """Per rank, the emulated clock of the plan's devices (None when the job is not paced); the scale is
+        fixed at the first launch, so re-plans keep one clock."""
+        from autohet_ray.emulate.pacer import rank_pacers
+        if not self.job.paced:
+            return None, {}
+        pacers, self.time_scale, _ = rank_pacers(
+            self.plan, self.found.cluster, self.priced_model, self.profile,
+            time_scale=self.time_scale or self.job.time_scale, iteration_wall_s=self.job.iteration_wall_s)
+        return pacers, {"time_scale": self.time_scale}
+
+    def configure_snapshots(self) -> None:
+        configure_snapshots(self.group, self.keeper_specs, self.job.storage,
+                            node_gpu={n.name: n.device_type for n in self.found.nodes},
+                            num_peers=self.job.num_peers, cloud_every=self.job.checkpoint_every)
+
+    # -- training --------------------------------------------------------------------------------------------
+    def step(self, fault_hook=None) -> dict:
+        """One training step (and the commit of the previous snapshot meanwhile). A lost node or worker is
+        recovered, as often as it happens, also during recovery; the metrics of the first completed step then
+        carry the recovery report."""
+        assert self.state == "running", self.state
+        recovered = None
+        while True:
+            try:
+                metrics = self._step_once(fault_hook)
+                break
+            except GroupFailure as failure:
+                fault_hook, self.state = None, "recovering"
+                recovered = recovery.recover(self, failure, mode=self.restore_mode)
+                self.state = "running"
+        if recovered is None:
+            return metrics
+        recovered["first_step_s"] = metrics["wall_s"]
+        recovered["total_s"] = time.perf_counter() - recovered.pop("started_at")
+        return {**metrics, "recovery": recovered}
+
+    def _step_once(self, fault_hook=None) -> dict:
+        job, group = self.job, self.group
+        batch = ray.put(synthetic_batch(vocab_size=self.model.vocab_size, global_batch=job.global_batch,
+                                        seq_len=self.seq_len, seed=job.seed, step=self.step_index))
+        start = time.perf_counter()
+        snap = self.committer is not None and self._snapshot_due(self.step_index + 1)
+        self.inflight = [a.train_step.remote(batch, snapshot=snap) for a in group.actors]
+        if fault_hook is not None:
+            fault_hook(self)
+        self._commit_previous(self.step_index)
+        outs = group.gather(self.inflight)
+        self.inflight = []
+        self.step_index += 1
+        if snap:
+            self.snapped.add(self.step_index)
+        return self._record(self._metrics(outs, time.perf_counter() - start))
+
+    def _snapshot_due(self, step: int) -> bool:
+        if self.job.elastic:
+            return self.snapshots
+        return bool(self.job.checkpoint_every) and step % self.job.checkpoint_every == 0
+
+    def _commit_previous(self, step: int) -> None:
+        """Commit the snapshot of `step` (taken after it) while the next step computes."""
+        if step not in self.snapped or step in self.committer.committed:
+            return
+        self.committer.commit_fast(step, self.group.gather([a.fast_records.remote(step)
+                                                            for a in self.group.actors], 120))
+        if self.job.elastic and self._is_cloud_step(step):
+            self.committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
+        self.committer.poll_cloud()
+        self.committer.maybe_collect(step)
+
+    def _is_cloud_step(self, step: int) -> bool:
+        return bool(self.job.checkpoint_every) and step % self.job.checkpoint_every == 0
+
+    def _metrics(self, outs: list[dict], wall: float) -> dict:
+        job, ev = self.job, self.evaluation
+        scale = self.time_scale if job.paced else 1.0
+        m = {"step": self.step_index, "loss": outs[0]["loss"], "grad_norm": outs[0]["grad_norm"],
+             "wall_s": wall, "emulated": job.paced, "time_scale": scale, "iteration_s": wall / scale,
+             "samples_per_s": job.global_batch / (wall / scale), "predicted_iteration_s": ev.iteration_time_s,
+             "predicted_samples_per_s": ev.samples_per_s, "profile_kind": self.profile.kind,
+             "snapshot_copy_s": max(o.get("snapshot_copy_s", 0.0) for o in outs),
+             "snapshot_wait_s": max(o.get("snapshot_wait_s", 0.0) for o in outs),
+             "compute_s": max(o["timings"]["step"] for o in outs)}
+        if job.paced:
+            by_op: dict[str, int] = {}
+            for o in outs:
+                for op, n in o["emulation"]["overruns"].items():
+                    by_op[op] = by_op.get(op, 0) + n
+            m |= {"overruns": sum(by_op.values()), "overruns_by_op": by_op,
+                  "overrun_s": max(o["emulation"]["overrun_s"] for o in outs),
+                  "op_seconds_max": {op: max(o["timings"].get(op, 0.0) for o in outs) for op in outs[0]["timings"]}}
+        return m
+
+    def _record(self, metrics: dict) -> dict:
+        self.history.append(metrics)
+        if self.metrics_log is not None:
+            self.metrics_log.append(json.dumps(metrics))
+        return metrics
+
+    # -- checkpoints and exits -------------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 600.0) -> dict:
+        """Commit the newest completed step everywhere (a spot notice, a re-plan, or before stopping): its
+        snapshot (taken now when it had none), the node-store commit, then every pending storage upload."""
+        step, committer = self.step_index, self.committer
+        if committer is None or step == 0 or step in committer.committed:
+            committer is not None and committer.poll_cloud(wait=True, timeout_s=timeout_s)
+            return self._flushed()
+        if step not in self.snapped and not self.inflight:     # nothing ran since: the live state is `step`
+            self.group.call("snapshot_now", timeout_s=timeout_s)
+            self.snapped.add(step)
+        if step in self.snapped:
+            committer.commit_fast(step, self.group.call("fast_records", step, timeout_s=timeout_s))
+            if self.job.elastic and self._is_cloud_step(step):
+                committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
+        committer.poll_cloud(wait=True, timeout_s=timeout_s)
+        return self._flushed()
+
+    def _flushed(self) -> dict:
+        c = self.committer
+        return {"committed": c.committed[-1:], "cloud_committed": c.cloud_committed[-1:]} if c else {}
+
+    def secure(self, timeout_s: float = 600.0) -> dict:
+        """Get the newest committed step into the storage: flush what the live group can still commit, then
+        copy the newest node-store step to the storage if it is not there yet. Returns {"step", "where"}."""
+        if self.committer is None:
+            return {"step": None, "where": None}
+        if self.group is not None and self.group.actors:
+            try:
+                self.flush(timeout_s)
+            except (GroupFailure, ray.exceptions.RayError) as err:   # the group is broken: keep what is committed
+                print(f"autohet: the newest step could not be committed ({err}); keeping the newest committed "
+                      f"one", file=sys.stderr)
+        newest = max(self.committer.committed, default=None)
+        if newest is not None and newest not in self.committer.cloud_committed:
+            self.committer.promote(newest, timeout_s)
+        return {"step": newest, "where": job_storage.location(self.job.storage, "")}
+
+    def close(self) -> dict:
+        """End the job (on every exit path): the newest committed step reaches the storage before any node
+        store is removed; when it cannot, the node stores are kept and the message says where and how to
+        resume. Returns {"step", "where"} of the secured step (and "error" when securing failed)."""
+        if self.state == "closed":
+            return {}
+        try:
+            outcome = self.secure()
+        except BaseException as err:            # noqa: BLE001 - whatever failed, the stores must be kept
+            outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
+        self.inflight = []
+        if self.group is not None:
+            self.group.kill()
+            self.group = None
+        if self.watchers is not None:
+            from autohet_ray.elastic.spot import stop_watching
+            stop_watching(self.job_id)
+        if self.committer is not None:
+            self.committer.close()
+        if "error" in outcome and self.keeper_specs:
+            print(self._kept_stores_message(outcome["error"]), file=sys.stderr)
+        else:
+            for spec in self.keeper_specs.values():
+                stop_keeper(self.job_id, spec["node_id"])
+        self.state = "closed"
+        return outcome
+
+    def _kept_stores_message(self, error: str) -> str:
+        dirs = ", ".join(f"{node}: {spec['dir']}" for node, spec in sorted(self.keeper_specs.items()))
+        return (f"autohet: the newest committed step could not be copied to the storage ({error}). The node "
+                f"stores of job {self.job_id} are kept ({dirs}); while their nodes live, "
+                f"`autohet resume --storage {job_storage.location(self.job.storage, '')}` continues from them.")
+
+    # -- events between steps ----------------------------------------------------------------------------------
+    def watch_spot(self, **watcher_options):
+        """Start a spot-notice watcher on every node of the job; the job's notice board."""
+        from autohet_ray.elastic.spot import watch_nodes
+        self.watchers = True
+        self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id, **watcher_options)
+        return self.board
+
+    def check_notices(self, board=None) -> dict | None:
+        return recovery.check_notices(self, board if board is not None else self.board)
+
+    def check_joins(self, plan: dict | None = None) -> dict | None:
+        return recovery.check_joins(self, plan)
+
+    def replan(self, **kwargs) -> dict:
+        return recovery.replan(self, **kwargs)
+
+    def mark_fault(self) -> None:
+        """Tests and benchmarks note when they inject a failure (detection is timed from here)."""
+        self.fault_at = time.perf_counter()
+
+    def set_cloud_every(self, steps: int) -> None:
+        """Change the storage cadence between steps (0: node stores only); the last step is flushed first."""
+        assert self.state == "running", self.state
+        self.flush()
+        self.job = replace(self.job, checkpoint_every=steps)
+        self.configure_snapshots()

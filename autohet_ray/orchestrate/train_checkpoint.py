@@ -1,0 +1,164 @@
+"""Ray Train checkpoints in autohet's own format, so a `TorchTrainer` run takes part in recovery.
+
+A reported checkpoint directory is a checkpoint tier laid out as `LocalDirTier` lays one out:
+`step-<step>/<tensor>/<chunk>` hashed blobs plus `manifests/step-<step>.json`.
+
+Saving (`report_step`, every worker after each train_step): on a checkpoint step each rank writes the chunks
+it is the writer of (per tensor the tiles of one pipeline, one writer per tile, so the chunks tile every
+tensor exactly once) into its own local staging directory; plan rank 0 gathers every rank's records, which
+returns only once every rank has written (the barrier), and commits the step's manifest into its directory.
+Then every worker calls `ray.train.report` with its directory. Ray Train copies all of them into one
+directory of the run's storage, `<storage_path>/<run name>/checkpoint_<time>/` (rank 0 picks the name for
+all), and registers the checkpoint once every worker's upload is done; the union is one complete step,
+since no two ranks write the same key.
+
+Restoring (`restore_from_train_checkpoint`, every worker at the start of the loop): each rank reads only the
+saved chunks that overlap its own layout, straight from the checkpoint's filesystem (local, NFS, S3, ...
+through pyarrow), verifies each against the manifest's hash and loads them: the plan may differ from the one
+that saved (other GPUs, TP degrees, stage boundaries).
+"""
+from __future__ import annotations
+
+import tempfile
+
+import ray.train
+import torch
+import torch.distributed as dist
+from pyarrow import fs as pafs
+
+from autohet_ray import ConfigError
+from autohet_ray.checkpoint import (ChunkMissingError, ChunkRecord, LocalDirTier, Manifest, TierUnavailableError,
+                                    commit_step, find_manifest, latest_committed_step, restore)
+from autohet_ray.checkpoint.codec import digest
+from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, chunk_key, manifest_key, step_of_manifest_key
+from autohet_ray.checkpoint.peers import assign_writers
+from autohet_ray.checkpoint.snapshot import encode_shards
+from autohet_ray.orchestrate.worker import needs_of_layout
+from autohet_ray.runtime.optim import STEP_KEY
+
+TIER_NAME = "ray-train"
+
+
+def tile_holdings(holdings: dict[int, list], rank_pipeline: dict[int, int]) -> dict[int, list]:
+    """Per tensor, keep the holdings of one pipeline only: pipelines may cut a tensor differently (TP2 halves in
+    one, the whole in another), and a step's chunks must tile it exactly. The pipeline with the most distinct
+    chunks wins (its writes spread over more ranks), then the lowest index; a rank of another pipeline keeps an
+    item only where it holds exactly one of those tiles (a data-parallel copy)."""
+    by_pipeline: dict[str, dict[int, set]] = {}
+    for rank, items in holdings.items():
+        for name, chunk, _ in items:
+            by_pipeline.setdefault(name, {}).setdefault(rank_pipeline[rank], set()).add(chunk)
+    tiles = {name: pipes[min(pipes, key=lambda k: (-len(pipes[k]), k))] for name, pipes in by_pipeline.items()}
+    return {rank: [item for item in items if item[1] in tiles[item[0]]] for rank, items in holdings.items()}
+
+
+def _holdings(engine) -> list[tuple]:
+    """(name, chunk, bytes) of everything this rank holds of the step's state."""
+    itemsize = torch.empty((), dtype=engine.dtype).element_size()
+    return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else itemsize))
+            for name, (_, chunk) in needs_of_layout(engine.layout).items()]
+
+
+def writer_items(engine) -> set:
+    """Collective (every rank of the plan): the (name, chunk)s this rank writes in a step's checkpoint."""
+    assert dist.get_rank() == engine.rank, "the default process group's ranks must be plan ranks (engine_for_worker)"
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (engine.info.pipeline, _holdings(engine)))
+    holdings = {rank: items for rank, (_, items) in enumerate(gathered)}
+    pipelines = {rank: pipeline for rank, (pipeline, _) in enumerate(gathered)}
+    return assign_writers(tile_holdings(holdings, pipelines))[engine.rank]
+
+
+def save_train_checkpoint(engine, directory: str, *, extra: dict | None = None) -> Manifest | None:
+    """Collective: write this rank's chunks of the engine's current step into `directory`; plan rank 0 also
+    commits the step's manifest there once every rank has written. Returns the manifest on plan rank 0."""
+    step, owned = engine.step, writer_items(engine)
+    tier = LocalDirTier(directory, name=TIER_NAME, fsync=False)    # a staging copy: Ray Train uploads it
+    records = []
+    for item in encode_shards(engine.live_state(), owned):
+        tier.put_chunk(chunk_key(step, item.name, item.chunk), item.blob)
+        records.append(ChunkRecord(step=step, name=item.name, global_shape=item.shape, chunk=item.chunk,
+                                   dtype=item.dtype, digest=digest(item.blob), nbytes=len(item.blob),
+                                   replicas=(TIER_NAME,)))
+    gathered = [None] * dist.get_world_size() if engine.rank == 0 else None
+    dist.gather_object(records, gathered, dst=0)
+    if engine.rank != 0:
+        return None
+    info = {"model": engine.spec.name, "plan": engine.plan.to_dict(), **(extra or {})}
+    return commit_step(step, [r for rank_records in gathered for r in rank_records], [tier], extra=info)
+
+
+def report_step(engine, out: dict, *, checkpoint_every: int = 1, metrics: dict | None = None) -> bool:
+    """Every worker, after each `train_step` (its result is `out`): `ray.train.report` the step and loss (and
+    `metrics`), with the step's checkpoint when the step is a multiple of `checkpoint_every` (0: never).
+    Returns whether a checkpoint went with the report."""
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ConfigError(f"checkpoint_every={checkpoint_every!r} must be an integer >= 0 (0: no checkpoints)")
+    assert out["step"] == engine.step, (out["step"], engine.step)
+    reported = {"step": engine.step, "loss": float(out["loss"]), **(metrics or {})}
+    if checkpoint_every == 0 or engine.step % checkpoint_every:
+        ray.train.report(reported)
+        return False
+    with tempfile.TemporaryDirectory(prefix=f"autohet-step-{engine.step}-") as staging:
+        save_train_checkpoint(engine, staging)
+        ray.train.report(reported, checkpoint=ray.train.Checkpoint.from_directory(staging))
+    return True
+
+
+class TrainCheckpointTier:
+    """A read-only checkpoint tier over a `ray.train.Checkpoint`'s directory on its own filesystem."""
+
+    def __init__(self, checkpoint: ray.train.Checkpoint, *, name: str = TIER_NAME):
+        self.name, self.filesystem, self.root = name, checkpoint.filesystem, checkpoint.path.rstrip("/")
+
+    def get_chunk(self, key: str) -> bytes:
+        try:
+            with self.filesystem.open_input_file(f"{self.root}/{key}") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise ChunkMissingError(key, self.name) from None
+        except OSError as err:
+            raise TierUnavailableError(self.name, f"{self.root}/{key}: {err}") from None
+
+    def has(self, key: str) -> bool:
+        return self.filesystem.get_file_info(f"{self.root}/{key}").type == pafs.FileType.File
+
+    def get_manifest(self, step: int) -> bytes:
+        return self.get_chunk(manifest_key(step))
+
+    def list_manifests(self) -> list[int]:
+        selector = pafs.FileSelector(f"{self.root}/{MANIFEST_PREFIX.rstrip('/')}", allow_not_found=True)
+        names = (info.path.rsplit("/", 1)[-1] for info in self.filesystem.get_file_info(selector))
+        steps = (step_of_manifest_key(MANIFEST_PREFIX + name) for name in names)
+        return sorted(s for s in steps if s is not None)
+
+
+def checkpoint_manifest(checkpoint: ray.train.Checkpoint) -> Manifest:
+    """The committed step a checkpoint reported by `report_step` holds (checked: own hash, exact coverage)."""
+    tier = TrainCheckpointTier(checkpoint)
+    step = latest_committed_step([tier])
+    if step is None:
+        raise ConfigError(f"checkpoint {checkpoint.path!r} holds no committed autohet step "
+                          f"({MANIFEST_PREFIX}step-*.json); report checkpoints with report_step")
+    return find_manifest([tier], step)
+
+
+def restore_from_train_checkpoint(engine, *, initial: ray.train.Checkpoint | None = None,
+                                  num_threads: int = 4) -> int | None:
+    """At the start of `train_loop_per_worker` (every worker): load the newest checkpoint this run reported
+    (`ray.train.get_checkpoint()`, set when Ray Train restarted the worker group), else `initial` (e.g. a
+    checkpoint of an earlier run passed in `train_loop_config`), into `engine`, resharded onto its plan.
+    Returns the restored step, or None when there is nothing to restore."""
+    checkpoint = ray.train.get_checkpoint() or initial
+    if checkpoint is None:
+        return None
+    manifest = checkpoint_manifest(checkpoint)
+    saved_model = manifest.extra.get("model")
+    if saved_model is not None and saved_model != engine.spec.name:
+        raise ConfigError(f"checkpoint {checkpoint.path!r} holds model {saved_model!r}, "
+                          f"this run trains {engine.spec.name!r}")
+    state, _ = restore(manifest, needs_of_layout(engine.layout), [TrainCheckpointTier(checkpoint)],
+                       num_threads=num_threads)
+    engine.load_state_dict(state)
+    assert engine.step == manifest.step, (engine.step, manifest.step)
+    return manifest.step
