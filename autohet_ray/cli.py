@@ -81,6 +81,7 @@ def _train_parser(sub) -> None:
     t.add_argument("--profile", default="analytic", help="analytic, measured (profile on Ray), or a profile JSON")
     t.add_argument("--profile-cache", help="directory caching measured profiles")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dtype", default=TrainJob.dtype, help="training dtype: float32, float64 or bfloat16")
     t.add_argument("--plan-time-limit", type=float, default=TrainJob.plan_time_limit_s)
     t.add_argument("--placement-timeout", type=float, default=TrainJob.setup_timeout_s,
                    help="seconds the workers may take to start and join")
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"autohet {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"autohet {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 2
 
 

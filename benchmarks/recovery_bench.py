@@ -177,8 +177,8 @@ def main(argv=None) -> int:
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.model.spec import model_from_dict
     from autohet_ray.orchestrate.elastic_config import ElasticJob
-    from autohet_ray.orchestrate.elastic_tiers import storage_spec
-    from autohet_ray.orchestrate.emulation import emulated_cluster, node_args
+    from autohet_ray.elastic.tiers import storage_spec
+    from autohet_ray.emulate.cluster import emulated_cluster, node_args
     from autohet_ray.orchestrate.recovery import ElasticController
 
     model = model_from_dict({"name": "bench-gpt", "family": "gpt", "num_layers": args.layers, "hidden": args.hidden,

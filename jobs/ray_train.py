@@ -16,6 +16,7 @@ The data are synthetic batches (one per step, the same on every rank); emulated 
 import argparse
 import os
 import sys
+import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the working dir's package
 
@@ -99,7 +100,7 @@ def run(args, plan, model) -> None:
     storage = os.path.abspath(args.storage) if local_storage else args.storage
     config = {"plan": plan.to_dict(), "model": model.to_dict(), "steps": args.steps, "seed": args.seed, "lr": args.lr,
               "dtype": args.dtype, "checkpoint_every": args.checkpoint_every, "resume_from": args.resume_from,
-              "fail_at": args.fail_at, "fail_marker": os.path.join(storage, f".{args.name or 'run'}-failed-once")}
+              "fail_at": args.fail_at, "fail_marker": os.path.join(storage, f".failed-once-{uuid.uuid4().hex}")}
     scaling = plan_scaling_config(plan, use_gpu=not args.emulate,
                                   resources_per_worker={"CPU": 1} if args.emulate else None)
     trainer = TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling,
@@ -107,9 +108,13 @@ def run(args, plan, model) -> None:
                                                 failure_config=FailureConfig(max_failures=args.max_failures)))
     result = trainer.fit()
     restored, log = result.return_value
-    print(f"done: steps {log[0][0]}..{log[-1][0]} in the last attempt"
-          f"{f' (resumed from step {restored})' if restored else ''}, final loss {log[-1][1]:.6f}" if log else
-          f"done: nothing to train (resumed at step {restored} >= --steps {args.steps})")
+    resumed = f" (resumed from step {restored})" if restored else ""
+    if log:
+        print(f"done: steps {log[0][0]}..{log[-1][0]} in the last attempt{resumed}, final loss {log[-1][1]:.6f}")
+    else:
+        print(f"done: nothing left to train{resumed}; --steps is {args.steps}")
+    if os.path.exists(config["fail_marker"]):
+        os.remove(config["fail_marker"])
     print(f"run directory: {result.path}")
     for checkpoint, metrics in result.best_checkpoints or []:
         print(f"  step {metrics['step']:>4}  loss {metrics['loss']:.6f}  {checkpoint.path}")

@@ -15,7 +15,7 @@ import ray
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.elastic.liveness import detect_failure, probe
+from autohet_ray.elastic.liveness import detect_failure, probe_all
 
 MAX_RECOVERIES_IN_A_ROW = 5
 
@@ -65,6 +65,7 @@ def recover(ctl, failure, *, mode: str = "local_first") -> dict:
     a completed launch it gives up (RecoveryFailed)."""
     started_at = time.perf_counter()
     t0 = ctl.fault_at or started_at
+    completed = ctl.step_index                 # a failed round's launch resets it
     rounds = []
     for _ in range(MAX_RECOVERIES_IN_A_ROW):
         try:
@@ -74,7 +75,8 @@ def recover(ctl, failure, *, mode: str = "local_first") -> dict:
             failure, t0 = again.failure, time.perf_counter()
             continue
         report |= {"started_at": ctl.fault_at or started_at, "rounds": len(rounds) + 1,
-                   "earlier_rounds": rounds, "lost_steps": report["completed_step"] - report["restored_step"]}
+                   "earlier_rounds": rounds, "completed_step": completed,
+                   "lost_steps": completed - report["restored_step"]}
         ctl.fault_at = None
         ctl.recoveries.append(report)
         return report
@@ -93,13 +95,12 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
         raise StepFailed(f"a step failed with every node and worker alive: {failure}") from failure
     try:
         lost = detect_failure(ctl.group, ctl.found.node_ids, failure, job_id=ctl.job_id,
-                              timeout_s=ctl.job.detect_timeout_s)
+                              timeout_s=ctl.job.detect_timeout_s, loss_grace_s=ctl.job.loss_grace_s)
     except RuntimeError as err:
         raise RecoveryFailed(str(err)) from failure
     detect_s = time.perf_counter() - t0
     ids = ctl.found.node_ids
     ctl.gone |= {ids[node] for node in lost["lost_nodes"]}
-    completed = ctl.step_index
     salvage_start = time.perf_counter()
     reuse = ctl.group.salvage(ctl.inflight, set(lost["dead_ranks"]))
     ctl.inflight = []
@@ -109,8 +110,7 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
         for node in lost["lost_nodes"]:
             ctl.committer.drop_keeper(node)
     ctl.lost += lost["lost_nodes"]
-    report = {"detect_s": detect_s, "salvage_s": time.perf_counter() - salvage_start, **salvage, **lost,
-              "completed_step": completed}
+    report = {"detect_s": detect_s, "salvage_s": time.perf_counter() - salvage_start, **salvage, **lost}
     if ctl.committer is None:
         raise RecoveryFailed(f"{lost['message']}; the job keeps no checkpoints (give it a storage), so it "
                              f"cannot continue") from failure
@@ -122,13 +122,15 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
 
 def _healthy(ctl, checks: int = 3, every_s: float = 0.3) -> bool:
     """Every plan node's raylet answers and every worker answers a ping, `checks` times in a row."""
+    nodes = sorted({s["node"] for s in ctl.group.slots})
     for i in range(checks):
         raw = {n["NodeID"]: n for n in ray.nodes()}
-        for node in {s["node"] for s in ctl.group.slots}:
-            entry = raw.get(ctl.found.node_ids[node], {})
-            if not entry.get("Alive") or probe((entry["NodeManagerAddress"],
-                                                int(entry["NodeManagerPort"]))) != "ok":
-                return False
+        entries = [raw.get(ctl.found.node_ids[node], {}) for node in nodes]
+        if not all(e.get("Alive") for e in entries):
+            return False
+        verdicts = probe_all({i: (e["NodeManagerAddress"], int(e["NodeManagerPort"])) for i, e in enumerate(entries)})
+        if any(v != "ok" for v in verdicts.values()):
+            return False
         dead, silent = ctl.group.ping(timeout_s=1.0)
         if dead or silent:
             return False

@@ -1,7 +1,6 @@
-"""A group of elastic stage actors for one plan: one actor per plan rank pinned to the node its stage names
-(hard node affinity, one fake/real GPU each), a rendezvous through rank 0 (loopback when every rank is on one
-host; gloo, or NCCL on real GPUs), lock-step calls, and failures reported with the dead rank's node, pipeline
-and stage."""
+"""The workers of one plan: one actor per plan rank pinned to the node its stage names (hard node affinity, one
+fake/real GPU each), a rendezvous through rank 0 (loopback when every rank is on one host; gloo, or NCCL on
+real GPUs), lock-step calls, and failures reported with the dead rank's node, pipeline and stage."""
 from __future__ import annotations
 
 import os
@@ -9,12 +8,13 @@ import re
 import time
 
 import ray
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from autohet_ray import ConfigError
+from autohet_ray.elastic.liveness import LOSS_GRACE_S, NodeWatch, raylet_addresses
 from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.worker import Worker
-from autohet_ray.elastic.liveness import LOSS_GRACE_S, NodeWatch, raylet_addresses
 from autohet_ray.plan.schema import Plan
 
 ABORT_WAIT_S = 2.0
@@ -96,9 +96,9 @@ class WorkerGroup:
 
     def _failure(self, rank: int, exc: Exception) -> Exception | None:
         if isinstance(exc, RayActorError):
-            return GroupFailure(f"stage actor {self.describe(rank)} died: {_first_line(exc)}", rank=rank, dead=True)
+            return GroupFailure(f"worker {self.describe(rank)} died: {_first_line(exc)}", rank=rank, dead=True)
         if isinstance(exc, RayError):              # a task error, or one Ray could not even deserialize
-            return GroupFailure(f"stage actor {self.describe(rank)} failed: {_first_line(exc)}",
+            return GroupFailure(f"worker {self.describe(rank)} failed: {_first_line(exc)}",
                                 rank=rank, dead=False)
         return None
 
@@ -111,8 +111,11 @@ class WorkerGroup:
         (concurrently: init blocks until all ranks join). Returns the seconds, and the slowest rank's parts."""
         start, submitted = time.perf_counter(), time.time()
         single = len({a[0] for a in self.raylets.values() if a is not None}) <= 1
-        addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s,
-                                                                    single)], timeout_s)[0]
+        try:
+            addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s,
+                                                                        single)], timeout_s)[0]
+        except GetTimeoutError:
+            raise self._not_started([0], timeout_s) from None
         plan = self.plan.to_dict()
         refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
                                    model_spec=model_spec, seed=seed, lr=lr, dtype=dtype, rank=rank,
@@ -120,10 +123,19 @@ class WorkerGroup:
                                    socket_ifname="lo" if single else os.environ.get("GLOO_SOCKET_IFNAME"),
                                    pacer=pacers[rank] if pacers else None)
                 for rank, actor in enumerate(self.actors)]
-        ranks = self.gather(refs, timeout_s)
+        try:
+            ranks = self.gather(refs, timeout_s)
+        except GetTimeoutError:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            raise self._not_started([r for r, ref in enumerate(refs) if ref not in ready], timeout_s) from None
         return {"setup_s": time.perf_counter() - start,       # slowest rank: queued before setup ran, the
                 "queued_s_max": max(r["started_at"] for r in ranks) - submitted,   # rendezvous, the Engine
                 "join_s_max": max(r["join_s"] for r in ranks), "engine_s_max": max(r["engine_s"] for r in ranks)}
+
+    def _not_started(self, ranks: list[int], timeout_s: float) -> ConfigError:
+        named = "; ".join(self.describe(r) for r in ranks)
+        return ConfigError(f"workers did not start within {timeout_s:g} s: {named}. Ray could not place them: "
+                           f"are those GPUs taken by another job, or the nodes gone?")
 
     def ping(self, timeout_s: float = 1.0) -> tuple[list[int], list[int]]:
         """(dead, silent): ranks whose actor Ray reports dead when pinged, and ranks that did not answer within

@@ -9,6 +9,6 @@ from ray_helpers import THREE_NODES
 
 @pytest.fixture(scope="module")
 def three_node_cluster():
-    from autohet_ray.orchestrate.emulation import emulated_cluster
+    from autohet_ray.emulate.cluster import emulated_cluster
     with emulated_cluster(cluster_from_dict(THREE_NODES)) as cluster:
         yield cluster

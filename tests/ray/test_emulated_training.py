@@ -1,19 +1,22 @@
-"""Training on a 3-node emulated Ray cluster with two GPU types, through the driver actor and stage actors,
-matches the single-process reference; clear errors for missing GPUs, unschedulable placement, dead actors."""
+"""Plain (non-elastic) training on a 3-node emulated Ray cluster with two GPU types, through the one controller
+and its workers: it matches the single-process reference, appends metrics.jsonl every step and leaves its
+final step in the storage; clear errors for missing GPUs, unschedulable workers, dead workers."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 import ray
 
 from autohet_ray import ConfigError
+from autohet_ray.elastic.recovery import RecoveryFailed
+from autohet_ray.elastic.tiers import storage_spec
 from autohet_ray.model.spec import load_model
+from autohet_ray.orchestrate.controller import Controller
 from autohet_ray.orchestrate.data import synthetic_batch
 from autohet_ray.orchestrate.discovery import discover
-from autohet_ray.orchestrate.driver import Driver, DriverActor
-from autohet_ray.orchestrate.placement import PlacementError
-from autohet_ray.orchestrate.stage_group import StageActorDied
+from autohet_ray.orchestrate.job import TrainJob
 from autohet_ray.runtime.reference import Reference
 
 from ray_helpers import THREE_NODES, asymmetric_plan
@@ -22,10 +25,10 @@ pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
 
 
-def job(**kw) -> dict:
-    base = {"model": SPEC.to_dict(), "global_batch": 4, "steps": 3, "cluster": THREE_NODES, "plan": asymmetric_plan(),
-            "dtype": "float64", "placement_timeout_s": 30}
-    return base | kw
+def job(**kw) -> TrainJob:
+    base = {"model": SPEC.to_dict(), "global_batch": 4, "cluster": THREE_NODES, "plan": asymmetric_plan(),
+            "dtype": "float64", "setup_timeout_s": 30, "baselines": False}
+    return TrainJob(**(base | kw))
 
 
 def reference_losses(steps: int, dtype) -> list[float]:
@@ -41,59 +44,66 @@ def test_discovery_reads_labels(three_node_cluster):
     assert found.emulated and found.single_host
 
 
-def test_emulated_asymmetric_training_matches_reference(three_node_cluster, tmp_path):
+def test_emulated_asymmetric_training_matches_reference_and_leaves_its_model(three_node_cluster, tmp_path):
     import torch
-    driver = DriverActor.remote(job(emulate=True, time_scale=1.0, storage=str(tmp_path)))
+    ctl = Controller(job(time_scale=1.0, storage=storage_spec(str(tmp_path)), checkpoint_every=2))
     try:
-        phases = [ray.get(driver.advance.remote()) for _ in range(4)]
-        assert [p["state"] for p in phases] == ["discovered", "profiled", "planned", "placed"]
-        nodes = {loc["rank"]: loc["labels"]["autohet.io/node"] for loc in phases[-1]["locations"]}
+        ctl.start()
+        where = ctl.group.call("where", timeout_s=30)
+        nodes = {loc["rank"]: loc["labels"]["autohet.io/node"] for loc in where}
         assert nodes == {0: "c", 1: "c", 2: "a", 3: "b"}        # every rank on the node its stage names
-        metrics = [ray.get(driver.step.remote()) for _ in range(3)]
-        assert ray.get(driver.get_state.remote()) == "done"
+        metrics = []
+        for i in range(3):
+            metrics.append(ctl.step())
+            lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+            assert len(lines) == i + 1 and json.loads(lines[-1])["step"] == i + 1    # appended every step
     finally:
-        ray.get(driver.close.remote())
+        secured = ctl.close()
     losses = [m["loss"] for m in metrics]
     assert losses == pytest.approx(reference_losses(3, torch.float64), rel=1e-4)
     assert all(m["emulated"] and m["predicted_iteration_s"] > 0 for m in metrics)
-    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3 and (tmp_path / "plan.json").exists()
+    assert (tmp_path / "plan.json").exists() and json.loads((tmp_path / "job.json").read_text())["job_id"]
+    assert secured["step"] == 3                                  # the final step is committed: a model is left
+    assert sorted(p.name for p in (tmp_path / "manifests").iterdir())[-1].endswith("3.json")
 
 
 def test_plan_needing_missing_gpus_is_a_clear_error(three_node_cluster):
     plan = asymmetric_plan()
     plan["pipelines"][0]["stages"][0] = {"layers": [0, 2], "tp": 4, "device_type": "H20", "node": "c",
                                          "devices": [0, 1, 2, 3]}
-    driver = Driver(job(plan=plan))
-    driver.advance(), driver.advance()
     with pytest.raises(ConfigError, match="node 'c'.* only 2 H20"):
-        driver.advance()
-    assert driver.get_state() == "failed"
+        Controller(job(plan=plan)).start()
     bigger = THREE_NODES | {"nodes": THREE_NODES["nodes"] + [{"name": "d", "device": "A100-80GB", "count": 8}]}
     with pytest.raises(ConfigError, match="node 'd' of the cluster file is not in the Ray cluster"):
-        Driver(job(cluster=bigger)).advance()
+        Controller(job(cluster=bigger)).start()
 
 
-def test_placement_timeout_and_dead_stage_actor(three_node_cluster):
+def test_unschedulable_workers_and_a_dead_worker_without_checkpoints(three_node_cluster):
     from ray.util.placement_group import placement_group, remove_placement_group
     hog = placement_group([{"GPU": 1}], bundle_label_selector=[{"autohet.io/node": "a"}])
     ray.get(hog.ready(), timeout=30)
-    driver = Driver(job(placement_timeout_s=3))
-    for _ in range(3):
-        driver.advance()
+    ctl = Controller(job(setup_timeout_s=3))
     start = time.perf_counter()
-    with pytest.raises(PlacementError, match="pipeline 0 stage 1 .*H800 STRICT_PACK on node a"):
-        driver.advance()
-    assert time.perf_counter() - start < 20
+    try:
+        with pytest.raises(ConfigError, match=r"did not start within 3 s: rank 2 \(pipeline 0 stage 1, H800 on "
+                                              r"node a\)"):
+            ctl.start()
+    finally:
+        ctl.close()
+    assert time.perf_counter() - start < 30
     remove_placement_group(hog)
 
-    driver = Driver(job(collective_timeout_s=30))
-    for _ in range(4):
-        driver.advance()
-    driver.step()
-    ray.kill(driver.group.actors[2])
-    with pytest.raises(StageActorDied, match=r"rank 2 \(pipeline 0 stage 1, H800 on node a\) died"):
-        driver.step()
-    assert driver.get_state() == "failed" and driver.group is None
+    ctl = Controller(job(collective_timeout_s=30))
+    try:
+        ctl.start()
+        ctl.step()
+        ray.kill(ctl.group.actors[2])
+        with pytest.raises(RecoveryFailed, match=r"rank 2 \(pipeline 0 stage 1, H800 on node a\).*keeps no "
+                                                 r"checkpoints"):
+            ctl.step()
+    finally:
+        ctl.close()
+    assert ctl.group is None and ctl.state == "closed"
 
 
 def test_profiling_on_ray_once_per_gpu_type_cached_and_plannable(three_node_cluster, tmp_path):
@@ -132,7 +142,7 @@ def test_cli_profile_through_ray(three_node_cluster, tmp_path, capsys):
     assert ray.is_initialized()          # the CLI reused this process's connection and left it open
 
 
-def test_cli_prints_an_error_raised_in_the_driver_actor_on_one_line(three_node_cluster, tmp_path, capsys):
+def test_cli_prints_a_plan_error_on_one_line(three_node_cluster, tmp_path, capsys):
     import json
 
     import yaml

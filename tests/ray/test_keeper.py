@@ -14,7 +14,7 @@ import test_checkpoint_helpers as helpers  # noqa: E402
 
 from autohet_ray.checkpoint import (AsyncSnapshotter, SnapshotPolicy, assign_writers, choose_peers,  # noqa: E402
                                     commit_step, find_manifest, latest_committed_step, restore)
-from autohet_ray.orchestrate.keeper import KeeperTier, get_keeper, start_keeper, stop_keeper  # noqa: E402
+from autohet_ray.elastic.keeper import KeeperTier, get_keeper, start_keeper, stop_keeper  # noqa: E402
 
 NODES = {"a": "H100", "b": "H20", "c": "H20"}
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,

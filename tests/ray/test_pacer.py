@@ -6,7 +6,7 @@ import pytest
 
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.model.spec import load_model
-from autohet_ray.orchestrate.pacer import PACED_OPS, EmulationPacer, emulation_targets
+from autohet_ray.emulate.pacer import PACED_OPS, EmulationPacer, emulation_targets
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.profile.analytic import analytic_profile

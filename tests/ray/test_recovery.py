@@ -3,7 +3,6 @@ controller names it, re-plans on what is left, restores from the node and peer k
 its next losses equal the uninterrupted single-process run's."""
 from __future__ import annotations
 
-import contextlib
 import time
 
 import pytest
@@ -90,8 +89,8 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
 
 def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, tmp_path):
     from autohet_ray.emulate.cluster import node_args
-    from autohet_ray.elastic.spot import BOARD_NAME, NAMESPACE, draining_nodes, start_watchers
-    from test_spot import notice_in, start_imds
+    from autohet_ray.elastic.spot import draining_nodes, start_board, start_watchers, stop_watching
+    from fake_metadata import notice_in, start_imds
     from autohet_ray.orchestrate.discovery import live_nodes
     if "b" not in {n.name for n in live_nodes()}:      # the raylet probe knows before Ray's health checks
         cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))         # the replacement spot node
@@ -101,8 +100,8 @@ def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, 
     try:
         ctl.start()
         b_id = ctl.found.node_ids["b"]
-        watchers = start_watchers([b_id], url=url, interval_s=0.2, flush_timeout_s=60)
-        board = ray.get_actor(BOARD_NAME, namespace=NAMESPACE)
+        watchers = start_watchers([b_id], job_id=ctl.job_id, url=url, interval_s=0.2, flush_timeout_s=60)
+        board = start_board(ctl.job_id)
         losses = [ctl.step()["loss"] for _ in range(2)]
         imds.notice = notice_in(120)
         report, deadline = None, time.monotonic() + 30
@@ -110,8 +109,7 @@ def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, 
             assert time.monotonic() < deadline, "the notice never reached the controller"
             losses.append(ctl.step()["loss"])
             report = ctl.check_notices(board)
-        losses.append(ctl.history[-1]["loss"])                       # the first step after the move
-        losses.append(ctl.step()["loss"])
+        losses += [ctl.step()["loss"] for _ in range(2)]               # the first steps after the move
         deadline = time.monotonic() + 30
         while b_id not in draining_nodes():
             assert time.monotonic() < deadline, "node b was not drained after the flush"
@@ -119,8 +117,7 @@ def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, 
         events = [e["event"] for e in ray.get(watchers[b_id].report.remote(), timeout=10)]
     finally:
         ctl.close()
-        with contextlib.suppress(ValueError):                          # no board if start() failed
-            ray.kill(ray.get_actor(BOARD_NAME, namespace=NAMESPACE))
+        stop_watching(ctl.job_id)
         server.shutdown()
     assert report["nodes"] == ["b"] and report["lost_steps"] == 0
     assert all("b:" not in stage for p in report["plan"] for stage in p), report["plan"]

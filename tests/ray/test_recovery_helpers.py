@@ -9,9 +9,10 @@ from autohet_ray.checkpoint import assign_writers, merge_records
 from autohet_ray.checkpoint.manifest import ChunkRecord
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.layout import Chunk
-from autohet_ray.orchestrate.elastic_config import (ElasticJob, merge_restores, tier_order, tiling_holdings,
-                                                    without_nodes)
-from autohet_ray.orchestrate.elastic_tiers import build_tier, storage_spec
+from autohet_ray.elastic.recovery import without_nodes
+from autohet_ray.elastic.restore import merge_restores, tier_order
+from autohet_ray.elastic.snapshots import tiling_holdings
+from autohet_ray.elastic.tiers import build_tier, storage_spec
 
 
 def test_storage_spec_parses_dirs_and_s3_and_rejects_others(tmp_path):
@@ -69,22 +70,12 @@ def test_without_nodes_and_merge_restores():
                       "fetch_s_by_tier": {"keeper-a": 0.5, "cloud": 1.5}, "fallbacks": ["x"]}
 
 
-def test_elastic_job_rejects_bad_values():
-    base = dict(model={}, cluster={}, global_batch=4, storage={"kind": "dir", "name": "cloud", "path": "/x"})
-    with pytest.raises(ConfigError, match="global_batch=0"):
-        ElasticJob(**(base | {"global_batch": 0}))
-    with pytest.raises(ConfigError, match="dtype='bfloat16'"):
-        ElasticJob(**(base | {"dtype": "bfloat16"}))
-    with pytest.raises(ConfigError, match="storage_spec"):
-        ElasticJob(**(base | {"storage": "/x"}))
-
-
 def _live_state_vs_state_dict(rank: int, world_size: int) -> bool:
     import torch
 
     from autohet_ray.model.spec import load_model
     from autohet_ray.orchestrate.data import synthetic_batch
-    from autohet_ray.orchestrate.elastic_actor import needs_of_layout
+    from autohet_ray.orchestrate.worker import needs_of_layout
     from autohet_ray.plan.schema import plan_from_dict
     from autohet_ray.runtime.engine import Engine
     spec = load_model("tiny-gpt")
