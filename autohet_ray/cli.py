@@ -7,7 +7,7 @@ import sys
 from autohet_ray import ConfigError
 from autohet_ray.config_io import check_writable
 
-AUTO_ITERATION_WALL_S = 4.0       # --time-scale auto: one predicted iteration takes about this long on the wall
+AUTO_ITERATION_WALL_S = 10.0      # --time-scale auto: one predicted iteration takes about this long on the wall
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -28,7 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from autohet_ray.cluster.spec import load_cluster  # noqa: E402
 from autohet_ray.cost.evaluate import evaluate_plan  # noqa: E402
 from autohet_ray.model.spec import PRESETS, ModelSpec  # noqa: E402
-from autohet_ray.orchestrate.session import ray_session, run_job  # noqa: E402
+from autohet_ray.orchestrate.controller import Controller  # noqa: E402
+from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.orchestrate.session import ray_session  # noqa: E402
 from autohet_ray.planner import plan_with_baselines  # noqa: E402
 from autohet_ray.profile.analytic import analytic_profile  # noqa: E402
 
@@ -72,12 +74,18 @@ def _print_step(m: dict) -> None:
 
 
 def run_plan(cluster, spec, run_spec, plan, args, time_scale: float, seq_len: int) -> dict:
-    job = {"model": run_spec.to_dict(), "priced_as": spec.to_dict(), "global_batch": plan.global_batch,
-           "steps": args.steps, "cluster": cluster.to_dict(), "plan": plan.to_dict(), "seq_len": RUN_SEQ_LEN,
-           "priced_seq_len": seq_len, "emulate": True, "time_scale": time_scale, "placement_timeout_s": 300,
-           "collective_timeout_s": 600}
+    job = TrainJob(model=run_spec.to_dict(), priced_as=spec.to_dict(), global_batch=plan.global_batch,
+                   cluster=cluster.to_dict(), plan=plan.to_dict(), seq_len=RUN_SEQ_LEN, priced_seq_len=seq_len,
+                   time_scale=time_scale, setup_timeout_s=300, collective_timeout_s=600, baselines=False)
     start = time.perf_counter()
-    history = run_job(job, on_step=_print_step)
+    ctl = Controller(job)
+    try:
+        ctl.start()
+        history = [ctl.step() for _ in range(args.steps)]
+        for m in history:
+            _print_step(m)
+    finally:
+        ctl.close()
     times = [m["iteration_s"] for m in history]
     steady = times[1:] or times
     return {"measured_iteration_s": min(times), "median_steady_iteration_s": statistics.median(steady),

@@ -131,7 +131,7 @@ def measure_overhead(ctl, blocks: int, per_block: int) -> dict:
 
 def fail_node(ctl, cluster, name: str) -> dict:
     """Run until the newest step is committed in the cloud, then lose `name` in the middle of the next step."""
-    while ctl.step_index % ctl.job.cloud_every:
+    while ctl.step_index % ctl.job.checkpoint_every:
         ctl.step()
     ctl.flush()
     victim = node_handle(cluster, name)
@@ -176,26 +176,26 @@ def main(argv=None) -> int:
 
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.model.spec import model_from_dict
-    from autohet_ray.orchestrate.elastic_config import ElasticJob
     from autohet_ray.elastic.tiers import storage_spec
     from autohet_ray.emulate.cluster import emulated_cluster, node_args
-    from autohet_ray.orchestrate.recovery import ElasticController
+    from autohet_ray.orchestrate.controller import Controller
+    from autohet_ray.orchestrate.job import TrainJob
 
     model = model_from_dict({"name": "bench-gpt", "family": "gpt", "num_layers": args.layers, "hidden": args.hidden,
                              "num_heads": 4, "num_kv_heads": 4, "ffn_hidden": 4 * args.hidden,
                              "vocab_size": args.vocab, "max_seq_len": args.seq_len}).to_dict()
     server, endpoint, bucket = start_s3()
     cloud = storage_spec(f"s3://{bucket}/bench/", endpoint_url=endpoint, rate_bytes_per_s=args.cloud_mib_s * MiB)
-    job = ElasticJob(model=model, cluster=NODES, global_batch=args.global_batch, seq_len=args.seq_len,
-                     storage=cloud, cloud_every=args.cloud_every, plan=initial_plan(model, args.global_batch,
-                                                                                      args.seq_len),
-                     collective_timeout_s=60, detect_timeout_s=60, iteration_wall_s=args.emulate_wall_s or None)
+    job = TrainJob(model=model, cluster=NODES, global_batch=args.global_batch, seq_len=args.seq_len,
+                   storage=cloud, elastic=True, checkpoint_every=args.cloud_every, baselines=False,
+                   plan=initial_plan(model, args.global_batch, args.seq_len),
+                   collective_timeout_s=60, detect_timeout_s=60, iteration_wall_s=args.emulate_wall_s or None)
     out: dict = {"emulated": True, "paced_iteration_wall_s": args.emulate_wall_s or None, "model": model,
                  "cloud_link": f"moto S3 on loopback, {args.cloud_mib_s:g} MiB/s per rank "
                  "(token bucket)", "snapshot_policy": f"keeper + 1 peer every step, S3 every {args.cloud_every} steps"}
     try:
         with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as cluster:
-            ctl = ElasticController(job)
+            ctl = Controller(job)
             try:
                 launch = ctl.start()
                 print(f"plan {launch['plan']}  (start {launch['restart_s']:.1f} s)", file=sys.stderr)

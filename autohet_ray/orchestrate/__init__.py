@@ -1,2 +1,2 @@
-"""Ray only here: discovery, emulated clusters, placement, profiling as Ray work, stage actors, the driver actor
-and Ray Train glue. Import the submodules (`orchestrate.driver`, `orchestrate.emulation`, ...) directly."""
+"""Ray glue: discovery, profiling on Ray, the worker actors, the one controller, sessions and Ray Train glue.
+Import the submodules (`orchestrate.controller`, `orchestrate.job`, ...) directly."""

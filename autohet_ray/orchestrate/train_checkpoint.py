@@ -22,7 +22,6 @@ from __future__ import annotations
 import tempfile
 
 import ray.train
-import torch
 import torch.distributed as dist
 from pyarrow import fs as pafs
 
@@ -33,37 +32,17 @@ from autohet_ray.checkpoint.codec import digest
 from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, chunk_key, manifest_key, step_of_manifest_key
 from autohet_ray.checkpoint.peers import assign_writers
 from autohet_ray.checkpoint.snapshot import encode_shards
-from autohet_ray.orchestrate.worker import needs_of_layout
-from autohet_ray.runtime.optim import STEP_KEY
+from autohet_ray.elastic.snapshots import tiling_holdings as tile_holdings
+from autohet_ray.orchestrate.worker import holdings_of, needs_of_layout
 
 TIER_NAME = "ray-train"
-
-
-def tile_holdings(holdings: dict[int, list], rank_pipeline: dict[int, int]) -> dict[int, list]:
-    """Per tensor, keep the holdings of one pipeline only: pipelines may cut a tensor differently (TP2 halves in
-    one, the whole in another), and a step's chunks must tile it exactly. The pipeline with the most distinct
-    chunks wins (its writes spread over more ranks), then the lowest index; a rank of another pipeline keeps an
-    item only where it holds exactly one of those tiles (a data-parallel copy)."""
-    by_pipeline: dict[str, dict[int, set]] = {}
-    for rank, items in holdings.items():
-        for name, chunk, _ in items:
-            by_pipeline.setdefault(name, {}).setdefault(rank_pipeline[rank], set()).add(chunk)
-    tiles = {name: pipes[min(pipes, key=lambda k: (-len(pipes[k]), k))] for name, pipes in by_pipeline.items()}
-    return {rank: [item for item in items if item[1] in tiles[item[0]]] for rank, items in holdings.items()}
-
-
-def _holdings(engine) -> list[tuple]:
-    """(name, chunk, bytes) of everything this rank holds of the step's state."""
-    itemsize = torch.empty((), dtype=engine.dtype).element_size()
-    return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else itemsize))
-            for name, (_, chunk) in needs_of_layout(engine.layout).items()]
 
 
 def writer_items(engine) -> set:
     """Collective (every rank of the plan): the (name, chunk)s this rank writes in a step's checkpoint."""
     assert dist.get_rank() == engine.rank, "the default process group's ranks must be plan ranks (engine_for_worker)"
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (engine.info.pipeline, _holdings(engine)))
+    dist.all_gather_object(gathered, (engine.info.pipeline, holdings_of(engine)))
     holdings = {rank: items for rank, (_, items) in enumerate(gathered)}
     pipelines = {rank: pipeline for rank, (pipeline, _) in enumerate(gathered)}
     return assign_writers(tile_holdings(holdings, pipelines))[engine.rank]

@@ -32,6 +32,13 @@ def needs_of_layout(layout: dict) -> dict:
     return needs
 
 
+def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
+    """(name, chunk, bytes) of everything this rank would save (for place_copies)."""
+    item = torch.empty((), dtype=engine.dtype).element_size()
+    return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
+            for name, (_, chunk) in needs_of_layout(engine.layout).items()]
+
+
 class Worker:
     def __init__(self, rank: int):
         self.rank, self.engine, self.snapshotter, self.pacer = rank, None, None, None
@@ -104,10 +111,7 @@ class Worker:
         return sockets.abort() if sockets is not None else 0
 
     def holdings(self) -> list[tuple[str, Chunk, int]]:
-        """(name, chunk, bytes) of everything this rank would save (for place_copies)."""
-        item = torch.empty((), dtype=self.engine.dtype).element_size()
-        return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
-                for name, (_, chunk) in self.needs().items()]
+        return holdings_of(self.engine)
 
     def needs(self) -> dict:
         return needs_of_layout(self.engine.layout)

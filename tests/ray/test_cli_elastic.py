@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(400)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON = ["--emulate", "--json"]
 TRAIN = ["train", "--elastic", "--cluster", "jobs/local-3.yaml", "--model", "tiny-gpt", "--global-batch", "4",
-         "--cloud-every", "2"]
+         "--checkpoint-every", "2", "--iteration-wall-s", "2"]
 
 
 def autohet(*args: str, env_extra: dict | None = None) -> dict:
@@ -43,10 +43,11 @@ def test_elastic_train_then_resume_matches_an_uninterrupted_run(tmp_path):
 def test_elastic_needs_storage():
     done = subprocess.run([sys.executable, "-m", "autohet_ray.cli", *TRAIN, "--steps", "1"], cwd=REPO, text=True,
                           capture_output=True, timeout=120)
-    assert done.returncode != 0 and "--elastic needs --storage" in done.stderr
+    assert done.returncode == 2 and "--elastic needs --storage" in done.stderr
 
 
 def test_elastic_train_and_resume_through_s3(tmp_path):
+    import boto3
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from s3_server import CREDENTIALS, moto_endpoint, new_bucket
     creds = {"AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
@@ -55,8 +56,11 @@ def test_elastic_train_and_resume_through_s3(tmp_path):
     with moto_endpoint() as endpoint:
         bucket = new_bucket(endpoint)
         url = f"s3://{bucket}/runs/one"
-        first = autohet(*TRAIN, "--steps", "2", "--storage", url, "--endpoint-url", endpoint, env_extra=creds)
-        assert first["cloud_committed"] == [2]
-        resumed = autohet("resume", "--storage", url, "--endpoint-url", endpoint, "--steps", "3", env_extra=creds)
-    assert resumed["resumed_from"] == 2 and resumed["launch"]["bytes_by_tier"]["cloud"] > 0
-    assert [s["step"] for s in resumed["steps"]] == [3]
+        first = autohet(*TRAIN, "--steps", "3", "--storage", url, "--endpoint-url", endpoint, env_extra=creds)
+        assert first["cloud_committed"] == [3] and first["secured"]["step"] == 3   # no checkpoint step: copied
+        s3 = boto3.client("s3", endpoint_url=endpoint, **CREDENTIALS)
+        lines = s3.get_object(Bucket=bucket, Key="runs/one/metrics.jsonl")["Body"].read().decode().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+        resumed = autohet("resume", "--storage", url, "--endpoint-url", endpoint, "--steps", "4", env_extra=creds)
+    assert resumed["resumed_from"] == 3 and resumed["launch"]["bytes_by_tier"]["cloud"] > 0
+    assert [s["step"] for s in resumed["steps"]] == [4]

@@ -158,3 +158,30 @@ def test_cli_prints_a_plan_error_on_one_line(three_node_cluster, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "node 'c'" in err and "only 2 H20" in err and "ray::" not in err
+
+
+def test_any_plan_evaluate_accepts_trains_with_off_grid_micro_batches(three_node_cluster, tmp_path):
+    """A plan whose pipelines use micro-batches of 3 and 1 (outside the profile's 1, 2, 4, 8 grid): `autohet
+    evaluate` prices it, and it trains, paced to its emulated devices, with the reference's losses."""
+    import torch
+
+    from autohet_ray.cli import main
+    from ray_helpers import stage
+    plan = {"schema_version": 2, "model": "tiny-gpt", "global_batch": 6, "micro_batch": 1, "seq_len": 16,
+            "pipelines": [{"num_microbatches": 1, "micro_batch": 3,
+                           "stages": [stage((0, 2), 2, "H20", "c", (0, 1)), stage((2, 4), 1, "H800", "a", (0,))]},
+                          {"num_microbatches": 3, "micro_batch": 1, "stages": [stage((0, 4), 1, "H800", "b", (0,))]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    import yaml
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(THREE_NODES))
+    assert main(["evaluate", "--plan", str(tmp_path / "plan.json"), "--cluster", str(tmp_path / "cluster.yaml")]) == 0
+    ctl = Controller(job(plan=plan, global_batch=6, time_scale=1.0))
+    try:
+        ctl.start()
+        losses = [ctl.step()["loss"] for _ in range(2)]
+    finally:
+        ctl.close()
+    ref = Reference(model_spec=SPEC, dtype=torch.float64)
+    expected = [ref.train_step(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=6, seq_len=16, seed=0,
+                                               step=i))["loss"] for i in range(2)]
+    assert losses == pytest.approx(expected, rel=1e-6)

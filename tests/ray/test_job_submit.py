@@ -85,4 +85,4 @@ def test_ray_job_submit_train_end_to_end(ray_head):
         time.sleep(2)
     logs = client.get_job_logs("autohet-e2e")
     assert status == JobStatus.SUCCEEDED, logs[-3000:]
-    assert "step 2 loss" in logs and "(emulated" in logs and '"emulated": true' in logs
+    assert "step 2/2: loss" in logs and "(emulated" in logs and '"emulated": true' in logs

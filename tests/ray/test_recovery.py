@@ -3,6 +3,7 @@ controller names it, re-plans on what is left, restores from the node and peer k
 its next losses equal the uninterrupted single-process run's."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -147,6 +148,40 @@ def test_resume_cli_restarts_a_stopped_job_from_its_storage(cluster, tmp_path, c
     assert losses == pytest.approx(ref[:3], rel=1e-6)
     assert [s["loss"] for s in out["steps"]] == pytest.approx(ref[3:5], rel=1e-6)
     assert main(["resume", "--storage", str(tmp_path / "nothing-here")]) == 2
+    from autohet_ray.cli_resume import resume_job
+    _, job_id, profile, _ = resume_job(storage)
+    assert job_id == ctl.job_id and profile.to_dict() == ctl.profile.to_dict()   # re-plans price with it
+
+
+def test_resume_skips_a_corrupt_step_and_names_the_chunk(cluster, tmp_path, capsys):
+    import json
+
+    from autohet_ray.cli import main
+    storage = tmp_path / "cloud"
+    ctl = Controller(elastic_job(str(storage)))
+    try:
+        ctl.start()
+        for _ in range(4):
+            ctl.step()
+    finally:
+        ctl.close()                                          # the storage holds steps 2 and 4
+    victim = sorted((storage / "step-0000000004").rglob("*"))
+    victim = [p for p in victim if p.is_file()][0]
+    blob = bytearray(victim.read_bytes())
+    blob[-1] ^= 0x01                                         # one flipped bit
+    victim.write_bytes(bytes(blob))
+    assert main(["resume", "--storage", str(storage), "--steps", "5", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert out["resumed_from"] == 2 and [s["step"] for s in out["steps"]] == [3, 4, 5]
+    key = str(victim.relative_to(storage))
+    (skipped,) = out["skipped_chunks"]
+    assert skipped["step"] == 4 and skipped["chunk"] == key and skipped["tensor"] == key.split("/")[1]
+    tiers = {t["tier"]: t for t in skipped["tiers"]}        # the resumed job's (new, empty) node stores, then
+    assert tiers["cloud"]["object"] == str(victim) and "corrupt" in tiers["cloud"]["reason"]      # the storage
+    assert all(t["reason"] == "missing" for name, t in tiers.items() if name != "cloud")
+    assert f"skipped step 4: tensor {skipped['tensor']}" in captured.out
+    assert [s["loss"] for s in out["steps"]] == pytest.approx(reference_losses(5)[2:], rel=1e-6)
 
 
 def test_dead_stage_actor_on_a_live_node_is_named_and_recovered(cluster, tmp_path):
@@ -171,3 +206,49 @@ def test_dead_stage_actor_on_a_live_node_is_named_and_recovered(cluster, tmp_pat
     assert losses[:2] == pytest.approx(ref[:2], rel=1e-6)
     restored = rec["restored_step"]
     assert losses[2:] == pytest.approx(ref[restored:restored + 2], rel=1e-6)
+
+
+def one_stage_plan(node: str, device: str) -> dict:
+    return {"schema_version": 1, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
+            "pipelines": [{"num_microbatches": 4, "stages": [{"layers": [0, 4], "tp": 1, "device_type": device,
+                                                              "node": node, "devices": [0]}]}]}
+
+
+def test_two_jobs_on_one_cluster_keep_their_own_stores(cluster, tmp_path):
+    """Job A (node a) and job B (nodes b, c) share the cluster; A ends, which removes only A's node stores; B
+    then loses node b and still recovers local-first from its own stores (no storage bytes)."""
+    from autohet_ray.elastic.keeper import default_store_root
+    from autohet_ray.emulate.cluster import node_args
+    from autohet_ray.orchestrate.discovery import live_nodes
+    if "b" not in {n.name for n in live_nodes()}:
+        cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))
+        cluster.wait_for_nodes()
+    plan_b = {"schema_version": 1, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
+              "pipelines": [{"num_microbatches": 4, "stages": [
+                  {"layers": [0, 2], "tp": 2, "device_type": "H20", "node": "c", "devices": [0, 1]},
+                  {"layers": [2, 4], "tp": 1, "device_type": "H800", "node": "b", "devices": [0]}]}]}
+    job_a = Controller(elastic_job(str(tmp_path / "a"), plan=one_stage_plan("a", "H800")))
+    job_b = Controller(elastic_job(str(tmp_path / "b"), plan=plan_b))
+    stores = lambda ctl: sorted(os.listdir(os.path.join(default_store_root(), ctl.job_id)))  # noqa: E731
+    try:
+        job_a.start(), job_b.start()
+        losses_a = [job_a.step()["loss"] for _ in range(2)]
+        losses_b = [job_b.step()["loss"] for _ in range(3)]
+        assert job_a.job_id != job_b.job_id and len(stores(job_a)) == len(stores(job_b)) == 3
+        job_a.close()
+        assert not os.path.exists(os.path.join(default_store_root(), job_a.job_id)) and len(stores(job_b)) == 3
+        victim = node_handle(cluster, "b")
+
+        def lose_node_b(controller):
+            controller.mark_fault()
+            cluster.remove_node(victim, allow_graceful=False)
+        first = job_b.step(fault_hook=lose_node_b)
+        losses_b.append(first["loss"])
+    finally:
+        job_a.close(), job_b.close()
+    rec = first["recovery"]
+    assert rec["lost_nodes"] == ["b"] and rec["bytes_by_tier"].get("cloud", 0) == 0
+    assert sum(rec["bytes_by_tier"].values()) > 0 and rec["skipped_chunks"] == []
+    ref = reference_losses(4)
+    assert losses_a == pytest.approx(ref[:2], rel=1e-6) and losses_b[:3] == pytest.approx(ref[:3], rel=1e-6)
+    assert losses_b[3] == pytest.approx(ref[rec["restored_step"]], rel=1e-6)
