@@ -109,9 +109,12 @@ class Committer:
             for node, ref in refs.items():
                 try:
                     uploaded += ray.get(ref, timeout=timeout_s)
-                except (ray.exceptions.RayError, ValueError):
-                    dead.add(node)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ValueError):
+                    dead.add(node)                      # its keeper (or node) is gone: another holder uploads
                     todo += batches[node]
+                except ray.exceptions.RayTaskError as err:     # the upload itself failed: say why
+                    raise CheckpointError(f"step {step}: node {node}'s store could not upload to the storage: "
+                                          f"{str(err.cause if err.cause else err).splitlines()[0]}") from None
         records = [replace(r, replicas=tuple(sorted({*r.replicas, self.cloud.name}))) for r in manifest.records]
         commit_step(step, records, [self.cloud], extra=manifest.extra)
         self.cloud_committed.append(step)

@@ -129,7 +129,7 @@ class NodeKeeper:
         """Copy these chunks (as stored, so their hashes hold) to the durable tier of `spec`; returns bytes."""
         from autohet_ray.elastic.tiers import build_tier
         tier = build_tier(spec)
-        blobs = [(key, self._tier.get_chunk(key)) for key in keys]
+        blobs = [(key, bytes(self._tier.get_chunk(key))) for key in keys]   # boto3 takes no memoryview
         for key, blob in blobs:
             tier.put_chunk(key, blob)
         return sum(len(blob) for _, blob in blobs)

@@ -17,6 +17,7 @@ from autohet_ray.checkpoint import (AsyncSnapshotter, SnapshotPolicy, assign_wri
 from autohet_ray.elastic.keeper import KeeperTier, get_keeper, start_keeper, stop_keeper  # noqa: E402
 
 NODES = {"a": "H100", "b": "H20", "c": "H20"}
+JOB = "keeper-test-job"
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                       "health_check_initial_delay_ms": 1000}
 
@@ -32,7 +33,7 @@ def cluster():
     node_ids = {name: node.node_id for name, node in nodes.items()}
     yield cluster, nodes, node_ids
     for node_id in node_ids.values():
-        stop_keeper(node_id)
+        stop_keeper(JOB, node_id)
     ray.shutdown()
     cluster.shutdown()
 
@@ -43,7 +44,7 @@ class Rank:
 
     def save(self, step, state, owned, local, peers):
         def tier(node_id, label):
-            return KeeperTier(get_keeper(node_id), label)
+            return KeeperTier(get_keeper(JOB, node_id), label)
 
         snap = AsyncSnapshotter(local=tier(*local), peers=[tier(*p) for p in peers],
                                 policy=SnapshotPolicy(cloud_every=0, num_threads=2))
@@ -54,7 +55,7 @@ class Rank:
 
 def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster):
     cluster_obj, nodes, node_ids = cluster
-    keepers = {name: start_keeper(node_ids[name], label=f"keeper-{name}") for name in NODES}
+    keepers = {name: start_keeper(JOB, node_ids[name], label=f"keeper-{name}") for name in NODES}
     assert {name: ray.get(k.node_id.remote()) for name, k in keepers.items()} == node_ids     # pinned
     tiers = {name: KeeperTier(k, f"keeper-{name}", timeout_s=20) for name, k in keepers.items()}
     peers = choose_peers({n: n for n in NODES}, NODES)
@@ -80,7 +81,7 @@ def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster)
 
     # keeper-to-keeper replication: a pushes its own chunks to c as well
     own_a = [r.key for r in manifest.records if r.replicas[0] == "keeper-a"]
-    sent = ray.get(keepers["a"].replicate.remote(own_a, f"keeper-{node_ids['c']}"), timeout=60)
+    sent = ray.get(keepers["a"].replicate.remote(own_a, f"keeper-{JOB}-{node_ids['c']}"), timeout=60)
     assert sent > 0 and all(tiers["c"].has(key) for key in own_a)
 
     # a real node loss: keeper a dies with its node; the peer copies on b and c restore everything
