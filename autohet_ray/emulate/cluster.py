@@ -5,8 +5,6 @@ same path as on real GPU nodes. Only the stage actors' clock differs (see `pacer
 from __future__ import annotations
 
 import contextlib
-import json
-import shlex
 
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
@@ -27,18 +25,6 @@ def node_args(node: Node, *, num_cpus: float = 0, cpus_per_gpu: float = 0) -> di
             "object_store_memory": EMULATED_OBJECT_STORE_BYTES, "resources": {gpu_resource(node.device): node.count},
             "labels": {ACCELERATOR_LABEL: label_value(node.device), NODE_NAME_LABEL: node.name,
                        EMULATED_LABEL: "true"}}
-
-
-def ray_start_commands(cluster: Cluster, head_address: str = "HEAD_IP:6379") -> list[str]:
-    """`ray start` lines that emulate `cluster` on real machines without GPUs (one line per node)."""
-    lines = []
-    for i, node in enumerate(cluster.nodes):
-        args = node_args(node, num_cpus=1 if i == 0 else 0)
-        where = "--head" if i == 0 else f"--address={head_address}"
-        lines.append(f"ray start {where} --num-cpus={args['num_cpus']} --num-gpus={args['num_gpus']} "
-                     f"--resources={shlex.quote(json.dumps(args['resources']))} "
-                     f"--labels={shlex.quote(','.join(f'{k}={v}' for k, v in args['labels'].items()))}")
-    return lines
 
 
 @contextlib.contextmanager

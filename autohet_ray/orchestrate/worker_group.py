@@ -115,7 +115,8 @@ class WorkerGroup:
             addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s,
                                                                         single)], timeout_s)[0]
         except GetTimeoutError:
-            raise self._not_started([0], timeout_s) from None
+            dead, silent = self.ping(timeout_s=2.0)
+            raise self._not_started(sorted(dead + silent), timeout_s) from None
         plan = self.plan.to_dict()
         refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
                                    model_spec=model_spec, seed=seed, lr=lr, dtype=dtype, rank=rank,
@@ -126,8 +127,8 @@ class WorkerGroup:
         try:
             ranks = self.gather(refs, timeout_s)
         except GetTimeoutError:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            raise self._not_started([r for r, ref in enumerate(refs) if ref not in ready], timeout_s) from None
+            dead, silent = self.ping(timeout_s=2.0)        # started workers answer (they wait for the others)
+            raise self._not_started(sorted(dead + silent), timeout_s) from None
         return {"setup_s": time.perf_counter() - start,       # slowest rank: queued before setup ran, the
                 "queued_s_max": max(r["started_at"] for r in ranks) - submitted,   # rendezvous, the Engine
                 "join_s_max": max(r["join_s"] for r in ranks), "engine_s_max": max(r["engine_s"] for r in ranks)}

@@ -82,16 +82,16 @@ def test_unschedulable_workers_and_a_dead_worker_without_checkpoints(three_node_
     from ray.util.placement_group import placement_group, remove_placement_group
     hog = placement_group([{"GPU": 1}], bundle_label_selector=[{"autohet.io/node": "a"}])
     ray.get(hog.ready(), timeout=30)
-    ctl = Controller(job(setup_timeout_s=3))
+    ctl = Controller(job(setup_timeout_s=15))
     start = time.perf_counter()
     try:
-        with pytest.raises(ConfigError, match=r"did not start within 3 s: rank 2 \(pipeline 0 stage 1, H800 on "
-                                              r"node a\)"):
+        with pytest.raises(ConfigError, match=r"did not start within 15 s: rank 2 \(pipeline 0 stage 1, H800 on "
+                                              r"node a\)\. Ray could not place"):
             ctl.start()
     finally:
         ctl.close()
-    assert time.perf_counter() - start < 30
-    remove_placement_group(hog)
+        remove_placement_group(hog)
+    assert time.perf_counter() - start < 45
 
     ctl = Controller(job(collective_timeout_s=30))
     try:

@@ -50,6 +50,7 @@ def ray_head(tmp_path):
     dash, client, agent = _free_port(), _free_port(), _free_port()
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")     # `python` in the job = this venv's python
     env.pop("RAY_ADDRESS", None)
+    env["RAY_AUTH_MODE"] = "disabled"     # a ~/.ray/auth_token left by another local cluster must not turn it on
     log = open(tmp_path / "head.log", "w")
     proc = subprocess.Popen([f"{BIN}/ray", "start", "--head", "--port=0", "--num-cpus=1", "--num-gpus=2",
                              f"--labels={LABELS}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
@@ -76,7 +77,8 @@ def test_ray_job_submit_train_end_to_end(ray_head):
            "--working-dir", ".", "--", "python", "jobs/train.py", "--cluster", "jobs/local-1.yaml", "--model",
            "tiny-gpt", "--global-batch", "4", "--steps", "2", "--micro-batch", "1", "--emulate",
            "--time-scale", "20", "--plan-time-limit", "5", "--json"]
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
+    submitted = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
     client = JobSubmissionClient(address)
     deadline = time.time() + 180
     while (status := client.get_job_status("autohet-e2e")) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
