@@ -95,6 +95,7 @@ def _train_parser(sub) -> None:
     t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
     t.add_argument("--spot-watch", action="store_true",
                    help="--elastic: watch each node's instance metadata for spot interruption notices")
+    t.add_argument("--spot-provider", default="aws", help="--spot-watch: aws, gcp, azure, or auto (tries each)")
 
 
 def _message(exc: ConfigError) -> str:

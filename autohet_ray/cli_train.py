@@ -30,7 +30,10 @@ def _bar(done: int, total: int) -> str:
 
 def job_fields(args) -> dict:
     """TrainJob fields from the `autohet train` arguments (checked before any cluster starts)."""
+    from autohet_ray.elastic.notices import check_provider
     from autohet_ray.elastic.tiers import check_storage, storage_spec
+    if args.spot_watch:
+        check_provider(args.spot_provider)
     if args.elastic and not args.storage:
         raise ConfigError("--elastic needs --storage DIR|s3://bucket/prefix (the durable tier and resume point)")
     storage = storage_spec(args.storage, endpoint_url=args.endpoint_url) if args.storage else None
@@ -98,7 +101,7 @@ def _between_steps(ctl) -> list[dict]:
     return events
 
 
-def run_until(ctl, target: int, *, restore: str | None = None, spot_watch: bool = False) -> dict:
+def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: str | None = None) -> dict:
     """Start the controller, train until step `target`, close it on every exit path. The run's summary."""
     tag = " (emulated)" if ctl.job.paced else ""
     events: list[dict] = []
@@ -106,8 +109,8 @@ def run_until(ctl, target: int, *, restore: str | None = None, spot_watch: bool 
         start = time.perf_counter()
         launch = ctl.start(restore=restore)
         _print_launch(ctl, launch, time.perf_counter() - start, tag)
-        if spot_watch:
-            ctl.watch_spot()
+        if spot_provider:
+            ctl.watch_spot(provider=spot_provider)
         while ctl.step_index < target:
             if ctl.job.elastic:
                 events += _between_steps(ctl)
@@ -154,7 +157,7 @@ def cmd_train(args) -> int:
     job = job_from_dict(job_fields(args))          # bad values fail here, before a cluster starts
     with ray_session(load_cluster(args.cluster), address=args.address, emulate=args.emulate,
                      on_start=_starting), sigterm_as_exit():
-        out = run_until(Controller(job), args.steps, spot_watch=args.spot_watch)
+        out = run_until(Controller(job), args.steps, spot_provider=args.spot_provider if args.spot_watch else None)
     if out["steps"]:
         print(f"done: {len(out['steps'])} steps, final loss {out['final_loss']:.4f}; iteration "
               f"{out['measured_iteration_s']:.4f} s measured (steady state) vs {out['predicted_iteration_s']:.4f} s "

@@ -53,7 +53,7 @@ class Controller:
         self.base_cluster = cluster_from_dict(job.cluster)
         self.state = "new"
         self.found = self.plan = self.evaluation = self.group = self.committer = self.metrics_log = None
-        self.board = self.watchers = None
+        self.board, self.watching = None, False
         self.baselines: dict[str, float] = {}
         self.keeper_specs: dict[str, dict] = {}
         self.lost: list[str] = []
@@ -297,8 +297,10 @@ class Controller:
         """Commit the newest completed step everywhere (a spot notice, a re-plan, or before stopping): its
         snapshot (taken now when it had none), the node-store commit, then every pending storage upload."""
         step, committer = self.step_index, self.committer
-        if committer is None or step == 0 or step in committer.committed:
-            committer is not None and committer.poll_cloud(wait=True, timeout_s=timeout_s)
+        if committer is None:
+            return {}
+        if step == 0 or step in committer.committed:
+            committer.poll_cloud(wait=True, timeout_s=timeout_s)
             return self._flushed()
         if step not in self.snapped and not self.inflight:     # nothing ran since: the live state is `step`
             self.group.call("snapshot_now", timeout_s=timeout_s)
@@ -311,8 +313,7 @@ class Controller:
         return self._flushed()
 
     def _flushed(self) -> dict:
-        c = self.committer
-        return {"committed": c.committed[-1:], "cloud_committed": c.cloud_committed[-1:]} if c else {}
+        return {"committed": self.committer.committed[-1:], "cloud_committed": self.committer.cloud_committed[-1:]}
 
     def secure(self, timeout_s: float = 600.0) -> dict:
         """Get the newest committed step into the storage: flush what the live group can still commit, then
@@ -344,7 +345,7 @@ class Controller:
         if self.group is not None:
             self.group.kill()
             self.group = None
-        if self.watchers is not None:
+        if self.watching:
             from autohet_ray.elastic.spot import stop_watching
             stop_watching(self.job_id)
         if self.committer is not None:
@@ -367,7 +368,7 @@ class Controller:
     def watch_spot(self, **watcher_options):
         """Start a spot-notice watcher on every node of the job; the job's notice board."""
         from autohet_ray.elastic.spot import watch_nodes
-        self.watchers = True
+        self.watching = True
         self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id, **watcher_options)
         return self.board
 
