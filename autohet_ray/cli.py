@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     from autohet_ray.cli_resume import add_resume_parser
     add_resume_parser(sub)
+    from autohet_ray.cli_data import add_data_parser
+    add_data_parser(sub)
     return ap
 
 
@@ -131,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from autohet_ray.cli_train import cmd_train
             return cmd_train(args)
+        if args.command == "data":
+            from autohet_ray.cli_data import cmd_data
+            return cmd_data(args)
         if args.command == "resume":
             from autohet_ray.cli_resume import cmd_resume
             return cmd_resume(args)

@@ -16,9 +16,11 @@ FORBIDDEN = {
     "planner": {"nn", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
     "nn": {"cost", "planner", "runtime", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
     "runtime": {"cost", "planner", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "data": {"cluster", "model", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate",
+             "elastic", "emulate", "cli"},
     "checkpoint": {"cost", "planner", "runtime", "orchestrate", "elastic", "emulate", "cli"},
 }
-THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate", "elastic", "emulate"}, "pyscipopt": {"planner"}}
+THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate", "elastic", "emulate"}, "pyscipopt": {"planner"}, "cvxpy": {"planner"}}
 
 
 def _imports(path: pathlib.Path):
