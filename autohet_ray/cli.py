@@ -74,6 +74,8 @@ def _train_parser(sub) -> None:
                    help="wall seconds per emulated second, or auto (a predicted iteration lasts --iteration-wall-s)")
     t.add_argument("--iteration-wall-s", type=float, default=AUTO_ITERATION_WALL_S,
                    help="--time-scale auto: wall seconds of one predicted iteration (room for the real CPU work)")
+    t.add_argument("--data", help="a dataset made by `autohet data prepare` (directory or s3://bucket/prefix); "
+                   "default: synthetic random tokens")
     t.add_argument("--storage", help="directory or s3://bucket/prefix: the job's checkpoints, plan, profile and "
                    "per-step metrics")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")

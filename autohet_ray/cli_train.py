@@ -52,7 +52,7 @@ def job_fields(args) -> dict:
                 raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'")
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     return {"model": model.to_dict(), "cluster": cluster.to_dict(), "global_batch": args.global_batch,
-            "storage": storage, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
+            "storage": storage, "data": args.data, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
             "seq_len": args.seq_len, "micro_batch": args.micro_batch, "schedule": args.schedule,
             "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
@@ -76,6 +76,7 @@ def _print_launch(ctl, launch: dict, seconds: float, tag: str) -> None:
     plan = ctl.plan
     shape = " | ".join("+".join(f"{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in p.stages)
                        + f" m={p.num_microbatches}x{plan.micro_batch_of(k)}" for k, p in enumerate(plan.pipelines))
+    print(f"data: {ctl.data.describe()}")
     print(f"plan ({plan.schedule}): {shape}")
     print(f"  predicted {ctl.evaluation.iteration_time_s:.4f} s/iteration, {ctl.evaluation.samples_per_s:.1f} "
           f"samples/s{tag}; profile {ctl.profile.kind}  [{seconds:.1f} s]")

@@ -23,6 +23,7 @@ class Committer:
         self.keepers = {node: build_tier(spec, keeper_timeout_s=10.0) for node, spec in keeper_specs.items()}
         self.cloud_spec, self.cloud = cloud_spec, build_tier(cloud_spec)
         self.extra, self.gc_every = extra, gc_every
+        self.step_extra = lambda step: {}              # what a step's manifest records of it (the data position)
         self.committed: list[int] = []
         self.cloud_committed: list[int] = []
         self.pending_cloud: dict[int, list] = {}       # step -> refs of every rank's cloud records
@@ -41,7 +42,7 @@ class Committer:
     def commit_fast(self, step: int, records_per_rank: list[list]) -> None:
         records = [r for rank_records in records_per_rank for r in rank_records]
         if not self.keeper_specs:                       # no node stores: the fast lane wrote to the storage
-            commit_step(step, records, [self.cloud], extra=self.extra)
+            commit_step(step, records, [self.cloud], extra=self.extra | self.step_extra(step))
             self.committed.append(step)
             self.cloud_committed.append(step)
             return
@@ -53,7 +54,8 @@ class Committer:
         def unavailable(tier, err):
             missed.append(tier)
             self.skipped.append(f"step {step}: keeper of node {node_of[id(tier)]} unavailable ({err})")
-        commit_step(step, records, list(self.keepers.values()), extra=self.extra, on_unavailable=unavailable)
+        commit_step(step, records, list(self.keepers.values()), extra=self.extra | self.step_extra(step),
+                    on_unavailable=unavailable)
         if len(missed) == len(self.keepers):
             raise CheckpointError(f"step {step}: no live keeper took the manifest: "
                                   f"{self.skipped[-len(self.keepers):]}")
@@ -81,7 +83,7 @@ class Committer:
                 self.skipped.append(f"cloud step {step}: {str(err).splitlines()[0]}")
                 del self.pending_cloud[step]
                 continue
-            commit_step(step, records, [self.cloud], extra=self.extra)
+            commit_step(step, records, [self.cloud], extra=self.extra | self.step_extra(step))
             self.cloud_committed.append(step)
             del self.pending_cloud[step]
 

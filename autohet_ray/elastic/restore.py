@@ -36,7 +36,8 @@ def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dic
     specs = {spec["name"]: spec for spec in [*keeper_specs.values(), storage]}
     skipped: list[dict] = []
     for step in steps:
-        body = find_manifest(committer.manifest_tiers(mode), step).to_json()
+        manifest = find_manifest(committer.manifest_tiers(mode), step)
+        body = manifest.to_json()
         refs = [actor.restore.remote(manifest_json=body,
                                      tiers=tier_order(rank_nodes[r], keeper_specs, storage, mode))
                 for r, actor in enumerate(group.actors)]
@@ -45,7 +46,8 @@ def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dic
         if missing:
             skipped += [_skipped_chunk(m, specs) for m in _unique(missing)]
             continue
-        return {"restored_step": step, "mode": mode, "skipped_chunks": skipped, **merge_restores(outs)}
+        return {"restored_step": step, "mode": mode, "skipped_chunks": skipped, "recorded": manifest.extra,
+                **merge_restores(outs)}
     raise NothingToRestore("no committed step could be restored: " +
                            "; ".join(describe_skipped(s) for s in skipped))
 

@@ -31,7 +31,7 @@ from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate import job_storage
-from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray.orchestrate.training_data import TrainingData
 from autohet_ray.orchestrate.discovery import check_plan_fits, describe, discover
 from autohet_ray.orchestrate.job import TrainJob
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup
@@ -53,6 +53,7 @@ class Controller:
         self.base_cluster = cluster_from_dict(job.cluster)
         self.state = "new"
         self.found = self.plan = self.evaluation = self.group = self.committer = self.metrics_log = None
+        self.data = None
         self.board, self.watching = None, False
         self.baselines: dict[str, float] = {}
         self.keeper_specs: dict[str, dict] = {}
@@ -79,12 +80,16 @@ class Controller:
         self.found = self.discover(confirm=True)
         if self.profile is None:
             self.profile = self._make_profile()
+        self.data = TrainingData(data=self.job.data, model=self.model, global_batch=self.job.global_batch,
+                                 seq_len=self.seq_len, seed=self.job.seed,
+                                 endpoint_url=(self.job.storage or {}).get("endpoint_url"))
         if self.job.storage:
             self._record_job()
             if self.job.elastic:
                 self.start_keepers()
             self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
                                        extra={"job_id": self.job_id}, gc_every=self.job.gc_every)
+            self.committer.step_extra = self.data.state
             self.metrics_log = job_storage.LineLog(self.job.storage, job_storage.METRICS_FILE)
         report = self.launch(restore)
         self.state = "running"
@@ -156,6 +161,7 @@ class Controller:
             report |= restore_newest(self.group, self.committer, self.keeper_specs, self.job.storage, restore,
                                      self.job.setup_timeout_s)
             self.step_index = report["restored_step"]
+            self.data.check(report.pop("recorded"), self.step_index)
             self.committer.note_restored(self.step_index)
         if self.committer is not None:
             start = time.perf_counter()
@@ -231,10 +237,9 @@ class Controller:
         return {**metrics, "recovery": recovered}
 
     def _step_once(self, fault_hook=None) -> dict:
-        job, group = self.job, self.group
-        batch = ray.put(synthetic_batch(vocab_size=self.model.vocab_size, global_batch=job.global_batch,
-                                        seq_len=self.seq_len, seed=job.seed, step=self.step_index))
+        group = self.group
         start = time.perf_counter()
+        batch = ray.put(self.data.batch(self.step_index))
         snap = self.committer is not None and self._snapshot_due(self.step_index + 1)
         self.inflight = [a.train_step.remote(batch, snapshot=snap) for a in group.actors]
         if fault_hook is not None:
@@ -275,7 +280,9 @@ class Controller:
              "predicted_samples_per_s": ev.samples_per_s, "profile_kind": self.profile.kind,
              "snapshot_copy_s": max(o.get("snapshot_copy_s", 0.0) for o in outs),
              "snapshot_wait_s": max(o.get("snapshot_wait_s", 0.0) for o in outs),
-             "compute_s": max(o["timings"]["step"] for o in outs)}
+             "compute_s": max(o["timings"]["step"] for o in outs), "data_wait_s": self.data.waited_s()}
+        if any("sample_ids" in o for o in outs):
+            m["sample_ids"] = sorted(i for o in outs for i in o.get("sample_ids", ()))
         if job.paced:
             by_op: dict[str, int] = {}
             for o in outs:
@@ -350,6 +357,8 @@ class Controller:
             stop_watching(self.job_id)
         if self.committer is not None:
             self.committer.close()
+        if self.data is not None:
+            self.data.close()
         if "error" in outcome and self.keeper_specs:
             print(self._kept_stores_message(outcome["error"]), file=sys.stderr)
         else:

@@ -24,6 +24,8 @@ class TrainJob:
     """Cluster file contents; every node must be a live Ray node labelled autohet.io/node=<name>."""
     global_batch: int
     """Samples per step."""
+    data: str | None = None
+    """A dataset made by `autohet data prepare` (a directory or s3://bucket/prefix); None: synthetic tokens."""
     storage: dict | None = None
     """Durable tier spec (elastic.tiers.storage_spec): a directory or S3. Holds the plan, the profile, the job
     id, metrics.jsonl and the checkpoints. None: nothing is kept (plain runs only)."""

@@ -143,6 +143,10 @@ class Worker:
         previous = self.handles.get(self.engine.step)    # the last step's snapshot, if it took one
         out = self.engine.train_step(batch)
         out["rank"] = self.rank
+        info, plan = self.engine.info, self.engine.plan
+        if "sample_ids" in batch and info.stage == 0 and info.tp_rank == 0:   # what this pipeline consumed
+            start = plan.sample_offset(info.pipeline)
+            out["sample_ids"] = batch["sample_ids"][start:start + plan.samples_of(info.pipeline)].tolist()
         if self.pacer is not None:
             out["emulation"] = self.pacer.report()
         if previous is not None:          # its copy finished before this step's update

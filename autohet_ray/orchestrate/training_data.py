@@ -1,0 +1,84 @@
+"""What a job trains on: a prepared dataset (`--data DIR|s3://...`, see autohet_ray/data), or synthetic random
+tokens when none is given (and the run says so). Global batch i is batch i of the dataset's plan-independent
+order, so a resumed or re-planned job reads exactly the samples the uninterrupted run would have read; every
+committed step records the data position, and a resume refuses a dataset or tokenizer other than the one the
+checkpoint trained on."""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+from autohet_ray.orchestrate.data import synthetic_batch
+
+
+class TrainingData:
+    def __init__(self, *, data: str | None, model, global_batch: int, seq_len: int, seed: int,
+                 endpoint_url: str | None = None):
+        self.model, self.global_batch, self.seq_len, self.seed = model, global_batch, seq_len, seed
+        self.dataset = self.prefetcher = None
+        if data is None:
+            return
+        from autohet_ray.data import Dataset, Prefetcher, check_corpus_size, check_fits_model
+        self.dataset = Dataset.open(_local_copy(data, endpoint_url))
+        check_fits_model(self.dataset.index, model)
+        check_corpus_size(self.dataset, global_batch=global_batch, seq_len=seq_len)
+        self.prefetcher = Prefetcher(self._build)
+
+    def describe(self) -> str:
+        if self.dataset is None:
+            return "synthetic random tokens (no --data)"
+        index = self.dataset.index
+        return (f"dataset {self.dataset.directory} ({index.train_tokens} training tokens, vocabulary "
+                f"{index.vocab_size}, {self.dataset.num_samples(self.seq_len)} samples per epoch)")
+
+    def batch(self, step: int) -> dict:
+        """Global batch `step` (the next one is prepared in the background meanwhile)."""
+        if self.dataset is None:
+            return synthetic_batch(vocab_size=self.model.vocab_size, global_batch=self.global_batch,
+                                   seq_len=self.seq_len, seed=self.seed, step=step)
+        return self.prefetcher.get(step)
+
+    def _build(self, step: int) -> dict:
+        batch = self.dataset.global_batch(step, self.global_batch, self.seq_len, self.seed)
+        if self.model.family == "bert":          # bidirectional: masked-language modelling, not next token
+            from autohet_ray.data import mask_tokens
+            index = self.dataset.index
+            batch = mask_tokens(batch, mask_id=index.mask_id, vocab_size=index.vocab_size, seed=self.seed,
+                                step=step, special_ids=(index.eos_id,))
+        return batch
+
+    def state(self, step: int) -> dict:
+        """The data position after `step` completed steps, for the step's manifest."""
+        if self.dataset is None:
+            return {"data": {"synthetic": True, "seed": self.seed}}
+        return {"data": self.dataset.data_state(step, self.global_batch, self.seq_len, self.seed)}
+
+    def check(self, recorded: dict, step: int) -> None:
+        """ConfigError unless the restored step's recorded data position continues with this data at `step`."""
+        state = recorded.get("data")
+        if self.dataset is None or state is None or state.get("synthetic"):
+            if self.dataset is not None and state is not None:
+                from autohet_ray import ConfigError
+                raise ConfigError("the checkpoint trained on synthetic tokens; resume it without --data")
+            return
+        resumed_at = self.dataset.check_state(state, seq_len=self.seq_len, global_batch=self.global_batch,
+                                              seed=self.seed)
+        assert resumed_at == step, (resumed_at, step)
+
+    def waited_s(self) -> float:
+        """Seconds the last batch kept the step waiting (0 when it was prefetched in time)."""
+        return self.prefetcher.last_wait_s if self.prefetcher is not None else 0.0
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+
+def _local_copy(data: str, endpoint_url: str | None) -> str:
+    """A local directory of the dataset: the path itself, or a cache of an s3:// dataset."""
+    if not data.startswith("s3://"):
+        return data
+    from autohet_ray.orchestrate.data_prepare import download_dataset
+    cache = os.path.join(tempfile.gettempdir(), "autohet-data", hashlib.sha256(data.encode()).hexdigest()[:16])
+    return download_dataset(data, cache, endpoint_url=endpoint_url)
