@@ -16,3 +16,7 @@ def asymmetric_plan(global_batch: int = 4) -> dict:
             "pipelines": [{"num_microbatches": global_batch // 2,
                            "stages": [stage((0, 2), 2, "H20", "c", (0, 1)), stage((2, 4), 1, "H800", "a", (0,))]},
                           {"num_microbatches": global_batch // 2, "stages": [stage((0, 4), 1, "H800", "b", (0,))]}]}
+
+# Ray declares a silent node dead after 3 missed 1 s health checks (its default takes much longer)
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                      "health_check_initial_delay_ms": 1000}

@@ -26,15 +26,13 @@ from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.orchestrate.data import synthetic_batch  # noqa: E402
 from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
-from ray_helpers import THREE_NODES, asymmetric_plan  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 SPEC = load_model("tiny-gpt")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FOUR_NODES = THREE_NODES | {"name": "four-node", "nodes": [*THREE_NODES["nodes"],
                                                           {"name": "d", "device": "H20", "count": 1}]}
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_initial_delay_ms": 1000}
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,13 @@ from autohet_ray.elastic.tiers import storage_spec  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
-from ray_helpers import asymmetric_plan  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, asymmetric_plan  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
 NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                           {"name": "b", "device": "H800", "count": 1},
                                           {"name": "c", "device": "H20", "count": 2}]}
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_initial_delay_ms": 1000}
 
 
 @pytest.fixture(scope="module")

@@ -26,15 +26,13 @@ from autohet_ray.model.spec import model_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
-from ray_helpers import THREE_NODES, asymmetric_plan  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = {"name": "data-gpt", "family": "gpt", "num_layers": 4, "hidden": 32, "num_heads": 4, "num_kv_heads": 4,
          "ffn_hidden": 128, "vocab_size": 512, "max_seq_len": 16}
 STEPS = 5
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_initial_delay_ms": 1000}
 
 
 @pytest.fixture(scope="module")
