@@ -76,6 +76,10 @@ def _train_parser(sub) -> None:
                    help="--time-scale auto: wall seconds of one predicted iteration (room for the real CPU work)")
     t.add_argument("--data", help="a dataset made by `autohet data prepare` (directory or s3://bucket/prefix); "
                    "default: synthetic random tokens")
+    t.add_argument("--eval-every", type=int, default=TrainJob.eval_every,
+                   help="--data: validation loss every N steps (forward only, with the running plan)")
+    t.add_argument("--eval-batches", type=int, default=TrainJob.eval_batches,
+                   help="validation global batches per evaluation")
     t.add_argument("--storage", help="directory or s3://bucket/prefix: the job's checkpoints, plan, profile and "
                    "per-step metrics")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")

@@ -52,7 +52,8 @@ def job_fields(args) -> dict:
                 raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'")
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     return {"model": model.to_dict(), "cluster": cluster.to_dict(), "global_batch": args.global_batch,
-            "storage": storage, "data": args.data, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
+            "storage": storage, "data": args.data, "eval_every": args.eval_every,
+            "eval_batches": args.eval_batches, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
             "seq_len": args.seq_len, "micro_batch": args.micro_batch, "schedule": args.schedule,
             "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
@@ -123,7 +124,7 @@ def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: st
                       f"{m['recovery']['total_s']:.1f} s")
             print(f"{_bar(m['step'], target)} step {m['step']}/{target}: loss {m['loss']:.4f}  {m['wall_s']:.2f} s  "
                   f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} "
-                  f"predicted{tag}", flush=True)
+                  f"predicted{tag}" + (f"  val loss {m['val_loss']:.4f}" if "val_loss" in m else ""), flush=True)
     finally:
         secured = ctl.close()
         if secured.get("step") is not None:

@@ -250,7 +250,17 @@ class Controller:
         self.step_index += 1
         if snap:
             self.snapped.add(self.step_index)
-        return self._record(self._metrics(outs, time.perf_counter() - start))
+        metrics = self._metrics(outs, time.perf_counter() - start)
+        if self.job.eval_every and self.step_index % self.job.eval_every == 0:
+            metrics["val_loss"] = self.evaluate()
+        return self._record(metrics)
+
+    def evaluate(self) -> float:
+        """The validation loss of the current weights: the mean over the job's validation batches, each run
+        forward only by every pipeline on its share, as a training step would."""
+        losses = [self.group.call("eval_step", ray.put(batch))[0]["loss"]
+                  for batch in self.data.validation(self.job.eval_batches)]
+        return sum(losses) / len(losses)
 
     def _snapshot_due(self, step: int) -> bool:
         if self.job.elastic:

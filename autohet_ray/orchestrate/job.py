@@ -26,6 +26,10 @@ class TrainJob:
     """Samples per step."""
     data: str | None = None
     """A dataset made by `autohet data prepare` (a directory or s3://bucket/prefix); None: synthetic tokens."""
+    eval_every: int = 0
+    """Compute the validation loss (forward only, with the running plan) every this many steps (0: never)."""
+    eval_batches: int = 1
+    """Global batches of the dataset's validation split each evaluation averages."""
     storage: dict | None = None
     """Durable tier spec (elastic.tiers.storage_spec): a directory or S3. Holds the plan, the profile, the job
     id, metrics.jsonl and the checkpoints. None: nothing is kept (plain runs only)."""
@@ -86,7 +90,11 @@ class TrainJob:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
         if self.micro_batch is not None:
             check_micro_batch(self.global_batch, self.micro_batch)
-        for name in ("checkpoint_every", "gc_every", "num_peers"):
+        if self.eval_every and self.data is None:
+            raise ConfigError(f"eval_every={self.eval_every} needs data (a dataset with a validation split)")
+        if self.eval_batches < 1:
+            raise ConfigError(f"eval_batches={self.eval_batches!r} must be >= 1")
+        for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         for name in ("time_scale",):

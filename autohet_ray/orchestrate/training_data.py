@@ -16,7 +16,7 @@ class TrainingData:
     def __init__(self, *, data: str | None, model, global_batch: int, seq_len: int, seed: int,
                  endpoint_url: str | None = None):
         self.model, self.global_batch, self.seq_len, self.seed = model, global_batch, seq_len, seed
-        self.dataset = self.prefetcher = None
+        self.dataset = self.prefetcher = self._validation = None
         if data is None:
             return
         from autohet_ray.data import Dataset, Prefetcher, check_corpus_size, check_fits_model
@@ -47,6 +47,12 @@ class TrainingData:
             batch = mask_tokens(batch, mask_id=index.mask_id, vocab_size=index.vocab_size, seed=self.seed,
                                 step=step, special_ids=(index.eos_id,))
         return batch
+
+    def validation(self, num_batches: int) -> list[dict]:
+        """The validation split's first `num_batches` global batches (the same at every evaluation)."""
+        if self._validation is None or len(self._validation) != num_batches:
+            self._validation = self.dataset.val_batches(num_batches, self.global_batch, self.seq_len)
+        return self._validation
 
     def state(self, step: int) -> dict:
         """The data position after `step` completed steps, for the step's manifest."""

@@ -128,6 +128,9 @@ class Worker:
         self.routes = {tier: set(items) for tier, items in routes.items()}
         self.owned = set().union(*self.routes.values())
 
+    def eval_step(self, batch: dict) -> dict:
+        return self.engine.eval_step(batch)
+
     def snapshot_now(self) -> None:
         """Snapshot the current state as the engine's current step (nothing ran since it completed)."""
         assert self.snapshotter is not None, "configure_snapshots first"

@@ -157,6 +157,18 @@ class Engine:
         timings["step"] = time.perf_counter() - start
         return {"loss": loss, "grad_norm": norm, "step": self.step, "timings": timings}
 
+    def eval_step(self, batch) -> dict:
+        """The loss of the whole global batch (forward only; weights and optimizer untouched)."""
+        ids, labels = check_batch(batch, self.plan, self.spec)
+        m = self.plan.pipelines[self.info.pipeline].num_microbatches
+        loss = self.executor.evaluate(self._microbatches(ids, labels), m)
+        self.bridge.flush()
+        mine = self.last and self.tp.rank == 0
+        total = loss if mine else torch.zeros_like(loss)
+        dist.all_reduce(total, group=self.world_group)
+        self.clock.reset()
+        return {"loss": float(total)}
+
     def _sync(self, loss: torch.Tensor) -> tuple[float, float]:
         for p in self.params.values():
             if p.grad is None:

@@ -92,13 +92,25 @@ class StageExecutor:
             f"micro-batches {self.wgrad.pending()} never ran W"
         return total
 
+    def evaluate(self, data: MicroBatches, num_microbatches: int) -> torch.Tensor:
+        """Forward only, every micro-batch in order, no gradients kept; this stage's summed loss (last stage)."""
+        total = torch.zeros((), dtype=torch.float64, device=next(self.model.parameters()).device)
+        with torch.no_grad():
+            for i in range(num_microbatches):
+                if self.stop.is_set():
+                    raise StepAborted(f"evaluation aborted before forward of micro-batch {i}")
+                _, out = self._forward(i, data)
+                if self.last:
+                    total += out.double()
+        return total
+
     def _forward(self, i: int, data: MicroBatches):
         if self.first:
             x = data.input_ids[i]
         else:
             x = self.clock.run("recv_activation", self.bridge.recv_activation, microbatch=i,
                                num_bytes=self.bridge.message_bytes)
-            x.requires_grad_(True)
+            x.requires_grad_(torch.is_grad_enabled())
         out = self.clock.run("forward", lambda: self._compute(x, data, i), microbatch=i)
         if not self.last:
             self.clock.run("send_activation", lambda: self.bridge.send_activation(out), microbatch=i,

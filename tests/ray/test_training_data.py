@@ -1,7 +1,8 @@
 """Real data through the one controller: a corpus (the Python standard library's own source) prepared with
 `autohet data prepare` on the Ray cluster, trained by an elastic job. A node lost mid-run, and a run stopped
 with SIGINT then resumed, each read exactly the samples the uninterrupted run reads (the sample ids every
-pipeline's first stage reports, per step), with its losses (rel 1e-5)."""
+pipeline's first stage reports, per step), with its losses (rel 1e-5). The validation loss, forward only on the
+asymmetric plan, equals the single-process model's."""
 from __future__ import annotations
 
 import json
@@ -70,7 +71,7 @@ def record(history: list[dict]) -> dict[int, list[int]]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(cluster, dataset, tmp_path_factory):
-    ctl = Controller(job(str(tmp_path_factory.mktemp("whole")), dataset))
+    ctl = Controller(job(str(tmp_path_factory.mktemp("whole")), dataset, eval_every=2, eval_batches=2))
     try:
         ctl.start()
         history = [ctl.step() for _ in range(STEPS)]
@@ -82,8 +83,15 @@ def uninterrupted(cluster, dataset, tmp_path_factory):
 def test_uninterrupted_run_matches_the_reference_on_real_text(dataset, uninterrupted):
     data = Dataset.open(dataset)
     ref = Reference(model_spec=model_from_dict(MODEL), dtype=torch.float64)
-    expected = [ref.train_step(data.global_batch(i, 4, 16, 0))["loss"] for i in range(STEPS)]
+    expected, val = [], {}
+    for i in range(STEPS):
+        expected.append(ref.train_step(data.global_batch(i, 4, 16, 0))["loss"])
+        if (i + 1) % 2 == 0:                                            # --eval-every 2 --eval-batches 2
+            with torch.no_grad():
+                val[i + 1] = sum(float(ref.loss(b)) for b in data.val_batches(2, 4, 16)) / 2
     assert [m["loss"] for m in uninterrupted] == pytest.approx(expected, rel=1e-6)
+    measured = {m["step"]: m["val_loss"] for m in uninterrupted if "val_loss" in m}
+    assert measured.keys() == val.keys() and list(measured.values()) == pytest.approx(list(val.values()), rel=1e-6)
     ids = [i for m in uninterrupted for i in m["sample_ids"]]
     assert len(ids) == len(set(ids)) == 4 * STEPS                       # every sample once in the epoch
     assert record(uninterrupted) == {i + 1: sorted(data.sample_ids(i, 4, 16, 0).tolist()) for i in range(STEPS)}

@@ -105,5 +105,7 @@ def test_job_rejects_bad_values():
         job_from_dict(base | {"storage": None, "elastic": True})
     with pytest.raises(ConfigError, match="loss_grace_s=0"):
         job_from_dict(base | {"loss_grace_s": 0})
+    with pytest.raises(ConfigError, match="eval_every=5 needs data"):
+        job_from_dict(base | {"eval_every": 5})
     with pytest.raises(ConfigError, match=r"unknown fields \['steps'\]"):
         job_from_dict(base | {"steps": 3})
