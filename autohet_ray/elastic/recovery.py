@@ -99,21 +99,20 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
     except RuntimeError as err:
         raise RecoveryFailed(str(err)) from failure
     detect_s = time.perf_counter() - t0
+    if ctl.committer is None:                  # the group stays whole: closing the job stops every worker
+        raise RecoveryFailed(f"{lost['message']}; the job keeps no checkpoints (give it a storage), so it "
+                             f"cannot continue") from failure
     ids = ctl.found.node_ids
     ctl.gone |= {ids[node] for node in lost["lost_nodes"]}
     salvage_start = time.perf_counter()
     reuse = ctl.group.salvage(ctl.inflight, set(lost["dead_ranks"]))
     ctl.inflight = []
     salvage = {f"salvage_{k}": v for k, v in ctl.group.salvage_phases.items()}
-    if ctl.committer is not None:
-        ctl.committer.forget_pending()
-        for node in lost["lost_nodes"]:
-            ctl.committer.drop_keeper(node)
+    ctl.committer.forget_pending()
+    for node in lost["lost_nodes"]:
+        ctl.committer.drop_keeper(node)
     ctl.lost += lost["lost_nodes"]
     report = {"detect_s": detect_s, "salvage_s": time.perf_counter() - salvage_start, **salvage, **lost}
-    if ctl.committer is None:
-        raise RecoveryFailed(f"{lost['message']}; the job keeps no checkpoints (give it a storage), so it "
-                             f"cannot continue") from failure
     try:
         return report | relaunch(ctl, mode=mode, reason=lost["message"], reuse=reuse)
     except GroupFailure as again:

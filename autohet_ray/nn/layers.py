@@ -15,12 +15,9 @@ from torch import nn
 
 from autohet_ray.model.spec import ModelSpec
 
-NORM_EPS = 1e-5
-ROPE_BASE = 10000.0
-
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = NORM_EPS):
+    def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -30,13 +27,13 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(spec: ModelSpec, dim: int) -> nn.Module:
-    return RMSNorm(dim) if spec.family == "llama" else nn.LayerNorm(dim, eps=NORM_EPS)
+    return RMSNorm(dim, spec.norm_eps) if spec.family == "llama" else nn.LayerNorm(dim, eps=spec.norm_eps)
 
 
-def apply_rotary(x: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     """Rotary position embedding (rotate-half form) on x of shape [batch, heads, seq, head_dim]."""
     seq, dim = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float64) / dim)
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float64) / dim)
     angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float64), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
@@ -49,11 +46,13 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         bias = spec.family != "llama"
+        self.rope_theta = spec.rope_theta
         self.group = spec.num_heads // spec.num_kv_heads       # query heads per kv head
         self.head_dim = spec.head_dim
         self.causal = spec.family != "bert"
         self.rotary = spec.family == "llama"
-        self.qkv = nn.Linear(spec.hidden, spec.num_kv_heads * (self.group + 2) * self.head_dim, bias=bias)
+        self.qkv = nn.Linear(spec.hidden, spec.num_kv_heads * (self.group + 2) * self.head_dim,
+                             bias=bias or spec.qkv_bias)
         self.proj = nn.Linear(spec.num_heads * self.head_dim, spec.hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,7 +63,7 @@ class Attention(nn.Module):
         k = qkv[..., g, :].transpose(1, 2)
         v = qkv[..., g + 1, :].transpose(1, 2)
         if self.rotary:
-            q, k = apply_rotary(q), apply_rotary(k)
+            q, k = apply_rotary(q, self.rope_theta), apply_rotary(k, self.rope_theta)
         if g > 1:
             k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
@@ -76,9 +75,10 @@ class GeluMLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(spec.hidden, spec.ffn_hidden)
         self.fc2 = nn.Linear(spec.ffn_hidden, spec.hidden)
+        self.approximate = "tanh" if spec.activation == "gelu_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
 
 
 class SwiGLU(nn.Module):

@@ -34,7 +34,7 @@ from autohet_ray.orchestrate import job_storage
 from autohet_ray.orchestrate.training_data import TrainingData
 from autohet_ray.orchestrate.discovery import check_plan_fits, describe, discover
 from autohet_ray.orchestrate.job import TrainJob
-from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup
+from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.plan.schema import plan_from_dict
 
 
@@ -140,13 +140,16 @@ class Controller:
     def launch(self, restore: str | None, reuse: dict[str, list] | None = None, plan: dict | None = None) -> dict:
         """Plan on self.found, start the workers, optionally restore, configure snapshots; phase seconds."""
         t0 = time.perf_counter()
-        self.plan = self._choose_plan(plan)
-        t1 = time.perf_counter()
         reuse = reuse if reuse is not None else {}
+        try:
+            self.plan = self._choose_plan(plan)
+        except BaseException:                     # no group takes the salvaged workers: they must not linger
+            kill_actors([a for actors in reuse.values() for a in actors])
+            raise
+        t1 = time.perf_counter()
         self.group = WorkerGroup(self.executed_plan(), self.found.node_ids, reuse=reuse,
                                  loss_grace_s=self.job.loss_grace_s)
-        for leftover in (a for actors in reuse.values() for a in actors):
-            ray.kill(leftover, no_restart=True)
+        kill_actors([a for actors in reuse.values() for a in actors])
         pacers, paced = self._pacers()
         setup = self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr,
                                  dtype=self.job.dtype, collective_timeout_s=self.job.collective_timeout_s,
@@ -360,7 +363,7 @@ class Controller:
             outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
         self.inflight = []
         if self.group is not None:
-            self.group.kill()
+            self.group.kill(wait_s=10.0)          # before the stores go: a worker may still be writing one
             self.group = None
         if self.watching:
             from autohet_ray.elastic.spot import stop_watching

@@ -186,7 +186,16 @@ class WorkerGroup:
         self.actors = []
         return keep
 
-    def kill(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
+    def kill(self, wait_s: float = 0.0) -> None:
+        """Kill every worker; with `wait_s`, wait (that long at most) until they are gone, so that nothing they
+        run (a snapshot's background writes) outlives the call."""
+        kill_actors(self.actors, wait_s)
         self.actors = []
+
+
+def kill_actors(actors: list, wait_s: float = 0.0) -> None:
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    if wait_s and actors:
+        pings = [a.where.remote() for a in actors]        # fail once each actor is dead
+        ray.wait(pings, num_returns=len(pings), timeout=wait_s)
