@@ -31,6 +31,7 @@ from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate import job_storage
+from autohet_ray.orchestrate.step_metrics import step_metrics
 from autohet_ray.orchestrate.training_data import TrainingData
 from autohet_ray.orchestrate.discovery import check_plan_fits, describe, discover
 from autohet_ray.orchestrate.job import TrainJob
@@ -285,26 +286,9 @@ class Controller:
         return bool(self.job.checkpoint_every) and step % self.job.checkpoint_every == 0
 
     def _metrics(self, outs: list[dict], wall: float) -> dict:
-        job, ev = self.job, self.evaluation
-        scale = self.time_scale if job.paced else 1.0
-        m = {"step": self.step_index, "loss": outs[0]["loss"], "grad_norm": outs[0]["grad_norm"],
-             "wall_s": wall, "emulated": job.paced, "time_scale": scale, "iteration_s": wall / scale,
-             "samples_per_s": job.global_batch / (wall / scale), "predicted_iteration_s": ev.iteration_time_s,
-             "predicted_samples_per_s": ev.samples_per_s, "profile_kind": self.profile.kind,
-             "snapshot_copy_s": max(o.get("snapshot_copy_s", 0.0) for o in outs),
-             "snapshot_wait_s": max(o.get("snapshot_wait_s", 0.0) for o in outs),
-             "compute_s": max(o["timings"]["step"] for o in outs), "data_wait_s": self.data.waited_s()}
-        if any("sample_ids" in o for o in outs):
-            m["sample_ids"] = sorted(i for o in outs for i in o.get("sample_ids", ()))
-        if job.paced:
-            by_op: dict[str, int] = {}
-            for o in outs:
-                for op, n in o["emulation"]["overruns"].items():
-                    by_op[op] = by_op.get(op, 0) + n
-            m |= {"overruns": sum(by_op.values()), "overruns_by_op": by_op,
-                  "overrun_s": max(o["emulation"]["overrun_s"] for o in outs),
-                  "op_seconds_max": {op: max(o["timings"].get(op, 0.0) for o in outs) for op in outs[0]["timings"]}}
-        return m
+        return step_metrics(outs, wall, step=self.step_index, job=self.job, evaluation=self.evaluation,
+                            profile_kind=self.profile.kind, time_scale=self.time_scale,
+                            data_wait_s=self.data.waited_s())
 
     def _record(self, metrics: dict) -> dict:
         self.history.append(metrics)
@@ -369,7 +353,10 @@ class Controller:
             from autohet_ray.elastic.spot import stop_watching
             stop_watching(self.job_id)
         if self.committer is not None:
-            self.committer.close()
+            try:
+                self.committer.close()
+            except Exception as err:             # noqa: BLE001 - a failed collection of old steps loses nothing
+                print(f"autohet: collecting old checkpoint steps failed: {err}", file=sys.stderr)
         if self.data is not None:
             self.data.close()
         if "error" in outcome and self.keeper_specs:
