@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,8 @@ class NodeKeeper:
         self._node_id, self._job_id = ray.get_runtime_context().get_node_id(), job_id
         self._dir = node_store_dir(job_id, self._node_id, root)
         self._tier = LocalDirTier(self._dir, name=label, fsync=False)
+        self._writes = threading.Condition()       # close() waits for writes in progress, then refuses new ones
+        self._active_writes, self._closed = 0, False
 
     def node_id(self) -> str:
         return self._node_id
@@ -71,9 +74,19 @@ class NodeKeeper:
         return self._dir
 
     def put_many(self, items: list[tuple[str, np.ndarray | bytes]]) -> int:
-        """Store the chunks; returns the bytes taken."""
-        for key, blob in items:
-            self._tier.put_chunk(key, blob)
+        """Store the chunks; returns the bytes taken. Refused once the store is closed (a peer's late push must
+        not bring a removed store back)."""
+        with self._writes:
+            if self._closed:
+                raise RuntimeError(f"the node store {self._dir} of job {self._job_id} is closed")
+            self._active_writes += 1
+        try:
+            for key, blob in items:
+                self._tier.put_chunk(key, blob)
+        finally:
+            with self._writes:
+                self._active_writes -= 1
+                self._writes.notify_all()
         return sum(len(blob) for _, blob in items)
 
     def get_refs(self, keys: list[str]) -> dict[str, list]:
@@ -145,7 +158,10 @@ class NodeKeeper:
                 "resident_bytes": sum(Path(self._dir, key).stat().st_size for key in keys)}
 
     def close(self) -> None:
-        """Remove the node store (the keeper is stopped right after)."""
+        """Remove the node store once the writes in progress are done (the keeper is stopped right after)."""
+        with self._writes:
+            self._closed = True
+            self._writes.wait_for(lambda: self._active_writes == 0, timeout=5.0)
         shutil.rmtree(self._dir, ignore_errors=True)
         with contextlib.suppress(OSError):               # the job's folder, once its last node store is gone
             os.rmdir(os.path.dirname(self._dir))
