@@ -43,20 +43,19 @@ def plan_summary(plan) -> list[list[str]]:
             for p in plan.pipelines]
 
 
-def dead_nodes(ctl) -> list[str]:
-    """Nodes of the cluster file with no usable live Ray node: none alive, its raylet refusing, draining or
-    already found lost. One `ray.nodes()` call; the alive nodes are probed."""
+def usable_nodes(ctl) -> list[dict]:
+    """The `ray.nodes()` entries of live nodes the job may use: alive, raylet not refusing, not draining and not
+    already found lost (a replacement may join under the name of a node that is still draining)."""
     from autohet_ray.elastic.liveness import refused_raylets
-    alive = [n for n in ray.nodes() if n["Alive"]]
+    alive = [n for n in ray.nodes() if n["Alive"] and n["NodeID"] not in ctl.draining | ctl.gone]
     refused = refused_raylets(alive)
-    live = [n for n in alive if n["NodeID"] not in refused]
-    avoid = ctl.draining | ctl.gone
-    names = {}
-    for raw in live:                      # a replacement may join before the drained node is gone
-        name = (raw.get("Labels") or {}).get("autohet.io/node")
-        if name and (name not in names or names[name] in avoid):
-            names[name] = raw["NodeID"]
-    return [n.name for n in ctl.base_cluster.nodes if names.get(n.name) in (None, *avoid)]
+    return [n for n in alive if n["NodeID"] not in refused]
+
+
+def dead_nodes(ctl, usable: list[dict] | None = None) -> list[str]:
+    """Nodes of the cluster file with no usable live Ray node (see usable_nodes)."""
+    names = {(raw.get("Labels") or {}).get("autohet.io/node") for raw in usable or usable_nodes(ctl)}
+    return [n.name for n in ctl.base_cluster.nodes if n.name not in names]
 
 
 def recover(ctl, failure, *, mode: str = "local_first") -> dict:

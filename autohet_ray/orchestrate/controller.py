@@ -100,11 +100,12 @@ class Controller:
         """The live nodes of the cluster file, less those lost, draining or refusing connections; with
         `confirm`, each node's GPU type is confirmed by a task on it."""
         from autohet_ray.orchestrate.device_probe import confirm_nodes
-        missing = recovery.dead_nodes(self)
+        usable = recovery.usable_nodes(self)
+        missing = recovery.dead_nodes(self, usable)
         if missing and confirm and not self.job.elastic:   # a plain job runs on the file's nodes, all of them
-            discover(self.base_cluster)                    # the ConfigError naming what Ray has instead
+            discover(self.base_cluster, usable)            # the ConfigError naming what Ray has instead
         cluster = recovery.without_nodes(self.base_cluster, missing)
-        found = discover(cluster)
+        found = discover(cluster, usable)
         return describe(cluster, confirm_nodes(list(found.nodes))) if confirm else found
 
     def _make_profile(self):
