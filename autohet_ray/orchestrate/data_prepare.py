@@ -244,27 +244,24 @@ def _run_parts(parts, tokenizer_ref, writer: DatasetWriter, *, workers: int, tex
             submitted += 1
 
     started = last_report = time.perf_counter()
-    try:
-        submit_more()
-        while written < len(parts):
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=PROGRESS_EVERY_S)
-            for ref in ready:
-                results[pending.pop(ref)] = _result(ref)
-            submit_more()                   # before writing: no worker waits on the driver's writes
-            while written in results:
-                tokens, num_documents, num_bytes = results.pop(written)
-                if num_documents:
-                    writer.add_shard(tokens, num_documents)
-                counted["bytes"] += num_bytes
-                counted["tokens"] += len(tokens)
-                written += 1
-            if time.perf_counter() - last_report >= PROGRESS_EVERY_S or written == len(parts):
-                last_report = time.perf_counter()
-                _report(counted, total_bytes, last_report - started, written, len(parts), progress)
-    except BaseException:
-        for ref in pending:                 # stop the rest: their results (or errors) are not wanted
-            ray.cancel(ref)
-        raise
+    # on an error the tasks still running are left to finish and dropped, not ray.cancel()ed: cancelling a task
+    # as it completes crashed this driver in Ray 2.60 ("Tried to complete task that was not pending", seen in CI)
+    submit_more()
+    while written < len(parts):
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=PROGRESS_EVERY_S)
+        for ref in ready:
+            results[pending.pop(ref)] = _result(ref)
+        submit_more()                   # before writing: no worker waits on the driver's writes
+        while written in results:
+            tokens, num_documents, num_bytes = results.pop(written)
+            if num_documents:
+                writer.add_shard(tokens, num_documents)
+            counted["bytes"] += num_bytes
+            counted["tokens"] += len(tokens)
+            written += 1
+        if time.perf_counter() - last_report >= PROGRESS_EVERY_S or written == len(parts):
+            last_report = time.perf_counter()
+            _report(counted, total_bytes, last_report - started, written, len(parts), progress)
     return counted
 
 
