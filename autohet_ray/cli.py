@@ -15,13 +15,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a job and compare with Megatron-LM and Whale")
     p.add_argument("--cluster", required=True)
-    p.add_argument("--model", required=True, help="preset name or model YAML")
+    p.add_argument("--model", required=True, help="preset name, model YAML, or hf:DIR (a Hugging Face config.json)")
     p.add_argument("--global-batch", type=int, required=True)
     p.add_argument("--seq-len", type=int)
     p.add_argument("--micro-batch", type=int)
     _schedule_option(p)
     p.add_argument("--profile", help="profile DB JSON (default: analytic, from the device catalog)")
     p.add_argument("--time-limit", type=float, default=60.0)
+    p.add_argument("--dtype", choices=("bf16", "fp32", "bfloat16", "float32"), default="bf16",
+                   help="training dtype the analytic profile prices (bf16: fp32 master weights; default bf16)")
     p.add_argument("--out")
     p.add_argument("--json", action="store_true")
     e = sub.add_parser("evaluate", help="price a hand-written plan, or say why it is infeasible")
@@ -50,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     add_resume_parser(sub)
     from autohet_ray.cli_data import add_data_parser
     add_data_parser(sub)
+    from autohet_ray.cli_export import add_export_parser
+    add_export_parser(sub)
     return ap
 
 
@@ -57,13 +61,18 @@ def _schedule_option(parser) -> None:
     parser.add_argument("--schedule", default="auto",
                         help="pipeline schedule: auto (the faster that fits in memory), 1f1b, or zb-h1 "
                              "(zero-bubble: weight gradients deferred into the pipeline's idle time)")
+    parser.add_argument("--recompute", default="none", choices=("none", "full", "auto"),
+                        help="activation recomputation: none, full (every stage), or auto (the planner picks it "
+                             "per stage where it makes the plan fit or faster)")
 
 
 def _train_parser(sub) -> None:
     from autohet_ray.orchestrate.job import TrainJob
     t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train")
     t.add_argument("--cluster", required=True, help="cluster file (nodes, GPU types, links)")
-    t.add_argument("--model", required=True, help="preset name or model YAML")
+    t.add_argument("--model", required=True, help="preset name, model YAML, or hf:DIR (a Hugging Face config.json)")
+    t.add_argument("--init-from", help="Hugging Face directory (config.json + safetensors) to start from; each rank "
+                   "reads only its slices")
     t.add_argument("--global-batch", type=int, required=True)
     t.add_argument("--steps", type=int, required=True)
     t.add_argument("--plan", help="plan JSON to run (default: plan now)")
@@ -82,6 +91,8 @@ def _train_parser(sub) -> None:
                    help="validation global batches per evaluation")
     t.add_argument("--storage", help="directory or s3://bucket/prefix: the job's checkpoints, plan, profile and "
                    "per-step metrics")
+    t.add_argument("--tensorboard", metavar="DIR", help="also write the per-step metrics (loss, lr, tokens/s, MFU, "
+                   "peak memory) as TensorBoard events into DIR (needs: pip install 'autohet_ray[tensorboard]')")
     t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
     t.add_argument("--seq-len", type=int)
     t.add_argument("--micro-batch", type=int)
@@ -89,7 +100,10 @@ def _train_parser(sub) -> None:
     t.add_argument("--profile", default="analytic", help="analytic, measured (profile on Ray), or a profile JSON")
     t.add_argument("--profile-cache", help="directory caching measured profiles")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--dtype", default=TrainJob.dtype, help="training dtype: float32, float64 or bfloat16")
+    t.add_argument("--dtype", default=TrainJob.dtype,
+                   help="compute dtype: bf16 (fp32 master weights and AdamW), fp32, fp64, or auto (bf16 on GPUs, "
+                        "fp32 on CPU); also float32, float64, bfloat16")
+    _optimizer_options(t)
     t.add_argument("--plan-time-limit", type=float, default=TrainJob.plan_time_limit_s)
     t.add_argument("--placement-timeout", type=float, default=TrainJob.setup_timeout_s,
                    help="seconds the workers may take to start and join")
@@ -104,6 +118,21 @@ def _train_parser(sub) -> None:
     t.add_argument("--spot-watch", action="store_true",
                    help="--elastic: watch each node's instance metadata for spot interruption notices")
     t.add_argument("--spot-provider", default="aws", help="--spot-watch: aws, gcp, azure, or auto (tries each)")
+
+
+def _optimizer_options(parser) -> None:
+    from autohet_ray.runtime.lr_schedule import DECAYS, OptimizerConfig
+    d = OptimizerConfig()
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
+    parser.add_argument("--min-lr", type=float, default=d.min_lr, help="learning rate at the end of the decay")
+    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear warm-up updates")
+    parser.add_argument("--decay", default=d.decay, help=f"decay after warm-up: {', '.join(DECAYS)}")
+    parser.add_argument("--decay-steps", type=int, help="step at which the decay reaches --min-lr (default: --steps)")
+    parser.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                        help="AdamW weight decay (never on norms, biases or embeddings)")
+    parser.add_argument("--clip-grad", type=float, default=d.clip_grad, help="global grad-norm clip (0: none)")
+    parser.add_argument("--adam-beta1", type=float, default=d.betas[0])
+    parser.add_argument("--adam-beta2", type=float, default=d.betas[1])
 
 
 def _message(exc: ConfigError) -> str:
@@ -145,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "resume":
             from autohet_ray.cli_resume import cmd_resume
             return cmd_resume(args)
+        if args.command == "export":
+            from autohet_ray.cli_export import cmd_export
+            return cmd_export(args)
     except ConfigError as exc:
         print(f"autohet {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2

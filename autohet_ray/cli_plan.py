@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import json
+import time
 
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schedule import schedule_choices
-from autohet_ray.plan.schema import Plan, load_plan
-from autohet_ray.planner import check_request, plan_with_baselines
+from autohet_ray.config_io import read_structured
+from autohet_ray.plan.schema import Plan, plan_from_dict
+from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
+from autohet_ray.planner.bound import lower_bound_iteration_s
+from autohet_ray.planner.search import token_cap_sizes
 from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import load_profile
 
@@ -18,7 +22,16 @@ def _profile(args, model, cluster, seq_len, micro_batches=()):
     """The --profile file, or the analytic profile with entries for `micro_batches` as well."""
     if getattr(args, "profile", None):
         return load_profile(args.profile)
-    return analytic_profile(model, cluster, seq_len, with_micro_batches(*micro_batches))
+    return analytic_profile(model, cluster, seq_len, with_micro_batches(*micro_batches),
+                            dtype=getattr(args, "dtype", None) or "bfloat16")
+
+
+def read_plan(path: str) -> Plan:
+    """A plan file, or the output of `autohet plan --json` (the plan inside it)."""
+    raw = read_structured(path, "plan")
+    if isinstance(raw, dict) and "schema_version" not in raw and isinstance(raw.get("plan"), dict):
+        raw = raw["plan"]
+    return plan_from_dict(raw)
 
 
 def _gb(x: float) -> str:
@@ -27,59 +40,102 @@ def _gb(x: float) -> str:
 
 def plan_table(plan: Plan, memory: dict[str, int]) -> str:
     rows = [f"{'pipe':>4} {'micro':>5} {'stage':>5} {'layers':>9} {'tp':>3} {'device':<10} {'node':<10} "
-            f"{'gpus':<16} {'peak mem':>9}"]
+            f"{'gpus':<16} {'peak mem':>9} recompute"]
     for k, p in enumerate(plan.pipelines):
         for j, s in enumerate(p.stages):
             mem = memory.get(f"{s.node}:{s.devices[0]}", 0)
             micro = f"{p.num_microbatches}x{plan.micro_batch_of(k)}" if j == 0 else ""
             rows.append(f"{k:>4} {micro:>5} {j:>5} "
                         f"{f'[{s.layers[0]},{s.layers[1]})':>9} {s.tp:>3} {s.device_type:<10} {s.node:<10} "
-                        f"{','.join(map(str, s.devices)):<16} {_gb(mem):>9}")
+                        f"{','.join(map(str, s.devices)):<16} {_gb(mem):>9} {'yes' if s.recompute else 'no'}")
     return "\n".join(rows)
 
 
 def cmd_plan(args) -> int:
+    started = time.perf_counter()
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     seq_len = args.seq_len or model.max_seq_len
-    profile = _profile(args, model, cluster, seq_len, [args.micro_batch])
+    sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)
+    profile = _profile(args, model, cluster, seq_len, sizes)
+    # the time limit covers the whole command: what loading took is spent already
     result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
                                             global_batch=args.global_batch, seq_len=seq_len,
-                                            micro_batch=args.micro_batch, time_limit_s=args.time_limit,
-                                            schedules=schedule_choices(args.schedule))
+                                            micro_batch=args.micro_batch,
+                                            time_limit_s=args.time_limit - (time.perf_counter() - started),
+                                            schedules=schedule_choices(args.schedule),
+                                            recompute=args.recompute)
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
+    # the relaxation prices activations without recomputation: it bounds no plan that recomputes
+    recomputes = any(s.recompute for p in result.plan.pipelines for s in p.stages)
+    bound_s = None if recomputes else lower_bound_iteration_s(
+        cluster=cluster, model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
+        schedules=schedule_choices(args.schedule))
+    report = plan_report(result, baselines, wall_s=time.perf_counter() - started) | {
+        "lower_bound_iteration_s": bound_s, "dtype": profile.meta.get("dtype", "bfloat16")}
     if args.json:
-        print(json.dumps({"plan": result.plan.to_dict(), "predicted": result.plan.predicted.to_dict(),
-                          "baselines": {n: (b.plan.predicted.to_dict() if b.plan else None)
-                                        for n, b in baselines.items()},
-                          "baseline_reasons": {n: b.reason for n, b in baselines.items() if b.plan is None},
-                          "solve_time_s": result.solve_time_s,
-                          "time_breakdown": time_breakdown(result.plan, result.evaluation)}))
+        print(json.dumps({"plan": result.plan.to_dict(), "predicted": result.plan.predicted.to_dict(), **report}))
         return 0
     ev = result.evaluation
     print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {args.global_batch}, "
           f"micro-batch {result.plan.micro_batch}, seq {seq_len}, schedule {result.plan.schedule}  "
-          f"[{profile.kind} profile]")
+          f"[{profile.kind} profile, {report['dtype']}]")
     print(plan_table(result.plan, ev.memory_bytes))
     print(f"predicted: {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
           f"(slowest pipeline {max(ev.pipeline_times_s):.3f} s; grad sync {ev.sync_time_s:.3f} s, overlapping "
-          f"the cool-down; optimizer {ev.optimizer_time_s:.3f} s); solved in {result.solve_time_s:.1f} s"
+          f"the cool-down; optimizer {ev.optimizer_time_s:.3f} s); solved in {result.solve_time_s:.1f} s, "
+          f"{report['wall_time_s']:.1f} s in all"
           f"{' (time limit hit: best so far)' if result.hit_time_limit else ''}")
     print(breakdown_line(time_breakdown(result.plan, ev)))
-    for name, b in baselines.items():
-        if b.evaluation is None:
-            print(f"  vs {name:<8}: cannot run ({b.reason})")
-        else:
-            gain = b.evaluation.iteration_time_s / ev.iteration_time_s
-            print(f"  vs {name:<8}: {b.evaluation.samples_per_s:8.1f} samples/s -> gain {gain:.2f}x")
+    if bound_s is not None:
+        print(f"within {ev.iteration_time_s / bound_s - 1:.0%} of the proven lower bound {bound_s:.3f} s/iteration "
+              f"(a fluid relaxation of every plan: compute, optimizer and memory per GPU type; no bubbles, links "
+              f"or sync)")
+    for line in gain_lines(report):
+        print(line)
     if args.out:
         print(f"wrote {args.out}")
     return 0
 
 
+BASELINE_TITLES = {"megatron": "Megatron-LM, all GPUs", "megatron-subset": "Megatron-LM, best GPU subset",
+                   "whale": "Whale"}
+
+
+def plan_report(result, baselines, wall_s: float) -> dict:
+    """The machine-readable part of `autohet plan --json`: baselines, gains (baseline time / plan time), the
+    strongest baseline, timings and whether the time limit was hit."""
+    ev = result.evaluation
+    strongest = strongest_baseline(baselines)
+    return {"baselines": {n: (b.plan.predicted.to_dict() if b.plan else None) for n, b in baselines.items()},
+            "baseline_reasons": {n: b.reason for n, b in baselines.items() if b.plan is None},
+            "gains": {n: (b.evaluation.iteration_time_s / ev.iteration_time_s if b.evaluation else None)
+                      for n, b in baselines.items()},
+            "strongest_baseline": strongest,
+            "solve_time_s": result.solve_time_s, "wall_time_s": wall_s, "hit_time_limit": result.hit_time_limit,
+            "time_breakdown": time_breakdown(result.plan, ev)}
+
+
+def gain_lines(report: dict) -> list[str]:
+    """One line per baseline, then the headline against the strongest."""
+    lines = []
+    for name, predicted in report["baselines"].items():
+        title = f"{BASELINE_TITLES.get(name, name):<29}"
+        if predicted is None:
+            lines.append(f"  vs {title}: cannot run ({report['baseline_reasons'][name]})")
+        else:
+            lines.append(f"  vs {title}: {predicted['samples_per_s']:8.1f} samples/s -> gain "
+                         f"{report['gains'][name]:.2f}x")
+    strongest = report["strongest_baseline"]
+    if strongest is not None:
+        lines.append(f"gain over the strongest baseline ({BASELINE_TITLES.get(strongest, strongest)}): "
+                     f"{report['gains'][strongest]:.2f}x")
+    return lines
+
+
 def cmd_evaluate(args) -> int:
-    plan, cluster = load_plan(args.plan), load_cluster(args.cluster)
+    plan, cluster = read_plan(args.plan), load_cluster(args.cluster)
     model = model_from_dict(plan.model_spec) if plan.model_spec else load_model(plan.model)
     profile = _profile(args, model, cluster, plan.seq_len,
                        [plan.micro_batch_of(k) for k in range(len(plan.pipelines))])
@@ -102,7 +158,7 @@ def cmd_evaluate(args) -> int:
 
 def cmd_show(args) -> int:
     from autohet_ray.plan_view import draw_plan, timeline_text
-    plan = load_plan(args.plan)
+    plan = read_plan(args.plan)
     print(timeline_text(plan))
     if args.png:
         draw_plan(plan, args.png)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -51,13 +52,39 @@ def job_fields(args) -> dict:
             if clock["time_scale"] <= 0:
                 raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'")
     cluster, model = load_cluster(args.cluster), load_model(args.model)
-    return {"model": model.to_dict(), "cluster": cluster.to_dict(), "global_batch": args.global_batch,
+    if args.init_from:                    # the weights must fit the model before any cluster starts
+        from autohet_ray.checkpoint.hf_weights import check_hf_dir
+        check_hf_dir(args.init_from, model)
+    return {"model": model.to_dict(), "optimizer": optimizer_fields(args), "cluster": cluster.to_dict(),
+            "init_from": os.path.abspath(args.init_from) if args.init_from else None,
+            "global_batch": args.global_batch, "tensorboard": _tensorboard_dir(args),
             "storage": storage, "data": args.data, "eval_every": args.eval_every,
             "eval_batches": args.eval_batches, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
             "seq_len": args.seq_len, "micro_batch": args.micro_batch, "schedule": args.schedule,
+            "recompute": args.recompute,
             "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
             "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s, **clock}
+
+
+def _tensorboard_dir(args) -> str | None:
+    """--tensorboard as an absolute directory, checked before any cluster starts."""
+    if not args.tensorboard:
+        return None
+    from autohet_ray.orchestrate.tensorboard_log import check_available
+    check_available(args.tensorboard)
+    return os.path.abspath(args.tensorboard)
+
+
+def optimizer_fields(args) -> dict:
+    """OptimizerConfig fields from the `autohet train` arguments; a decay ends at --steps unless
+    --decay-steps says otherwise."""
+    decay_steps = args.decay_steps
+    if decay_steps is None and args.decay != "constant":
+        decay_steps = args.steps
+    return {"lr": args.lr, "min_lr": args.min_lr, "warmup_steps": args.warmup_steps, "decay": args.decay,
+            "decay_steps": decay_steps, "weight_decay": args.weight_decay, "clip_grad": args.clip_grad,
+            "betas": (args.adam_beta1, args.adam_beta2)}
 
 
 @contextlib.contextmanager
@@ -122,7 +149,8 @@ def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: st
                 print(f"recovered ({m['recovery']['message']}) onto {m['recovery']['plan']} from step "
                       f"{m['recovery']['restored_step']}: {m['recovery']['bytes_by_tier']} bytes, "
                       f"{m['recovery']['total_s']:.1f} s")
-            print(f"{_bar(m['step'], target)} step {m['step']}/{target}: loss {m['loss']:.4f}  {m['wall_s']:.2f} s  "
+            print(f"{_bar(m['step'], target)} step {m['step']}/{target}: loss {m['loss']:.4f}  lr {m['lr']:.3g}  "
+                  f"{_speed(m)}{tag}  {m['wall_s']:.2f} s  "
                   f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} "
                   f"predicted{tag}" + (f"  val loss {m['val_loss']:.4f}" if "val_loss" in m else ""), flush=True)
     finally:
@@ -130,10 +158,18 @@ def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: st
         if secured.get("step") is not None:
             print(f"committed step {secured['step']} is in {secured['where']}", flush=True)
     return {"job_id": ctl.job_id, "launch": launch, "events": events, "secured": secured,
-            "steps": [{"step": m["step"], "loss": m["loss"], "wall_s": m["wall_s"]} for m in ctl.history],
+            "steps": [{"step": m["step"], "loss": m["loss"], "lr": m["lr"], "wall_s": m["wall_s"]}
+                      for m in ctl.history],
             "committed": ctl.committer.committed[-1:] if ctl.committer else [],
             "cloud_committed": ctl.committer.cloud_committed[-1:] if ctl.committer else [],
             **_figures(ctl.history, ctl.job.paced, ctl.job.global_batch)}
+
+
+def _speed(m: dict) -> str:
+    """tokens/s and MFU (overall, and per GPU type when the plan mixes types) of one step's metrics."""
+    by_type = m["mfu_by_device_type"]
+    types = " (" + ", ".join(f"{t} {100 * v:.3g}%" for t, v in by_type.items()) + ")" if len(by_type) > 1 else ""
+    return f"{m['tokens_per_s']:.4g} tok/s  MFU {100 * m['mfu']:.3g}%{types}"
 
 
 def _figures(history: list[dict], emulated: bool, global_batch: int) -> dict:

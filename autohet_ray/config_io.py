@@ -1,6 +1,7 @@
 """Reading user files (YAML, or JSON which YAML also reads) with one-line errors naming the file."""
 from __future__ import annotations
 
+import json
 import os
 
 import yaml
@@ -9,12 +10,21 @@ from autohet_ray import ConfigError
 
 
 def read_structured(path: str, what: str):
-    """The parsed content of a YAML/JSON file; ConfigError if it is missing or malformed."""
+    """The parsed content of a YAML/JSON file; ConfigError if it is missing or malformed. A `.json` file, or
+    one whose text starts with `{` or `[`, is read as JSON (YAML 1.1 would keep a JSON number such as 1e-05
+    as a string)."""
     try:
         with open(path) as f:
-            return yaml.safe_load(f)
+            text = f.read()
     except FileNotFoundError:
         raise ConfigError(f"{what} file {path!r} does not exist") from None
+    if path.endswith(".json") or text.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{what} file {path!r} is not valid JSON: {exc}") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} file {path!r} is not valid YAML/JSON: {str(exc).splitlines()[0]}") from None
 

@@ -1,24 +1,88 @@
-"""`autohet show`: a plan's pipeline timeline (which stage runs which micro-batch when) and memory bars."""
+"""`autohet show`: a plan's pipeline timeline (which stage runs which micro-batch when) and memory per stage.
+
+Durations come from the plan's `predicted` section (each stage's forward, backward and weight-gradient seconds
+per micro-batch, each link's seconds, each stage's gradient-sync end and optimizer step), so the picture is in
+seconds and shows the stages the cost model keeps busy. Plans written before those were recorded are drawn
+with stage times proportional to the layers held (labelled "relative"). Identical pipelines are drawn once.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from autohet_ray.cost.timeline import Slot, simulate
 from autohet_ray.plan.schedule import SPLIT_BACKWARD
 from autohet_ray.plan.schema import Plan
 
 MAX_TEXT_COLUMNS = 100
-SLOT_COLORS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22")
+SYNC_COLOR, OPTIMIZER_COLOR = "#f0b429", "#303030"
+TEXT_MARKS = {"sync": "~", "optimizer": "O"}
 
 
-def _slots(plan: Plan) -> list[list[Slot]]:
-    """Per pipeline, its schedule's timeline with stage times proportional to layers (backward = 2 x forward,
-    split evenly into B and W under a split-backward schedule); relative, since a plan file has no profile."""
-    out = []
+@dataclass(frozen=True)
+class Row:
+    """One drawn stage: its pipeline (the first of `copies` identical ones), its slots and its tail."""
+    pipeline: int
+    stage: int
+    copies: int
+    slots: tuple[Slot, ...]
+    sync: tuple[float, float] | None         # (start, end) of the exposed gradient sync
+    optimizer: tuple[float, float] | None
+
+
+def _pipeline_key(plan: Plan, k: int) -> tuple:
+    p = plan.pipelines[k]
+    return (p.num_microbatches, plan.micro_batch_of(k),
+            tuple((s.layers, s.tp, s.device_type) for s in p.stages))
+
+
+def _durations(plan: Plan, k: int):
+    """(fwd, bwd, wgrad, links, back links) of pipeline k; seconds when the plan carries them, else relative."""
+    pred, split = plan.predicted, plan.schedule in SPLIT_BACKWARD
+    if pred is not None and pred.stages:
+        stages, links = pred.stages[k], pred.links[k]
+        return ([s.fwd_s for s in stages], [s.bwd_s for s in stages], [s.wgrad_s for s in stages],
+                [x.activation_s for x in links], [x.gradient_s for x in links])
+    fwd = [float(s.num_layers) for s in plan.pipelines[k].stages]
+    zeros = [0.0] * (len(fwd) - 1)
+    return fwd, [(1.0 if split else 2.0) * f for f in fwd], (fwd if split else [0.0] * len(fwd)), zeros, zeros
+
+
+def in_seconds(plan: Plan) -> bool:
+    return plan.predicted is not None and bool(plan.predicted.stages)
+
+
+def timeline_rows(plan: Plan) -> list[Row]:
     split = plan.schedule in SPLIT_BACKWARD
-    for p in plan.pipelines:
-        fwd = [s.num_layers for s in p.stages]
-        out.append(simulate(fwd, [(1 if split else 2) * f for f in fwd], [0.0] * (len(fwd) - 1),
-                            p.num_microbatches, plan.schedule, fwd if split else None))
-    return out
+    seen: dict[tuple, int] = {}
+    for k in range(len(plan.pipelines)):
+        seen.setdefault(_pipeline_key(plan, k), k)
+    copies = {first: sum(1 for k in range(len(plan.pipelines)) if _pipeline_key(plan, k) == key)
+              for key, first in seen.items()}
+    rows = []
+    for k in sorted(copies):
+        fwd, bwd, wgrad, links, back = _durations(plan, k)
+        slots = simulate(fwd, bwd if split else [b + w for b, w in zip(bwd, wgrad)], links,
+                         plan.pipelines[k].num_microbatches, plan.schedule, wgrad if split else None, back)
+        for j in range(len(fwd)):
+            mine = tuple(s for s in slots if s.stage == j)
+            sync = optimizer = None
+            if in_seconds(plan):
+                t = plan.predicted.stages[k][j]
+                done = max(s.end_s for s in mine)
+                sync = (done, t.sync_end_s) if t.sync_end_s > done else None
+                start = max(done, t.sync_end_s)
+                optimizer = (start, start + t.optimizer_s)
+            rows.append(Row(k, j, copies[k], mine, sync, optimizer))
+    return rows
+
+
+def _label(plan: Plan, row: Row) -> str:
+    stage = plan.pipelines[row.pipeline].stages[row.stage]
+    copies = f" ({row.copies} pipelines)" if row.copies > 1 else ""
+    return (f"p{row.pipeline} s{row.stage} {stage.device_type}x{stage.tp} "
+            f"L[{stage.layers[0]},{stage.layers[1]}){copies}")
 
 
 def _sizes(plan: Plan) -> str:
@@ -26,53 +90,132 @@ def _sizes(plan: Plan) -> str:
     return str(sizes[0]) if len(sizes) == 1 else "per pipeline " + "/".join(map(str, sizes))
 
 
+def _horizon(rows: list[Row]) -> float:
+    ends = [s.end_s for r in rows for s in r.slots] + [r.optimizer[1] for r in rows if r.optimizer]
+    return max(ends)
+
+
 def timeline_text(plan: Plan) -> str:
-    timelines = _slots(plan)
-    horizon = max(s.end_s for t in timelines for s in t)
+    rows = timeline_rows(plan)
+    horizon = _horizon(rows)
     scale = MAX_TEXT_COLUMNS / horizon
+    unit = f"{horizon / MAX_TEXT_COLUMNS * 1e3:.2f} ms per column" if in_seconds(plan) else \
+        "time relative to layers held"
     lines = [f"{plan.model}: {len(plan.pipelines)} pipelines, global batch {plan.global_batch}, "
-             f"micro-batch {_sizes(plan)}, {plan.schedule} (F = forward, B = backward, W = weight gradients; "
-             "time relative to layers held)"]
+             f"micro-batch {_sizes(plan)}, {plan.schedule} (F = forward, B = backward, W = weight gradients, "
+             f"~ = gradient sync, O = optimizer; {unit})"]
     if plan.predicted:
         lines.append(f"predicted {plan.predicted.iteration_time_s:.3f} s/iteration, "
-                     f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind}]")
-    for k, (p, slots) in enumerate(zip(plan.pipelines, timelines)):
-        for j, stage in enumerate(p.stages):
-            row = [" "] * (MAX_TEXT_COLUMNS + 1)
-            for s in (s for s in slots if s.stage == j):
-                for c in range(int(s.start_s * scale), max(int(s.start_s * scale) + 1, int(s.end_s * scale))):
-                    row[min(c, MAX_TEXT_COLUMNS)] = s.kind
-            label = f"p{k} s{j} {stage.device_type}x{stage.tp} L[{stage.layers[0]},{stage.layers[1]})"
-            lines.append(f"{label:<28}|{''.join(row)}|")
-    if plan.predicted and plan.predicted.peak_memory_bytes_per_device:
-        lines.append("peak memory per device (GB): " + ", ".join(
-            f"{d}={b / 1e9:.1f}" for d, b in sorted(plan.predicted.peak_memory_bytes_per_device.items())))
+                     f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind}"
+                     f"{', ' + plan.predicted.dtype if plan.predicted.dtype else ''}]")
+    width = max(len(_label(plan, r)) for r in rows) + 1
+    for r in rows:
+        cells = [" "] * (MAX_TEXT_COLUMNS + 1)
+        spans = [(s.start_s, s.end_s, s.kind) for s in r.slots]
+        spans += [(a, b, TEXT_MARKS[name]) for name, span in (("sync", r.sync), ("optimizer", r.optimizer))
+                  if span for a, b in (span,)]
+        for start, end, mark in spans:
+            for c in range(int(start * scale), max(int(start * scale) + 1, int(end * scale))):
+                cells[min(c, MAX_TEXT_COLUMNS)] = mark
+        lines.append(f"{_label(plan, r):<{width}}|{''.join(cells)}|")
+    lines += _memory_lines(plan)
     return "\n".join(lines)
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    if not (plan.predicted and plan.predicted.peak_memory_bytes_per_device):
+        return []
+    mem, cap = plan.predicted.peak_memory_bytes_per_device, plan.predicted.capacity_bytes_per_device
+    cells = []
+    for r in timeline_rows(plan):
+        stage = plan.pipelines[r.pipeline].stages[r.stage]
+        key = f"{stage.node}:{stage.devices[0]}"
+        used = f"{mem.get(key, 0) / 1e9:.1f}"
+        cells.append(f"p{r.pipeline}s{r.stage}={used}" + (f"/{cap[key] / 1e9:.1f}" if key in cap else ""))
+    return ["peak memory per stage (GB" + (" used/usable" if cap else "") + "): " + ", ".join(cells)]
+
+
+def device_colors(plan: Plan) -> dict[str, str]:
+    types = list(dict.fromkeys(s.device_type for p in plan.pipelines for s in p.stages))
+    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(types)}
+
+
+KIND_STYLE = {"F": {"alpha": 0.45}, "B": {"alpha": 1.0}, "W": {"alpha": 0.8, "hatch": "////"}}
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradients"}
+
+
+def _draw_timeline(ax, plan: Plan, rows: list[Row], colors: dict[str, str]) -> None:
+    label_slots = max(len(r.slots) for r in rows) <= 48
+    for y, r in enumerate(rows):
+        color = colors[plan.pipelines[r.pipeline].stages[r.stage].device_type]
+        for s in r.slots:
+            ax.barh(y, s.end_s - s.start_s, left=s.start_s, height=0.8, color=color, edgecolor="white",
+                    linewidth=0.4, **KIND_STYLE[s.kind])
+            if label_slots:
+                ax.text((s.start_s + s.end_s) / 2, y, str(s.microbatch), ha="center", va="center", fontsize=6)
+        for span, c in ((r.sync, SYNC_COLOR), (r.optimizer, OPTIMIZER_COLOR)):
+            if span:
+                ax.barh(y, span[1] - span[0], left=span[0], height=0.8, color=c, edgecolor="white", linewidth=0.4)
+    for y, (a, b) in enumerate(zip(rows, rows[1:]), start=1):
+        if a.pipeline != b.pipeline:
+            ax.axhline(y - 0.5, color="black", linewidth=0.6)
+    if plan.predicted and in_seconds(plan):
+        ax.axvline(plan.predicted.iteration_time_s, color="black", linestyle="--", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [_label(plan, r) for r in rows], fontsize=7)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, _horizon(rows) * 1.01)
+    ax.set_xlabel("seconds (predicted)" if in_seconds(plan) else "time (relative: the plan records no durations)")
+    ax.grid(axis="x", linewidth=0.3, alpha=0.5)
+
+
+def _draw_memory(bx, plan: Plan, rows: list[Row], colors: dict[str, str]) -> None:
+    mem = plan.predicted.peak_memory_bytes_per_device if plan.predicted else {}
+    cap = plan.predicted.capacity_bytes_per_device if plan.predicted else {}
+    top = 0.0
+    for y, r in enumerate(rows):
+        stage = plan.pipelines[r.pipeline].stages[r.stage]
+        key = f"{stage.node}:{stage.devices[0]}"
+        used, usable = mem.get(key, 0) / 1e9, cap.get(key, 0) / 1e9
+        if usable:
+            bx.barh(y, usable, height=0.8, color="#eeeeee", edgecolor="#999999", linewidth=0.5)
+            bx.plot([usable, usable], [y - 0.45, y + 0.45], color="black", linewidth=1.5)
+        bx.barh(y, used, height=0.5, color=colors[stage.device_type])
+        bx.text(max(used, usable), y, f" {used:.1f}" + (f"/{usable:.0f}" if usable else ""), va="center",
+                fontsize=6)
+        top = max(top, used, usable)
+    bx.set_ylim(len(rows) - 0.5, -0.5)
+    bx.set_yticks([])
+    bx.set_xlim(0, top * 1.25 or 1)
+    bx.set_xlabel("peak memory per GPU, GB\n(bar: predicted; box, black mark: usable capacity)", fontsize=8)
+
+
+def _legend(ax, colors: dict[str, str]) -> None:
+    from matplotlib.patches import Patch
+    handles = [Patch(color=c, label=t) for t, c in colors.items()]
+    handles += [Patch(facecolor="#555555", label=KIND_NAMES[k], **KIND_STYLE[k]) for k in KIND_STYLE]
+    handles += [Patch(color=SYNC_COLOR, label="gradient sync (exposed)"), Patch(color=OPTIMIZER_COLOR,
+                                                                               label="optimizer")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 1.2 / (3 + ax.get_ylim()[0])),
+              ncol=min(len(handles), 9), fontsize=7, frameon=False)
 
 
 def draw_plan(plan: Plan, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    timelines = _slots(plan)
-    rows = [(k, j) for k, p in enumerate(plan.pipelines) for j in range(len(p.stages))]
-    mem = plan.predicted.peak_memory_bytes_per_device if plan.predicted else {}
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 1 + 0.4 * len(rows)), gridspec_kw={"width_ratios": [3, 1]})
-    for y, (k, j) in enumerate(rows):
-        for s in (s for s in timelines[k] if s.stage == j):
-            ax.barh(y, s.end_s - s.start_s, left=s.start_s, color=SLOT_COLORS[s.kind], edgecolor="white")
-            ax.text((s.start_s + s.end_s) / 2, y, str(s.microbatch), ha="center", va="center", fontsize=6)
-    labels = [f"p{k} s{j} {plan.pipelines[k].stages[j].device_type}x{plan.pipelines[k].stages[j].tp}"
-              for k, j in rows]
-    ax.set_yticks(range(len(rows)), labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("time (relative; blue = forward, orange = backward, green = weight gradients)")
-    ax.set_title(f"{plan.model}: {plan.schedule} timeline per pipeline")
-    devices = sorted(mem)
-    bx.barh(range(len(devices)), [mem[d] / 1e9 for d in devices])
-    bx.set_yticks(range(len(devices)), devices, fontsize=6)
-    bx.invert_yaxis()
-    bx.set_xlabel("predicted peak memory (GB)")
+    rows, colors = timeline_rows(plan), device_colors(plan)
+    height = 1.9 + 0.32 * len(rows)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, height), gridspec_kw={"width_ratios": [4, 1]}, sharey=False)
+    _draw_timeline(ax, plan, rows, colors)
+    _draw_memory(bx, plan, rows, colors)
+    title = f"{plan.model} on {plan.cluster or 'cluster'}: {plan.num_devices} GPUs, {len(plan.pipelines)} " \
+        f"pipelines, global batch {plan.global_batch}, micro-batch {_sizes(plan)}, {plan.schedule}"
+    if plan.predicted:
+        title += (f"\npredicted {plan.predicted.iteration_time_s:.3f} s/iteration (dashed), "
+                  f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind} profile"
+                  f"{', ' + plan.predicted.dtype if plan.predicted.dtype else ''}]")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _legend(ax, colors)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)

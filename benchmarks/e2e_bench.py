@@ -6,7 +6,11 @@ runtime's schedule gains what the cost model predicts. The model that runs is sc
 (the real layer count, tiny hidden size and sequence); every op is paced to what the analytic profile of the *real-size* model predicts for the emulated
 GPU or link (times a time scale), so the emulated clock reflects the real GPUs. All figures are emulated.
 
-    python benchmarks/e2e_bench.py [--models gpt3-6.7b,llama-7b] [--global-batch 96] [--steps 4]
+    python benchmarks/e2e_bench.py [--models gpt3-6.7b,llama-7b] [--global-batch 96] [--steps 4] [--data DIR]
+
+With `--data DIR` (a dataset from `autohet data prepare`) the plans train on it, and each plan reports the
+share of its steps' wall time that the step waited for its batch (`data_wait_share`: the loader on the
+critical path; the next batch is prepared in the background while a step runs).
 
 Measured iteration = the best of the steps: pacing only ever fills an op up to its target, so other
 processes on the shared cores can only lengthen a step (one-sided noise); the median of the steps after the
@@ -39,10 +43,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_SEQ_LEN = 16
 
 
-def scaled_down(spec: ModelSpec) -> ModelSpec:
+def scaled_down(spec: ModelSpec, vocab_size: int = 256) -> ModelSpec:
     """Same family and layer count, tiny widths that every TP degree up to 8 divides."""
     return replace(spec, name=f"{spec.name}-emu", hidden=64, num_heads=8, num_kv_heads=8, ffn_hidden=128,
-                   vocab_size=256, max_seq_len=RUN_SEQ_LEN)
+                   vocab_size=vocab_size, max_seq_len=RUN_SEQ_LEN)
+
+
+def run_vocab_size(data: str | None) -> int:
+    """The scaled-down model's vocabulary: 256, or the dataset's (rounded up to a multiple of 8 for TP)."""
+    if data is None:
+        return 256
+    from autohet_ray.data import Dataset
+    return -(-Dataset.open(data).index.vocab_size // 8) * 8
 
 
 def plans_for(cluster, spec: ModelSpec, global_batch: int, seq_len: int, time_limit_s: float):
@@ -76,7 +88,8 @@ def _print_step(m: dict) -> None:
 def run_plan(cluster, spec, run_spec, plan, args, time_scale: float, seq_len: int) -> dict:
     job = TrainJob(model=run_spec.to_dict(), priced_as=spec.to_dict(), global_batch=plan.global_batch,
                    cluster=cluster.to_dict(), plan=plan.to_dict(), seq_len=RUN_SEQ_LEN, priced_seq_len=seq_len,
-                   time_scale=time_scale, setup_timeout_s=300, collective_timeout_s=600, baselines=False)
+                   time_scale=time_scale, setup_timeout_s=300, collective_timeout_s=600, baselines=False,
+                   data=args.data)
     start = time.perf_counter()
     ctl = Controller(job)
     try:
@@ -91,7 +104,8 @@ def run_plan(cluster, spec, run_spec, plan, args, time_scale: float, seq_len: in
     return {"measured_iteration_s": min(times), "median_steady_iteration_s": statistics.median(steady),
             "step_iteration_s": times, "steps": len(history),
             "loss": history[-1]["loss"], "run_s": time.perf_counter() - start,
-            "overruns": sum(m["overruns"] for m in history[1:])}
+            "overruns": sum(m["overruns"] for m in history[1:]),
+            "data_wait_share": max(m["data_wait_s"] / m["wall_s"] for m in history[1:] or history)}
 
 
 def main() -> int:
@@ -104,6 +118,7 @@ def main() -> int:
     ap.add_argument("--iteration-wall-s", type=float, default=20.0,
                     help="wall seconds per emulated iteration of each plan (sets its time scale)")
     ap.add_argument("--plan-time-limit", type=float, default=30.0)
+    ap.add_argument("--data", default=None, help="a prepared dataset to train on (default: synthetic tokens)")
     args = ap.parse_args()
     cluster = load_cluster(args.cluster)
     rows, out = [], {"emulated": True, "cluster": cluster.name, "gpus": cluster.num_gpus, "models": {}}
@@ -116,7 +131,8 @@ def main() -> int:
                 scale = time_scale_for(ev, args.iteration_wall_s)
                 print(f"{name} {kind}: {plan.num_devices} GPUs, {len(plan.pipelines)} pipelines, predicted "
                       f"{ev.iteration_time_s:.3f} s/iteration; time scale {scale:.2f} (emulated)", flush=True)
-                measured = run_plan(cluster, spec, scaled_down(spec), plan, args, scale, args.seq_len)
+                measured = run_plan(cluster, spec, scaled_down(spec, run_vocab_size(args.data)), plan, args, scale,
+                                    args.seq_len)
                 result[kind] = {"predicted_iteration_s": ev.iteration_time_s, "time_scale": scale, **measured,
                                 "error": measured["measured_iteration_s"] / ev.iteration_time_s - 1}
             result["predicted_speedup"] = (result["megatron"]["predicted_iteration_s"] /
@@ -131,6 +147,7 @@ def main() -> int:
                     "measured": result[one]["measured_iteration_s"] / result[zb]["measured_iteration_s"]}
             out["models"][name] = result
             rows.append((name, result))
+    out["data"] = args.data or "synthetic"
     out["load_average"] = os.getloadavg()
     print(f"\n{'model':<11} {'plan':<14} {'predicted s':>11} {'best s':>8} {'error':>7} {'median s':>9}   "
           f"(all emulated; load average {out['load_average'][0]:.1f} on {os.cpu_count()} cores)")
@@ -139,6 +156,9 @@ def main() -> int:
             p = r[kind]
             print(f"{name:<11} {kind:<14} {p['predicted_iteration_s']:>11.3f} {p['measured_iteration_s']:>8.3f} "
                   f"{p['error']:>+7.1%} {p['median_steady_iteration_s']:>9.3f}")
+        if args.data:
+            worst = max(r[k]["data_wait_share"] for k in r if k.startswith(("autohet", "megatron")))
+            print(f"{name:<11} loader on the critical path: at most {worst:.2%} of a step's wall time")
         print(f"{name:<11} speedup over Megatron: predicted {r['predicted_speedup']:.2f}x, measured "
               f"{r['measured_speedup']:.2f}x (emulated); the paper reports {PAPER_SPEEDUPS}")
         if "schedule_gain" in r:

@@ -17,7 +17,8 @@ from collections import defaultdict
 from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.terms import GRAD_SYNC_BYTES, allreduce_time, inter_link, intra_link
+from autohet_ray.profile.precision import profile_precision
+from autohet_ray.cost.terms import allreduce_time, inter_link, intra_link
 from autohet_ray.model.costs import layer_params
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.rankmap import SYNC_BUCKET_ELEMENTS
@@ -87,7 +88,7 @@ def _bucket_seconds(unit: tuple, count: int, stages, params, lanes, cluster, pro
     """One all-reduce of `count` units among the unit's holders (the same for each of them)."""
     kind, holders, _ = unit
     members = [stages[h] for h in holders]
-    whole = count * params[kind] * GRAD_SYNC_BYTES
+    whole = count * params[kind] * profile_precision(profile).grad_sync_bytes
     tps = {s.tp for s in members}
     shard = whole / (tps.pop() if len(tps) == 1 else 1)
     if len({s.node for s in members}) == 1:

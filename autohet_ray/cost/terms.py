@@ -1,22 +1,23 @@
 """Cost terms shared by the plan evaluator and the planner: per-group compute, memory and link prices.
 
-Training precision assumed by the memory model: bf16 weights and activations, fp32 master weights and
-AdamW moments, bf16 gradients reduced across pipelines (Megatron's mixed precision without a distributed
-optimizer): 2 (bf16 weight) + 4 (fp32 grad accumulator) + 4 (master) + 8 (moments) = 18 bytes per parameter.
+The training dtype's bytes per parameter, per activation and per gradient element come from the profile's
+dtype (profile/precision.py); the module constants below are the bf16 figures, for callers that predate dtypes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.model.costs import layer_params, weight_grad_share
+from autohet_ray.profile.precision import PRECISIONS, Precision, profile_precision
+from autohet_ray.model.costs import layer_params, recompute_activation_bytes_per_token, weight_grad_share
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.profile.db import LinkProfile, ProfileDB
 
-STATE_BYTES_PER_PARAM = 18
-GRAD_SYNC_BYTES = 2              # bf16 gradient all-reduce
-OPTIMIZER_BYTES_PER_PARAM = 30   # AdamW traffic per parameter (read/write master, moments, grad, weight)
-ACT_ELEMENT_BYTES = 2
+_BF16 = PRECISIONS["bfloat16"]
+STATE_BYTES_PER_PARAM = _BF16.state_bytes_per_param
+GRAD_SYNC_BYTES = _BF16.grad_sync_bytes
+OPTIMIZER_BYTES_PER_PARAM = _BF16.optimizer_bytes_per_param
+ACT_ELEMENT_BYTES = _BF16.activation_bytes
 MEMORY_RESERVE_BYTES = 2 * 10**9  # CUDA context, workspaces, fragmentation
 # A backward split into B and deferred W (zero-bubble) re-reads each linear's input and output gradient later:
 # measured 1.03x (hidden 1024) to 1.04-1.09x (hidden 512) the plain backward on CPU
@@ -43,6 +44,12 @@ class GroupCost:
     head_act_bytes: int
     capacity_bytes: int           # device memory usable for training
     hbm_Bps: float
+    state_bytes_per_param: int = STATE_BYTES_PER_PARAM
+    optimizer_bytes_per_param: int = OPTIMIZER_BYTES_PER_PARAM
+    layer_held_bytes: int = 0     # what a split backward keeps per layer and micro-batch from its B to its W
+    head_held_bytes: int = 0
+    recompute: bool = False       # layers recompute their forward in the backward (layer_s includes it)
+    recompute_bytes: int = 0      # with `recompute`: one layer's full activations, live while it is rebuilt
 
     def stage_time(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_s + (self.embed_s if first else 0.0) + (self.head_s if last else 0.0)
@@ -60,15 +67,32 @@ class GroupCost:
     def stage_params(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_params + (self.embed_params if first else 0) + (self.head_params if last else 0)
 
-    def stage_memory(self, num_layers: int, first: bool, last: bool, in_flight: int) -> int:
-        act = num_layers * self.layer_act_bytes + (self.embed_act_bytes if first else 0) + \
+    def stage_activation_bytes(self, num_layers: int, first: bool, last: bool) -> int:
+        """What one micro-batch keeps for its backward on this stage."""
+        return num_layers * self.layer_act_bytes + (self.embed_act_bytes if first else 0) + \
             (self.head_act_bytes if last else 0)
-        return int(self.stage_params(num_layers, first, last) * STATE_BYTES_PER_PARAM + in_flight * act)
 
-    def max_layers_in_memory(self, first: bool, last: bool, in_flight: int) -> int:
-        fixed = self.stage_memory(0, first, last, in_flight)
-        per_layer = self.layer_params * STATE_BYTES_PER_PARAM + in_flight * self.layer_act_bytes
+    def stage_held_bytes(self, num_layers: int, last: bool) -> int:
+        """What one micro-batch keeps between its B and its W (split-backward schedules)."""
+        return num_layers * self.layer_held_bytes + (self.head_held_bytes if last else 0)
+
+    def stage_memory(self, num_layers: int, first: bool, last: bool, in_flight: int, held: int = 0) -> int:
+        """Weights, gradients and optimizer state, `in_flight` micro-batches' activations and `held`
+        micro-batches' deferred weight-gradient inputs."""
+        return int(self.stage_params(num_layers, first, last) * self.state_bytes_per_param
+                   + in_flight * self.stage_activation_bytes(num_layers, first, last)
+                   + held * self.stage_held_bytes(num_layers, last)
+                   + (self.recompute_bytes if num_layers and in_flight else 0))
+
+    def max_layers_in_memory(self, first: bool, last: bool, in_flight: int, held: int = 0) -> int:
+        fixed = self.stage_memory(0, first, last, in_flight, held) + (self.recompute_bytes if in_flight else 0)
+        per_layer = self.layer_params * self.state_bytes_per_param + in_flight * self.layer_act_bytes + \
+            held * self.layer_held_bytes
         return max(-1, int((self.capacity_bytes - fixed) // per_layer)) if fixed <= self.capacity_bytes else -1
+
+    def optimizer_s(self, num_layers: int, first: bool, last: bool) -> float:
+        """One AdamW step over the stage's parameters (memory bound)."""
+        return self.stage_params(num_layers, first, last) * self.optimizer_bytes_per_param / self.hbm_Bps
 
 
 def allreduce_time(num_bytes: float, members: int, link: LinkProfile) -> float:
@@ -101,31 +125,74 @@ def inter_link(profile: ProfileDB, cluster: Cluster, node_a: str, node_b: str, s
     return LinkProfile(bandwidth_Bps=bw / max(1, share), latency_s=latency)
 
 
-def activation_message_bytes(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    """One micro-batch's hidden states between stages (bf16)."""
-    return micro_batch * seq_len * model.hidden * ACT_ELEMENT_BYTES
+def activation_message_bytes(model: ModelSpec, micro_batch: int, seq_len: int,
+                             element_bytes: int = ACT_ELEMENT_BYTES) -> float:
+    """One micro-batch's hidden states between stages (default: bf16 elements)."""
+    return micro_batch * seq_len * model.hidden * element_bytes
+
+
+def allgather_time(num_bytes: float, members: int, link: LinkProfile) -> float:
+    """Ring all-gather of a `num_bytes` tensor (each member holds 1/members of it)."""
+    if members <= 1:
+        return 0.0
+    return (members - 1) / members * num_bytes / link.bandwidth_Bps + (members - 1) * link.latency_s
+
+
+def broadcast_time(num_bytes: float, members: int, link: LinkProfile) -> float:
+    """Pipelined (chain) broadcast of `num_bytes` from one member to the others."""
+    if members <= 1:
+        return 0.0
+    return num_bytes / link.bandwidth_Bps + (members - 1) * link.latency_s
+
+
+def boundary_seconds(num_bytes: float, tp_send: int, tp_recv: int, wire: LinkProfile, shared_wire: bool,
+                     recv_link: LinkProfile) -> float:
+    """One message across a stage boundary as runtime/bridge.py moves it. Equal TP degrees t: every sender
+    rank sends 1/t to its peer (`shared_wire`: the t transfers share one wire, the NIC between nodes; else
+    each pair has its own NVLink/PCIe link), then the receiving stage all-gathers over `recv_link`.
+    Different degrees: the sender's leader sends all of it to the receiver's leader, which broadcasts it."""
+    if tp_send == tp_recv:
+        t = tp_send
+        on_wire = num_bytes if shared_wire else num_bytes / t
+        return p2p_time(on_wire, wire) + allgather_time(num_bytes, t, recv_link)
+    return p2p_time(num_bytes, wire) + broadcast_time(num_bytes, tp_recv, recv_link)
 
 
 class GroupCostTable:
     """GroupCost per (device type, TP degree), cached, for one model / micro-batch / sequence length."""
 
-    def __init__(self, *, model: ModelSpec, cluster: Cluster, profile: ProfileDB, micro_batch: int, seq_len: int):
+    def __init__(self, *, model: ModelSpec, cluster: Cluster, profile: ProfileDB, micro_batch: int, seq_len: int,
+                 recompute: bool = False):
         self.model, self.cluster, self.profile = model, cluster, profile
+        self.recompute = recompute     # what `get` prices when not told (the planner's recompute=full)
         self.micro_batch, self.seq_len = micro_batch, seq_len
-        self._cache: dict[tuple[str, int], GroupCost] = {}
+        self.precision: Precision = profile_precision(profile)
+        self.message_bytes = activation_message_bytes(model, micro_batch, seq_len, self.precision.activation_bytes)
+        self._cache: dict[tuple[str, int, bool], GroupCost] = {}
 
-    def get(self, device_type: str, tp: int) -> GroupCost:
-        key = (device_type, tp)
+    def get(self, device_type: str, tp: int, recompute: bool | None = None) -> GroupCost:
+        key = (device_type, tp, self.recompute if recompute is None else recompute)
         if key not in self._cache:
-            self._cache[key] = self._build(device_type, tp)
+            self._cache[key] = self._build(*key)
         return self._cache[key]
 
-    def _build(self, device_type: str, tp: int) -> GroupCost:
+    def _build(self, device_type: str, tp: int, recompute: bool = False) -> GroupCost:
+        plain = self._build_plain(device_type, tp)
+        if not recompute:
+            return plain
+        forward_s = plain.layer_s * plain.layer_fwd_fraction       # incl. its TP all-reduces, run again
+        layer_s = plain.layer_s + forward_s
+        tokens, elem = self.micro_batch * self.seq_len, self.precision.activation_bytes
+        return replace(plain, layer_s=layer_s, layer_fwd_fraction=forward_s / layer_s, recompute=True,
+                       layer_act_bytes=int(tokens * recompute_activation_bytes_per_token(self.model, elem)),
+                       recompute_bytes=plain.layer_act_bytes)
+
+    def _build_plain(self, device_type: str, tp: int) -> GroupCost:
         prof = lambda kind: self.profile.layer(device_type, tp, self.micro_batch, kind)  # noqa: E731
         layer, embed, head = prof("layer"), prof("embedding"), prof("head")
-        msg = activation_message_bytes(self.model, self.micro_batch, self.seq_len)
-        ar = allreduce_time(msg, tp, intra_link(self.profile, self.cluster, device_type))
+        ar = allreduce_time(self.message_bytes, tp, intra_link(self.profile, self.cluster, device_type))
         device = self.cluster.device(device_type)
+        tokens, elem = self.micro_batch * self.seq_len, self.precision.activation_bytes
         return GroupCost(
             device_type=device_type, tp=tp,
             layer_s=layer.fwd_s + layer.bwd_s + 4 * ar, embed_s=embed.fwd_s + embed.bwd_s + ar,
@@ -139,6 +206,23 @@ class GroupCostTable:
             head_params=layer_params(self.model, "head") / tp,
             layer_act_bytes=layer.activation_bytes, embed_act_bytes=embed.activation_bytes,
             head_act_bytes=head.activation_bytes,
-            capacity_bytes=device.memory_bytes - MEMORY_RESERVE_BYTES, hbm_Bps=device.hbm_gbps * 1e9)
+            capacity_bytes=device.memory_bytes - MEMORY_RESERVE_BYTES, hbm_Bps=device.hbm_gbps * 1e9,
+            state_bytes_per_param=self.precision.state_bytes_per_param,
+            optimizer_bytes_per_param=self.precision.optimizer_bytes_per_param,
+            layer_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "layer", tp) * elem),
+            head_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "head", tp) * elem))
+
+
+def wgrad_held_elements_per_token(model: ModelSpec, kind: str, tp: int) -> float:
+    """Elements per token that a split backward keeps from B to W on one TP rank (runtime/wgrad.py): each
+    TP linear's input and output gradient. Column-parallel linears (qkv, fc1 / gate_up, the head's output)
+    take the whole hidden state and produce a 1/tp shard; row-parallel ones (proj, fc2 / down) the reverse."""
+    h, f = model.hidden, model.ffn_hidden
+    if kind == "head":
+        return h + model.vocab_size / tp
+    assert kind == "layer", kind
+    mlp_out = (2 if model.family == "llama" else 1) * f
+    qkv = (h + 2 * model.kv_hidden) / tp
+    return (h + qkv) + (h / tp + h) + (h + mlp_out / tp) + (f / tp + h)
 
 

@@ -28,6 +28,7 @@ class Committer:
         self.cloud_committed: list[int] = []
         self.pending_cloud: dict[int, list] = {}       # step -> refs of every rank's cloud records
         self.skipped: list[str] = []
+        self.copies: list = []                          # refs of re-replications after a loss (background)
         self._gc_pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-gc")
         self._gc: Future | None = None
 
@@ -90,6 +91,33 @@ class Committer:
     def forget_pending(self) -> None:
         """Uploads of a failed group never commit (their chunks are swept by a later collection)."""
         self.pending_cloud.clear()
+
+    def rereplicate_newest(self) -> int:
+        """After a node loss: copy each chunk of the newest committed step that only one live node store still
+        holds to a second live store (the keepers copy between themselves, in the background, while the job
+        re-plans), so that another loss before the next commit cannot take the step's last copy. A step already
+        in the storage needs no copy. Returns the number of chunks being copied."""
+        from autohet_ray.elastic.keeper import get_keeper, keeper_name
+        if not self.committed or self.committed[-1] in self.cloud_committed or len(self.keepers) < 2:
+            return 0
+        try:
+            manifest = find_manifest(list(self.keepers.values()), self.committed[-1])
+        except CheckpointError as err:                  # the restore that follows finds what is left, and says
+            self.skipped.append(f"step {self.committed[-1]}: no copy made after the loss ({err})")
+            return 0
+        node_of = {self.keeper_specs[node]["name"]: node for node in self.keepers}
+        live = sorted(self.keepers)
+        copies: dict[tuple[str, str], list[str]] = {}
+        for i, record in enumerate(manifest.records):
+            holders = sorted({node_of[r] for r in record.replicas if r in node_of})
+            if len(holders) == 1:
+                others = [n for n in live if n != holders[0]]
+                copies.setdefault((holders[0], others[i % len(others)]), []).append(record.key)
+        for (source, target), keys in copies.items():
+            src, dst = self.keeper_specs[source], self.keeper_specs[target]
+            self.copies.append(get_keeper(src["job_id"], src["node_id"]).replicate.remote(
+                keys, keeper_name(dst["job_id"], dst["node_id"])))
+        return sum(len(keys) for keys in copies.values())
 
     def promote(self, step: int, timeout_s: float = 600.0) -> int:
         """Copy committed node-store step `step` to the storage and commit it there: every chunk is uploaded

@@ -110,8 +110,10 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
     ctl.committer.forget_pending()
     for node in lost["lost_nodes"]:
         ctl.committer.drop_keeper(node)
+    rereplicated = ctl.committer.rereplicate_newest()
     ctl.lost += lost["lost_nodes"]
-    report = {"detect_s": detect_s, "salvage_s": time.perf_counter() - salvage_start, **salvage, **lost}
+    report = {"detect_s": detect_s, "salvage_s": time.perf_counter() - salvage_start, **salvage, **lost,
+              "rereplicated_chunks": rereplicated}
     try:
         return report | relaunch(ctl, mode=mode, reason=lost["message"], reuse=reuse)
     except GroupFailure as again:
@@ -142,9 +144,16 @@ def relaunch(ctl, *, mode: str, reason: str, reuse: dict[str, list] | None = Non
     ctl.state = "replanning"
     start = time.perf_counter()
     ctl.found = ctl.discover()
+    discover_s = time.perf_counter() - start
     if ctl.job.elastic:
-        ctl.start_keepers()
-    report = {"reason": reason, "discover_s": time.perf_counter() - start, **ctl.launch(mode, reuse, plan)}
+        ctl.start_keepers()                    # a joined node's store: a new actor there (timed apart)
+    # A loss before the first commit (and no step restored at the start): the job starts over from its seeded
+    # initialization, which is what a restore of "step 0" would give.
+    fresh = ctl.committer is not None and not ctl.committer.committed
+    report = {"reason": reason, "discover_s": discover_s, "keepers_s": time.perf_counter() - start - discover_s,
+              **ctl.launch(None if fresh else mode, reuse, plan)}
+    if fresh:
+        report |= {"restored_step": 0, "restarted_from_init": True}
     ctl.state = "running"
     return report
 
@@ -176,6 +185,7 @@ def check_notices(ctl, board) -> dict | None:
     flush_s = time.perf_counter() - start
     for node_id in pending:
         ray.get(board.ack.remote(node_id))
+    ctl.draining.update(pending)     # also a noticed node not planned onto yet (it joined): never plan onto it
     if not noticed:
         return {"nodes": [], "flush_s": flush_s}
     ctl.draining.update(i for i, name in names.items() if name in noticed)

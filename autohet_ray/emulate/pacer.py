@@ -27,7 +27,6 @@ from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, evaluate_plan, plan_tables
-from autohet_ray.cost.terms import OPTIMIZER_BYTES_PER_PARAM
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import SPLIT_BACKWARD
 from autohet_ray.plan.rankmap import build_rank_map
@@ -54,13 +53,12 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
         fwd, bwd, wgrad = gc.stage_split(stages[j].num_layers, j == 0, last, split)
         if not split:
             bwd, wgrad = bwd + wgrad, 0.0
-        links = ev.link_times_s[k]
-        params = gc.stage_params(stages[j].num_layers, j == 0, last)
+        links, back = ev.link_times_s[k], ev.back_link_times_s[k]
         out.append({"forward": fwd, "backward": bwd, "wgrad": wgrad,
                     "send_activation": links[j] if j < len(links) else 0.0,
-                    "send_grad": links[j - 1] if j > 0 else 0.0,
+                    "send_grad": back[j - 1] if j > 0 else 0.0,
                     "grad_sync": ev.sync_exposed_s.get(f"{info.node}:{info.device}", 0.0),
-                    "optimizer": params * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps})
+                    "optimizer": gc.optimizer_s(stages[j].num_layers, j == 0, last)})
     return out
 
 

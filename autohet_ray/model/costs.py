@@ -52,14 +52,21 @@ def weight_grad_share(spec: ModelSpec, kind: str, seq_len: int) -> float:
     return matmul / (2 * forward)
 
 
-def activation_bytes_per_token(spec: ModelSpec, kind: str, tp: int) -> float:
-    """Bytes one token keeps for backward on one rank of a TP group of `tp`."""
+def activation_bytes_per_token(spec: ModelSpec, kind: str, tp: int, element_bytes: int = ACT_BYTES) -> float:
+    """Bytes one token keeps for backward on one rank of a TP group of `tp` (`element_bytes`: the training
+    dtype's activation element; default bf16)."""
     h, f = spec.hidden, spec.ffn_hidden
     if kind == "embedding":
-        return ACT_BYTES * h
+        return element_bytes * h
     if kind == "head":
-        return ACT_BYTES * h + 4.0 * spec.vocab_size / tp          # fp32 logits for the loss
+        return element_bytes * h + 4.0 * spec.vocab_size / tp      # fp32 logits for the loss
     replicated = 5 * h                                             # 2 norm inputs, 2 linear inputs, masks
     mlp = (3 if spec.family == "llama" else 2) * f                 # act in/out (+ gate for SwiGLU)
     sharded = 2 * h + 2 * spec.kv_hidden + h + mlp                 # q, k, v, attn out, MLP intermediates
-    return ACT_BYTES * (replicated + sharded / tp)
+    return element_bytes * (replicated + sharded / tp)
+
+
+def recompute_activation_bytes_per_token(spec: ModelSpec, element_bytes: int = ACT_BYTES) -> float:
+    """Bytes one token keeps for backward per transformer layer under activation recomputation: only the
+    layer's input (the hidden state, replicated on every TP rank); the rest is rebuilt in the backward."""
+    return element_bytes * spec.hidden

@@ -120,9 +120,13 @@ def model_from_dict(raw, source: str = "<model>") -> ModelSpec:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or a custom model from a YAML file."""
+    """A preset by name, a custom model from a YAML file, or `hf:DIR` (a Hugging Face config.json)."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
+    if name_or_path.startswith("hf:"):            # a Hugging Face model directory (its config.json)
+        from autohet_ray.model.hf_config import spec_from_hf_dir
+        return spec_from_hf_dir(name_or_path[len("hf:"):])
     if name_or_path.endswith((".yaml", ".yml", ".json")):
         return model_from_dict(read_structured(name_or_path, "model"), source=name_or_path)
-    raise ConfigError(f"unknown model {name_or_path!r}; presets: {', '.join(PRESETS)}; or a path to a .yaml file")
+    raise ConfigError(f"unknown model {name_or_path!r}; presets: {', '.join(PRESETS)}; or a path to a .yaml file, "
+                      "or hf:DIR (a Hugging Face model directory)")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.nn.init import init_chunk
 from autohet_ray.nn.layers import Block, make_norm
 
 
@@ -62,12 +64,13 @@ class StageModel(nn.Module):
         self.embedding = Embedding(spec) if first else None
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(start, end)})
         self.head = Head(spec) if last else None
+        self.recompute = False     # keep only each block's input; rebuild the rest in the backward
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embedding is not None:
             x = self.embedding(x)
         for block in self.layers.values():
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.recompute and torch.is_grad_enabled() else block(x)
         return self.head(x) if self.head is not None else x
 
 
@@ -81,3 +84,24 @@ def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = build_model(spec)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+TIED = ("embedding.tok.weight", "head.out.weight")
+"""A model with tied embeddings holds one tensor twice: the first stage's embedding and the last stage's head
+(so stages own disjoint parameters); their gradients are summed and their values stay equal."""
+
+
+def tied_names(spec: ModelSpec) -> tuple[str, str] | None:
+    """(embedding, head) parameter names when `spec` ties them, else None."""
+    return TIED if spec.tie_embeddings else None
+
+
+def init_tied_head(model: nn.Module, layout: dict, *, seed: int, num_layers: int) -> None:
+    """Give a stage's tied head the embedding's initial values (chunk by chunk, as `materialize` does).
+    `layout`: name -> (global shape, chunk held)."""
+    params = dict(model.named_parameters())
+    shape, chunk = layout[TIED[1]]
+    with torch.no_grad():
+        head = params[TIED[1]]
+        head.copy_(init_chunk(TIED[0], shape, chunk, seed=seed, num_layers=num_layers, dtype=head.dtype,
+                              device=head.device))

@@ -54,6 +54,7 @@ class Controller:
         self.base_cluster = cluster_from_dict(job.cluster)
         self.state = "new"
         self.found = self.plan = self.evaluation = self.group = self.committer = self.metrics_log = None
+        self.tensorboard_log = None
         self.data = None
         self.board, self.watching = None, False
         self.baselines: dict[str, float] = {}
@@ -92,6 +93,9 @@ class Controller:
                                        extra={"job_id": self.job_id}, gc_every=self.job.gc_every)
             self.committer.step_extra = self.data.state
             self.metrics_log = job_storage.LineLog(self.job.storage, job_storage.METRICS_FILE)
+        if self.job.tensorboard:
+            from autohet_ray.orchestrate.tensorboard_log import TensorBoardLog
+            self.tensorboard_log = TensorBoardLog(self.job.tensorboard)
         report = self.launch(restore)
         self.state = "running"
         return report
@@ -113,8 +117,11 @@ class Controller:
         plan = plan_from_dict(self.job.plan) if self.job.plan else None
         plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
         sizes = with_micro_batches(self.job.micro_batch, *plan_sizes)
-        if self.job.profile == "analytic":
-            return analytic_profile(self.priced_model, self.base_cluster, self.priced_seq_len, sizes)
+        if self.job.profile == "analytic":        # priced in the dtype the workers compute in
+            from autohet_ray.orchestrate.job import compute_dtype
+            dtype = compute_dtype(self.job.dtype, cuda=not self.found.emulated)
+            dtype = "float32" if dtype == "float64" else dtype     # fp64 (exact comparisons) is priced as fp32
+            return analytic_profile(self.priced_model, self.base_cluster, self.priced_seq_len, sizes, dtype=dtype)
         if self.job.profile == "measured":
             from autohet_ray.orchestrate.profiling import profile_cluster
             return profile_cluster(self.found, self.priced_model, self.priced_seq_len, micro_batches=sizes,
@@ -153,7 +160,8 @@ class Controller:
                                  loss_grace_s=self.job.loss_grace_s)
         kill_actors([a for actors in reuse.values() for a in actors])
         pacers, paced = self._pacers()
-        setup = self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed, lr=self.job.lr,
+        setup = self.group.setup(model_spec=self.model.to_dict(), seed=self.job.seed,
+                                 optimizer=self.job.optimizer.to_dict(),
                                  dtype=self.job.dtype, collective_timeout_s=self.job.collective_timeout_s,
                                  timeout_s=self.job.setup_timeout_s, pacers=pacers)
         t2 = time.perf_counter()
@@ -168,6 +176,9 @@ class Controller:
             self.step_index = report["restored_step"]
             self.data.check(report.pop("recorded"), self.step_index)
             self.committer.note_restored(self.step_index)
+        elif self.job.init_from:              # step 0 of a job that starts from a Hugging Face checkpoint
+            outs = self.group.call("load_hf", self.job.init_from, timeout_s=self.job.setup_timeout_s)
+            report["init_from_bytes"] = sum(o["bytes_read"] for o in outs)
         if self.committer is not None:
             start = time.perf_counter()
             self.configure_snapshots()
@@ -186,7 +197,7 @@ class Controller:
             request = dict(cluster=self.found.cluster, model=self.priced_model, profile=self.profile,
                            global_batch=self.job.global_batch, seq_len=self.priced_seq_len,
                            micro_batch=self.job.micro_batch, time_limit_s=self.job.plan_time_limit_s,
-                           schedules=self.job.schedules())
+                           schedules=self.job.schedules(), recompute=self.job.recompute)
             if self.job.baselines and self.plan is None:
                 result, found = plan_with_baselines(**request)
                 self.baselines = {n: b.evaluation.iteration_time_s for n, b in found.items()
@@ -289,12 +300,17 @@ class Controller:
     def _metrics(self, outs: list[dict], wall: float) -> dict:
         return step_metrics(outs, wall, step=self.step_index, job=self.job, evaluation=self.evaluation,
                             profile_kind=self.profile.kind, time_scale=self.time_scale,
-                            data_wait_s=self.data.waited_s())
+                            data_wait_s=self.data.waited_s(), plan=self.plan, device=self.found.cluster.device,
+                            # the emulated clock runs the priced model: its FLOPs are the ones counted
+                            spec=self.priced_model if self.job.paced else self.model,
+                            seq_len=self.priced_seq_len if self.job.paced else self.seq_len)
 
     def _record(self, metrics: dict) -> dict:
         self.history.append(metrics)
         if self.metrics_log is not None:
             self.metrics_log.append(json.dumps(metrics))
+        if self.tensorboard_log is not None:
+            self.tensorboard_log.append(metrics)
         return metrics
 
     # -- checkpoints and exits -------------------------------------------------------------------------------
@@ -360,6 +376,8 @@ class Controller:
                 print(f"autohet: collecting old checkpoint steps failed: {err}", file=sys.stderr)
         if self.data is not None:
             self.data.close()
+        if self.tensorboard_log is not None:
+            self.tensorboard_log.close()
         if "error" in outcome and self.keeper_specs:
             print(self._kept_stores_message(outcome["error"]), file=sys.stderr)
         else:

@@ -4,15 +4,26 @@ committed manifest, so `autohet resume` can restart the job from its storage alo
 default is stated here once."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.plan.schedule import schedule_choices
+from autohet_ray.plan.schema import check_recompute
 from autohet_ray.plan.validate import check_micro_batch
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
 PROFILE_MODES = ("analytic", "measured")
-DTYPES = ("float32", "float64", "bfloat16")
+DTYPE_NAMES = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16", "fp32": "float32",
+               "fp64": "float64", "bf16": "bfloat16", "auto": "auto"}
+DTYPES = tuple(DTYPE_NAMES)
+
+
+def compute_dtype(dtype: str, *, cuda: bool) -> str:
+    """The torch dtype name a job's `dtype` trains in on a CUDA device or a CPU ("auto": bf16 on CUDA, fp32
+    on CPU). The cost model prices this one."""
+    name = DTYPE_NAMES[dtype]
+    return name if name != "auto" else ("bfloat16" if cuda else "float32")
 RESTORE_MODES = ("local_first", "cloud_only")
 
 
@@ -55,6 +66,9 @@ class TrainJob:
     """Fix the planner's micro-batch size."""
     schedule: str = "auto"
     """Pipeline schedule: "auto" (the faster that fits), "1f1b" or "zb-h1"; re-plans keep the choice."""
+    recompute: str = "none"
+    """Activation recomputation: "none", "full" (every stage) or "auto" (the planner picks it per stage where
+    it makes the plan fit or faster); re-plans keep the choice."""
     profile: str = "analytic"
     """"analytic" (device catalog), "measured" (profiled on Ray once), or a profile DB .json path. The
     profile the job starts with is saved in `storage` and prices every re-plan."""
@@ -65,10 +79,19 @@ class TrainJob:
     for its device. 0: no pacing, compute runs at this machine's speed."""
     iteration_wall_s: float | None = None
     """Instead of time_scale: pick the scale at the first launch so one predicted iteration lasts this long."""
-    dtype: str = "float32"
-    """Training dtype on the workers (float64 for exact comparisons)."""
+    dtype: str = "auto"
+    """Compute dtype on the workers: "bfloat16" ("bf16": bf16 compute, fp32 master weights, AdamW moments and
+    gradient reduction), "float32" ("fp32"), "float64" ("fp64", exact comparisons), or "auto" (bf16 on CUDA,
+    fp32 on CPU). Checkpoints hold the fp32 masters either way. Stored canonical (the torch name)."""
     seed: int = 0
-    lr: float = 1e-3
+    init_from: str | None = None
+    """A Hugging Face model directory (config.json + safetensors) whose weights step 0 starts from, each rank
+    reading only its slices; restores (resume, recovery) load the checkpoint instead."""
+    tensorboard: str | None = None
+    """A directory the step metrics are also written to as TensorBoard events (needs the tensorboard package)."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW, clipping and the LR schedule (runtime/lr_schedule.py); part of the job record, so a resumed job
+    takes exactly the rates the uninterrupted one would."""
     baselines: bool = True
     """Price the Megatron-LM and Whale baselines beside the first plan (reported, never trained)."""
     plan_time_limit_s: float = 10.0
@@ -107,14 +130,23 @@ class TrainJob:
             raise ConfigError(f"iteration_wall_s={self.iteration_wall_s!r} must be > 0")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r}; valid: {', '.join(DTYPES)}")
+        object.__setattr__(self, "dtype", DTYPE_NAMES[self.dtype])
+        if isinstance(self.optimizer, dict):
+            object.__setattr__(self, "optimizer", OptimizerConfig.from_dict(self.optimizer))
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise ConfigError(f"optimizer={self.optimizer!r} must be an OptimizerConfig or a dict of its fields")
         if self.profile not in PROFILE_MODES and not self.profile.endswith(".json"):
             raise ConfigError(f"profile={self.profile!r}; valid: {', '.join(PROFILE_MODES)}, or a profile DB .json")
         schedule_choices(self.schedule)
+        check_recompute(self.recompute)
         if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
             raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
         if self.elastic and self.storage is None:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
+        if self.tensorboard is not None:
+            from autohet_ray.orchestrate.tensorboard_log import check_available
+            check_available(self.tensorboard)
 
     @property
     def paced(self) -> bool:
@@ -130,4 +162,7 @@ class TrainJob:
 
 
 def job_from_dict(raw: dict) -> TrainJob:
+    raw = dict(raw)
+    if "lr" in raw:                     # a record written before the optimizer config: its constant rate
+        raw["optimizer"] = {**raw.get("optimizer", {}), "lr": raw.pop("lr")}
     return dataclass_from_dict(TrainJob, raw, "train job")

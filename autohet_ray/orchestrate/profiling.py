@@ -178,6 +178,9 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
         db.entries.update(part.entries)
         db.links.update(part.links)
         db.meta["types"][device_type] = info
+        dtype = part.meta.get("dtype")
+        if dtype is not None:               # the dtype the cost model prices: every type's must agree
+            assert db.meta.setdefault("dtype", dtype) == dtype, (device_type, dtype, db.meta["dtype"])
     t0 = time.perf_counter()
     inter = _inter_link(found, timeout_s)
     if inter is not None:

@@ -6,7 +6,8 @@ each worker its plan role by where the worker actually is (its node, then its GP
 then re-forms the torch process group so that the process rank equals the plan rank (torch sorts the ranks
 of a sub-group, so a permuted sub-group is not possible), and returns this worker's Engine.
 `restore_from_train_checkpoint(engine)` and `report_step(engine, out, checkpoint_every=N)` (train_checkpoint.py)
-make the run resumable: after a restart of the worker group, or under another plan.
+make the run resumable: after a restart of the worker group, or under another plan; `report_step` also reports
+the step's lr, grad norm, tokens/s and this worker's MFU and peak memory (`worker_step_metrics`).
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from ray.train import ScalingConfig
 from autohet_ray import ConfigError
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_NAME_LABEL, label_value
-from autohet_ray.orchestrate.train_checkpoint import report_step, restore_from_train_checkpoint
+from autohet_ray.orchestrate import train_checkpoint
+from autohet_ray.orchestrate.step_metrics import (NO_PEAK_SOURCE, CUDA_PEAK_SOURCE, rank_measurements,
+                                                  stage_flops_per_sample, start_peak_memory)
+from autohet_ray.orchestrate.train_checkpoint import restore_from_train_checkpoint
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan
 
@@ -98,10 +102,12 @@ def _free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
-def engine_for_worker(plan: Plan, model_spec: ModelSpec, *, seed: int = 0, lr: float = 1e-3, dtype=None,
-                      pacer=None, timeout_s: float = 300.0):
+def engine_for_worker(plan: Plan, model_spec: ModelSpec, *, seed: int = 0, lr: float | None = None, dtype=None,
+                      pacer=None, timeout_s: float = 300.0, optimizer=None):
     """Inside `train_loop_per_worker`: this worker's Engine for its role in `plan` (collective: every worker
-    calls it). After it returns, the default process group's ranks are plan ranks."""
+    calls it). After it returns, the default process group's ranks are plan ranks. `optimizer`: an
+    OptimizerConfig (e.g. a TrainJob's) or a dict of its fields; `lr`, when given, replaces its rate; `dtype`
+    None: bf16 on GPUs, fp32 on CPU."""
     from autohet_ray.runtime.engine import Engine
     rank, size = dist.get_rank(), dist.get_world_size()
     if size != plan.num_devices:
@@ -121,4 +127,42 @@ def engine_for_worker(plan: Plan, model_spec: ModelSpec, *, seed: int = 0, lr: f
         os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port[0]}", rank=plan_rank, world_size=size,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    return Engine(plan=plan, model_spec=model_spec, rank=plan_rank, seed=seed, lr=lr, dtype=dtype, pacer=pacer)
+    from autohet_ray.runtime.lr_schedule import OptimizerConfig
+    if isinstance(optimizer, dict):
+        optimizer = OptimizerConfig.from_dict(optimizer)
+    return Engine(plan=plan, model_spec=model_spec, rank=plan_rank, seed=seed, optimizer=optimizer, lr=lr,
+                  dtype=dtype, pacer=pacer)
+
+
+def worker_step_metrics(engine, out: dict, *, cluster=None) -> dict:
+    """One worker's figures of the step `out` (engine.train_step's result), on the wall clock of its step:
+    lr, grad norm, tokens/s of the global batch, model TFLOPS and MFU of this worker's GPU (its stage's
+    layers x its pipeline's samples, split over the stage's TP ranks, vs the catalog peak for the compute
+    dtype; `cluster` resolves custom device types), and its peak allocated bytes since the last report (CUDA
+    only; left out on CPU). Resets the CUDA peak for the next step."""
+    from autohet_ray.cluster.catalog import lookup
+    from autohet_ray.orchestrate.step_metrics import peak_dtype
+    from autohet_ray.profile.precision import precision
+    plan, info, step_s = engine.plan, engine.info, out["timings"]["step"]
+    pipeline = plan.pipelines[info.pipeline]
+    stage = pipeline.stages[info.stage]
+    flops = plan.samples_of(info.pipeline) * stage_flops_per_sample(
+        engine.spec, stage, plan.seq_len, last=info.stage == len(pipeline.stages) - 1) / stage.tp
+    device = cluster.device(stage.device_type) if cluster is not None else lookup(stage.device_type)
+    measured = rank_measurements(engine)
+    start_peak_memory(engine)
+    tflops = flops / step_s / 1e12
+    m = {"lr": float(out["lr"]), "grad_norm": float(out["grad_norm"]), "step_s": step_s, "clock": "wall",
+         "tokens_per_s": sum(plan.samples_of(k) for k in range(len(plan.pipelines))) * plan.seq_len / step_s,
+         "device_type": stage.device_type, "model_tflops": tflops,
+         "mfu": tflops / precision(peak_dtype(measured["dtype"])).peak_tflops(device),
+         "peak_memory_source": NO_PEAK_SOURCE if measured["peak_memory_bytes"] is None else CUDA_PEAK_SOURCE}
+    if measured["peak_memory_bytes"] is not None:
+        m["peak_memory_bytes"] = measured["peak_memory_bytes"]
+    return m
+
+
+def report_step(engine, out: dict, *, checkpoint_every: int = 1, metrics: dict | None = None, cluster=None) -> bool:
+    """train_checkpoint.report_step with `worker_step_metrics` (then `metrics`) in the reported dict."""
+    reported = worker_step_metrics(engine, out, cluster=cluster) | (metrics or {})
+    return train_checkpoint.report_step(engine, out, checkpoint_every=checkpoint_every, metrics=reported)

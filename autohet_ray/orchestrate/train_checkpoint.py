@@ -63,7 +63,8 @@ def save_train_checkpoint(engine, directory: str, *, extra: dict | None = None) 
     dist.gather_object(records, gathered, dst=0)
     if engine.rank != 0:
         return None
-    info = {"model": engine.spec.name, "plan": engine.plan.to_dict(), **(extra or {})}
+    info = {"model": engine.spec.name, "plan": engine.plan.to_dict(),
+            "optimizer": engine.optimizer_config.to_dict(), **(extra or {})}   # the schedule goes with the step
     return commit_step(step, [r for rank_records in gathered for r in rank_records], [tier], extra=info)
 
 
@@ -136,6 +137,8 @@ def restore_from_train_checkpoint(engine, *, initial: ray.train.Checkpoint | Non
     if saved_model is not None and saved_model != engine.spec.name:
         raise ConfigError(f"checkpoint {checkpoint.path!r} holds model {saved_model!r}, "
                           f"this run trains {engine.spec.name!r}")
+    from autohet_ray.runtime.lr_schedule import check_resumed_config
+    check_resumed_config(manifest.extra.get("optimizer"), engine.optimizer_config, f"checkpoint {checkpoint.path!r}")
     state, _ = restore(manifest, needs_of_layout(engine.layout), [TrainCheckpointTier(checkpoint)],
                        num_threads=num_threads)
     engine.load_state_dict(state)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 
 from autohet_ray.orchestrate.data import synthetic_batch
 
@@ -82,9 +81,15 @@ class TrainingData:
 
 
 def _local_copy(data: str, endpoint_url: str | None) -> str:
-    """A local directory of the dataset: the path itself, or a cache of an s3:// dataset."""
+    """A local directory of the dataset: the path itself, or the node store's cache of an s3:// dataset (beside
+    the node stores, shared by the jobs and resumes on this node; shards whose hash matches are not fetched
+    again)."""
     if not data.startswith("s3://"):
         return data
+    from autohet_ray.elastic.keeper import default_store_root
     from autohet_ray.orchestrate.data_prepare import download_dataset
-    cache = os.path.join(tempfile.gettempdir(), "autohet-data", hashlib.sha256(data.encode()).hexdigest()[:16])
-    return download_dataset(data, cache, endpoint_url=endpoint_url)
+    return download_dataset(data, dataset_cache_dir(data, default_store_root()), endpoint_url=endpoint_url)
+
+
+def dataset_cache_dir(url: str, store_root: str) -> str:
+    return os.path.join(store_root, "datasets", hashlib.sha256(url.encode()).hexdigest()[:16])

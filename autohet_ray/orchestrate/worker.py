@@ -17,6 +17,7 @@ import torch
 
 from autohet_ray.layout import Chunk
 from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.orchestrate.step_metrics import rank_measurements, start_peak_memory
 from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.optim import ADAM_KEYS, STEP_KEY
 
@@ -33,8 +34,9 @@ def needs_of_layout(layout: dict) -> dict:
 
 
 def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
-    """(name, chunk, bytes) of everything this rank would save (for place_copies)."""
-    item = torch.empty((), dtype=engine.dtype).element_size()
+    """(name, chunk, bytes) of everything this rank would save (for place_copies): the master weights (fp32
+    under bf16 compute) and their AdamW moments."""
+    item = torch.empty((), dtype=engine.master_dtype).element_size()
     return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
             for name, (_, chunk) in needs_of_layout(engine.layout).items()]
 
@@ -63,17 +65,22 @@ class Worker:
         return addr, self._store.port
 
     def setup(self, *, master_addr: str, master_port: int, world_size: int, plan: dict, model_spec: dict,
-              seed: int, lr: float, dtype: str, collective_timeout_s: float, socket_ifname: str | None = "lo",
-              rank: int | None = None, pacer: dict | None = None) -> dict:
+              seed: int, dtype: str, collective_timeout_s: float, lr: float | None = None,
+              optimizer: dict | None = None, socket_ifname: str | None = "lo", rank: int | None = None,
+              pacer: dict | None = None) -> dict:
         """Join the process group (NCCL on this actor's GPU when it has one, else gloo; over `socket_ifname`
-        when given) and build this rank's Engine (as `rank` when a reused actor takes a new place)."""
+        when given) and build this rank's Engine (as `rank` when a reused actor takes a new place).
+        `dtype`: a TrainJob dtype ("auto": bf16 on this actor's GPU, fp32 on CPU); `optimizer`: OptimizerConfig
+        fields (`lr`, when given, replaces its rate)."""
         import torch.distributed as dist
         if rank is not None:
             self.rank = rank
 
         from autohet_ray.model.spec import model_from_dict
         from autohet_ray.plan.schema import plan_from_dict
+        from autohet_ray.orchestrate.job import compute_dtype
         from autohet_ray.runtime.engine import Engine
+        from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
         started_at, start = time.time(), time.perf_counter()
         from autohet_ray.runtime.device import default_backend
@@ -94,7 +101,8 @@ class Worker:
         from autohet_ray.emulate.pacer import EmulationPacer
         self.pacer = EmulationPacer(**pacer) if pacer else None
         self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
-                             seed=seed, lr=lr, dtype=getattr(torch, dtype), pacer=self.pacer)
+                             seed=seed, optimizer=OptimizerConfig.from_dict(optimizer or {}), lr=lr,
+                             dtype=getattr(torch, compute_dtype(dtype, cuda=backend == "nccl")), pacer=self.pacer)
         sockets.capture()                     # the engine has built every subgroup
         self.collective_sockets = sockets
         return {"rank": self.rank, "backend": backend, "setup_s": time.perf_counter() - start, "started_at": started_at,
@@ -109,6 +117,14 @@ class Worker:
             self.engine.abort()               # stop computing at the next forward or backward
         sockets, self.collective_sockets = getattr(self, "collective_sockets", None), None
         return sockets.abort() if sockets is not None else 0
+
+    def load_hf(self, path: str) -> dict:
+        """Load this rank's slices of a Hugging Face checkpoint (step 0 of an --init-from job)."""
+        from autohet_ray.checkpoint.hf_weights import load_rank_state
+        start = time.perf_counter()
+        state, nbytes = load_rank_state(path, self.engine.spec, self.engine.layout)
+        self.engine.load_state_dict(state)
+        return {"rank": self.rank, "bytes_read": nbytes, "seconds": time.perf_counter() - start}
 
     def holdings(self) -> list[tuple[str, Chunk, int]]:
         return holdings_of(self.engine)
@@ -144,8 +160,10 @@ class Worker:
         self.engine.before_update = self._await_copy
         self._copy_wait_s = 0.0
         previous = self.handles.get(self.engine.step)    # the last step's snapshot, if it took one
+        start_peak_memory(self.engine)
         out = self.engine.train_step(batch)
         out["rank"] = self.rank
+        out |= rank_measurements(self.engine)
         info, plan = self.engine.info, self.engine.plan
         if "sample_ids" in batch and info.stage == 0 and info.tp_rank == 0:   # what this pipeline consumed
             start = plan.sample_offset(info.pipeline)

@@ -105,8 +105,8 @@ class WorkerGroup:
     def call(self, method: str, *args, timeout_s: float | None = None, **kwargs) -> list:
         return self.gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], timeout_s)
 
-    def setup(self, *, model_spec: dict, seed: int, lr: float, dtype: str, collective_timeout_s: float,
-              timeout_s: float = 120.0, pacers: list[dict | None] | None = None) -> dict:
+    def setup(self, *, model_spec: dict, seed: int, dtype: str, collective_timeout_s: float, lr: float | None = None,
+              optimizer: dict | None = None, timeout_s: float = 120.0, pacers: list[dict | None] | None = None) -> dict:
         """Rendezvous through a store rank 0 hosts before the others join, and build every Engine
         (concurrently: init blocks until all ranks join). Returns the seconds, and the slowest rank's parts."""
         start, submitted = time.perf_counter(), time.time()
@@ -119,7 +119,7 @@ class WorkerGroup:
             raise self._not_started(sorted(dead + silent), timeout_s) from None
         plan = self.plan.to_dict()
         refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
-                                   model_spec=model_spec, seed=seed, lr=lr, dtype=dtype, rank=rank,
+                                   model_spec=model_spec, seed=seed, lr=lr, optimizer=optimizer, dtype=dtype, rank=rank,
                                    collective_timeout_s=collective_timeout_s,
                                    socket_ifname="lo" if single else os.environ.get("GLOO_SOCKET_IFNAME"),
                                    pacer=pacers[rank] if pacers else None)

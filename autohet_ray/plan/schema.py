@@ -10,13 +10,19 @@ and the head to its last stage. Pipeline k takes the samples after those of pipe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from autohet_ray import ConfigError
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 
 SCHEMA_VERSION = 3           # 2: optional per-pipeline micro_batch; 3: schedule (older plans are read as 1f1b)
 READABLE_VERSIONS = (1, 2, 3)
+RECOMPUTE_MODES = ("none", "full", "auto")     # what a planning request may ask for (planner/recompute.py)
+
+
+def check_recompute(mode: str) -> None:
+    if mode not in RECOMPUTE_MODES:
+        raise ConfigError(f"recompute={mode!r}; valid: {', '.join(RECOMPUTE_MODES)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,14 +32,18 @@ class Stage:
     device_type: str
     node: str
     devices: tuple[int, ...]         # GPU indices on `node`; len == tp
+    recompute: bool = False          # recompute each layer's activations in its backward (keep only its input)
 
     @property
     def num_layers(self) -> int:
         return self.layers[1] - self.layers[0]
 
     def to_dict(self) -> dict:
-        return {"layers": list(self.layers), "tp": self.tp, "device_type": self.device_type,
-                "node": self.node, "devices": list(self.devices)}
+        out = {"layers": list(self.layers), "tp": self.tp, "device_type": self.device_type,
+               "node": self.node, "devices": list(self.devices)}
+        if self.recompute:
+            out["recompute"] = True
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,18 +60,50 @@ class Pipeline:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StageTimes:
+    """A stage's predicted seconds: forward, backward (input gradients only under a split-backward schedule)
+    and weight-gradient action of one micro-batch; when, from the iteration's start, its gradients are
+    synchronized across pipelines; and its optimizer step."""
+    fwd_s: float
+    bwd_s: float
+    wgrad_s: float
+    sync_end_s: float
+    optimizer_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkTimes:
+    """Predicted seconds of one micro-batch's activation to the next stage and of its gradient back."""
+    activation_s: float
+    gradient_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Predicted:
     iteration_time_s: float
     samples_per_s: float
     peak_memory_bytes: int                              # max over devices
     peak_memory_bytes_per_device: dict[str, int] = field(default_factory=dict)   # "node:gpu" -> bytes
     profile_kind: str = "analytic"                      # "analytic" (from the catalog) or "measured"
+    # optional (plans written before these existed have none): per pipeline, per stage / per boundary
+    stages: tuple[tuple[StageTimes, ...], ...] = ()
+    links: tuple[tuple[LinkTimes, ...], ...] = ()
+    capacity_bytes_per_device: dict[str, int] = field(default_factory=dict)     # usable for training
+    dtype: str = ""                                     # the dtype the prediction prices ("" if not recorded)
 
     def to_dict(self) -> dict:
-        return {"iteration_time_s": self.iteration_time_s, "samples_per_s": self.samples_per_s,
-                "peak_memory_bytes": self.peak_memory_bytes,
-                "peak_memory_bytes_per_device": dict(self.peak_memory_bytes_per_device),
-                "profile_kind": self.profile_kind}
+        out = {"iteration_time_s": self.iteration_time_s, "samples_per_s": self.samples_per_s,
+               "peak_memory_bytes": self.peak_memory_bytes,
+               "peak_memory_bytes_per_device": dict(self.peak_memory_bytes_per_device),
+               "profile_kind": self.profile_kind}
+        if self.stages:
+            out["stages"] = [[asdict(s) for s in p] for p in self.stages]
+            out["links"] = [[asdict(link) for link in p] for p in self.links]
+        if self.capacity_bytes_per_device:
+            out["capacity_bytes_per_device"] = dict(self.capacity_bytes_per_device)
+        if self.dtype:
+            out["dtype"] = self.dtype
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +144,16 @@ class Plan:
     def with_schedule(self, schedule: str) -> "Plan":
         return self if schedule == self.schedule else replace(self, schedule=schedule, predicted=None)
 
+    def with_recompute(self, flags) -> "Plan":
+        """The plan with stage j of pipeline k recomputing iff flags[k][j] (or every stage iff `flags` is a bool)."""
+        pick = (lambda k, j: flags) if isinstance(flags, bool) else (lambda k, j: bool(flags[k][j]))
+        pipelines = tuple(replace(p, stages=tuple(replace(s, recompute=pick(k, j)) for j, s in enumerate(p.stages)))
+                          for k, p in enumerate(self.pipelines))
+        return replace(self, pipelines=pipelines, predicted=None)
+
+    def recompute_flags(self) -> tuple[tuple[bool, ...], ...]:
+        return tuple(tuple(s.recompute for s in p.stages) for p in self.pipelines)
+
     def to_dict(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "model": self.model, "model_spec": self.model_spec,
                 "cluster": self.cluster, "global_batch": self.global_batch, "micro_batch": self.micro_batch,
@@ -134,17 +186,49 @@ def _stage_from_dict(raw: dict, where: str) -> Stage:
     return Stage(layers=(_int(layers[0], f"{where}.layers[0]"), _int(layers[1], f"{where}.layers[1]")),
                  tp=_int(_need(raw, "tp", where), f"{where}.tp"),
                  device_type=str(_need(raw, "device_type", where)), node=str(_need(raw, "node", where)),
-                 devices=tuple(_int(d, f"{where}.devices") for d in devices))
+                 devices=tuple(_int(d, f"{where}.devices") for d in devices),
+                 recompute=_bool(raw.get("recompute", False), f"{where}.recompute"))
+
+
+def _bool(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"plan: {where}={value!r} must be true or false")
+    return value
+
+
+def _timed(cls, raw, where: str):
+    names = [f.name for f in fields(cls)]
+    if not isinstance(raw, dict) or set(raw) != set(names):
+        raise ConfigError(f"plan: {where}={raw!r} must hold exactly {names}")
+    try:
+        return cls(**{n: float(raw[n]) for n in names})
+    except (TypeError, ValueError):
+        raise ConfigError(f"plan: {where}={raw!r}: every value must be a number of seconds") from None
+
+
+def _nested(cls, raw, where: str) -> tuple:
+    if not isinstance(raw, list) or not all(isinstance(p, list) for p in raw):
+        raise ConfigError(f"plan: {where} must be a list (per pipeline) of lists")
+    return tuple(tuple(_timed(cls, x, f"{where}[{k}][{j}]") for j, x in enumerate(p)) for k, p in enumerate(raw))
 
 
 def _predicted_from_dict(raw: dict | None) -> Predicted | None:
     if not raw:
         return None
-    return Predicted(iteration_time_s=float(raw["iteration_time_s"]), samples_per_s=float(raw["samples_per_s"]),
-                     peak_memory_bytes=int(raw["peak_memory_bytes"]),
-                     peak_memory_bytes_per_device={k: int(v) for k, v in
-                                                   (raw.get("peak_memory_bytes_per_device") or {}).items()},
-                     profile_kind=str(raw.get("profile_kind", "analytic")))
+    try:
+        return Predicted(
+            iteration_time_s=float(raw["iteration_time_s"]), samples_per_s=float(raw["samples_per_s"]),
+            peak_memory_bytes=int(raw["peak_memory_bytes"]),
+            peak_memory_bytes_per_device={k: int(v) for k, v in
+                                          (raw.get("peak_memory_bytes_per_device") or {}).items()},
+            profile_kind=str(raw.get("profile_kind", "analytic")),
+            stages=_nested(StageTimes, raw["stages"], "predicted.stages") if "stages" in raw else (),
+            links=_nested(LinkTimes, raw.get("links", []), "predicted.links") if "stages" in raw else (),
+            capacity_bytes_per_device={k: int(v) for k, v in
+                                       (raw.get("capacity_bytes_per_device") or {}).items()},
+            dtype=str(raw.get("dtype", "")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"plan: predicted is malformed ({type(exc).__name__}: {exc})") from None
 
 
 def plan_from_dict(raw) -> Plan:

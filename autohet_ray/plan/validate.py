@@ -55,6 +55,18 @@ def validate_plan(plan: Plan, cluster: Cluster, model: ModelSpec) -> None:
                     raise ConfigError(f"plan: GPU {stage.node}:{d} is used by {used[(stage.node, d)]} and {where}; "
                                       "each GPU may be used once")
                 used[(stage.node, d)] = where
+    _check_predicted_shape(plan)
+
+
+def _check_predicted_shape(plan: Plan) -> None:
+    """Per-stage predicted times, when a plan carries them, need one entry per stage and per boundary."""
+    pred = plan.predicted
+    if pred is None or not pred.stages:
+        return
+    want = [len(p.stages) for p in plan.pipelines]
+    if [len(p) for p in pred.stages] != want or [len(p) for p in pred.links] != [n - 1 for n in want]:
+        raise ConfigError(f"plan: predicted.stages has {[len(p) for p in pred.stages]} entries per pipeline and "
+                          f"predicted.links {[len(p) for p in pred.links]}; the pipelines have {want} stages")
 
 
 def _check_layers(k: int, pipeline, model: ModelSpec) -> None:

@@ -2,22 +2,35 @@ from autohet_ray.planner.baselines import BaselineResult, best_baseline
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.planner.search import PlanResult, check_request, micro_batch_candidates, plan_training
 
-__all__ = ["BaselineResult", "best_baseline", "PlanResult", "check_request", "micro_batch_candidates",
-           "plan_training", "plan_with_baselines"]
+__all__ = ["BASELINES", "BaselineResult", "best_baseline", "PlanResult", "check_request", "micro_batch_candidates",
+           "plan_training", "plan_with_baselines", "strongest_baseline"]
+
+# name -> (rules, may leave GPUs idle): Megatron-LM on all GPUs, on the best subset of them, and Whale
+BASELINES = {"megatron": ("megatron", False), "megatron-subset": ("megatron", True), "whale": ("whale", False)}
 
 
 def plan_with_baselines(*, cluster, model, profile, global_batch, seq_len, micro_batch=None, time_limit_s=60.0,
-                        schedules=PLAN_SCHEDULES):
-    """The planner's plan and both baselines, all priced with the same cost model and schedules.
-    The baselines' plans seed the planner, so it is never worse than either."""
+                        schedules=PLAN_SCHEDULES, seed=True, recompute="none"):
+    """The planner's plan and every baseline of BASELINES, all priced with the same cost model and schedules.
+    With `seed` the baselines' plans seed the planner (so it is never worse than any of them); the time limit
+    covers the baselines too."""
+    import time
+    start = time.perf_counter()
     check_request(model, profile, global_batch, seq_len, schedules)
     mbs = micro_batch_candidates(global_batch, profile, micro_batch)
-    baselines = {name: best_baseline(name, cluster=cluster, model=model, profile=profile,
+    baselines = {name: best_baseline(rules, cluster=cluster, model=model, profile=profile,
                                      global_batch=global_batch, seq_len=seq_len, micro_batches=mbs,
-                                     schedules=schedules)
-                 for name in ("megatron", "whale")}
+                                     subsets=subsets, schedules=schedules)
+                 for name, (rules, subsets) in BASELINES.items()}
     result = plan_training(cluster=cluster, model=model, profile=profile, global_batch=global_batch,
-                           seq_len=seq_len, micro_batch=micro_batch, time_limit_s=time_limit_s,
-                           incumbents=tuple(b.plan for b in baselines.values() if b.plan is not None),
-                           schedules=schedules)
+                           seq_len=seq_len, micro_batch=micro_batch,
+                           time_limit_s=max(0.0, time_limit_s - (time.perf_counter() - start)),
+                           incumbents=tuple(b.plan for b in baselines.values() if b.plan is not None) if seed else (),
+                           schedules=schedules, recompute=recompute)
     return result, baselines
+
+
+def strongest_baseline(baselines: dict[str, BaselineResult]) -> str | None:
+    """The name of the fastest baseline that runs (the headline's reference), or None."""
+    running = [n for n, b in baselines.items() if b.evaluation is not None]
+    return min(running, key=lambda n: baselines[n].evaluation.iteration_time_s, default=None)

@@ -22,6 +22,7 @@ class Grouping:
     capacity: int                # micro-batches finished by the deadline
     deadline_s: float
     others: tuple["Grouping", ...] = ()     # other solutions SCIP found that also finish the batch
+    timed_out: bool = False      # SCIP stopped at its time limit (the result may then vary from run to run)
 
 
 def _room(cluster: Cluster, device: str, tp: int) -> int:
@@ -52,13 +53,14 @@ def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microb
             model.setSolVal(sol, var, warm_start.get(i, 0))
         model.addSol(sol)          # stored before presolve: SCIP starts from it (trySol needs a later stage)
     model.optimize()
+    timed_out = model.getStatus() == "timelimit"
     if model.getNSols() == 0:
-        return Grouping({}, 0, deadline_s)
+        return Grouping({}, 0, deadline_s, timed_out=timed_out)
     best = _as_grouping(model, model.getBestSol(), n, caps, deadline_s)
     others = {tuple(sorted(g.counts.items())): g for g in (_as_grouping(model, sol, n, caps, deadline_s)
                                                             for sol in model.getSols())
               if g.capacity >= total_microbatches and g.counts != best.counts}
-    return Grouping(best.counts, best.capacity, deadline_s, tuple(others.values()))
+    return Grouping(best.counts, best.capacity, deadline_s, tuple(others.values()), timed_out)
 
 
 def _as_grouping(model, sol, n, caps, deadline_s) -> Grouping:

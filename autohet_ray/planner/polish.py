@@ -12,6 +12,7 @@ from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
+from autohet_ray.planner.floor import iteration_floor_s
 from autohet_ray.planner.space import orderings, template_links
 from autohet_ray.planner.split import best_split
 
@@ -34,9 +35,13 @@ def polish(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: C
                 continue
             try:
                 cplan = build_plan(candidate, cluster, table.model, global_batch=plan.global_batch,
+                                   recompute=table.recompute,
                                    micro_batch=plan.micro_batch, seq_len=plan.seq_len)
             except PlacementError:
                 continue
+            if iteration_floor_s(cplan, cluster, table.model, table.profile, table, schedules) >= \
+                    evaluation.iteration_time_s * (1 - 1e-9):
+                continue                   # cannot beat the plan in hand
             cplan, ev = best_schedule(cplan, cluster, table.model, table.profile, table, schedules)
             if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
                 plan, evaluation, choices, shape = cplan, ev, candidate, order

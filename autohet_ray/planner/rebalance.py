@@ -28,7 +28,7 @@ def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, 
     stages = plan.pipelines[k].stages
     p = len(stages)
     split = plan.schedule in SPLIT_BACKWARD
-    parts = [table.get(s.device_type, s.tp).stage_split(s.num_layers, j == 0, j == p - 1, split)
+    parts = [table.get(s.device_type, s.tp, s.recompute).stage_split(s.num_layers, j == 0, j == p - 1, split)
              for j, s in enumerate(stages)]
     stage_s = [sum(part) for part in parts]
     link_s = [stage_link_time(plan, cluster, profile, model, a, b, mb) for a, b in zip(stages, stages[1:])]

@@ -15,15 +15,18 @@ from autohet_ray.plan.schema import Plan
 from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
 from autohet_ray.planner.batch import allocate_microbatches
+from autohet_ray.planner.floor import iteration_floor_s
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
 from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
+from autohet_ray.planner.recompute import check_recompute, plan_auto_recompute
 from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first, zero_bubble_saving)
 from autohet_ray.planner.split import best_split
 from autohet_ray.profile.db import ProfileDB
 
-SMALL_CLUSTER_GPUS = 16       # up to here: every stage order and up to 3 group kinds per pipeline
+SMALL_CLUSTER_GPUS = 8        # up to here: every stage order, mixed TP per type, exact times per m (at 12-16 GPUs
+#                               of 3 types that took 60-99 s; the larger-cluster search takes ~2.5 s CPU there)
 BISECTION_STEPS = 40
 CANDIDATES_PER_BATCH = 6
 DEADLINE_SLACKS = (0.01, 0.02, 0.04)   # small clusters: also solve this much above the smallest deadline
@@ -47,6 +50,11 @@ class _Best:
     plan: Plan | None = None
     evaluation: Evaluation | None = None
     templates: int = 0
+
+    def beats(self, plan: Plan, cluster: Cluster, table: GroupCostTable, schedules: tuple[str, ...]) -> bool:
+        """Whether the best so far is no slower than `plan` can be (its floor): then pricing it is moot."""
+        return self.evaluation is not None and iteration_floor_s(
+            plan, cluster, table.model, table.profile, table, schedules) >= self.evaluation.iteration_time_s
 
     def offer(self, plan: Plan, ev: Evaluation) -> None:
         if ev.feasible and (self.evaluation is None or ev.iteration_time_s < self.evaluation.iteration_time_s):
@@ -80,6 +88,16 @@ def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: i
     return [m for m in have if m * profile.seq_len <= MAX_MICROBATCH_TOKENS] or have[:1]
 
 
+def token_cap_sizes(seq_len: int) -> list[int]:
+    """Powers of two up to MAX_MICROBATCH_TOKENS tokens per micro-batch (at least 1): the sizes auto mode
+    tries when the profile has them (the analytic profile is built with them)."""
+    sizes, mb = [1], 2
+    while mb * seq_len <= MAX_MICROBATCH_TOKENS:
+        sizes.append(mb)
+        mb *= 2
+    return sizes
+
+
 def check_request(model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                   schedules: tuple[str, ...]) -> None:
     """ConfigError naming the first bad value of a planning request."""
@@ -103,32 +121,52 @@ def check_schedules(schedules: tuple[str, ...]) -> None:
 
 def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                   micro_batch: int | None = None, time_limit_s: float = 60.0,
-                  incumbents: tuple[Plan, ...] = (), schedules: tuple[str, ...] = PLAN_SCHEDULES) -> PlanResult:
+                  incumbents: tuple[Plan, ...] = (), schedules: tuple[str, ...] = PLAN_SCHEDULES,
+                  recompute: str = "none") -> PlanResult:
     """The fastest plan found within the time limit, each candidate under the fastest of `schedules` that
     fits. `incumbents` (e.g. the baselines' plans) are evaluated as candidates too, so the result is never
-    worse than them."""
+    worse than them. `recompute` (planner/recompute.py): "none", "full" (every stage) or "auto" (per stage,
+    where it makes the plan fit or faster)."""
     check_request(model, profile, global_batch, seq_len, schedules)
+    check_recompute(recompute)
+    request = dict(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
+                   micro_batch=micro_batch, incumbents=incumbents, schedules=schedules)
+    if recompute != "auto":
+        return _plan_training(**request, time_limit_s=time_limit_s, recompute=recompute == "full")
+    return plan_auto_recompute(lambda flag, limit_s: _plan_training(**request, time_limit_s=limit_s, recompute=flag),
+                               time_limit_s, cluster, model, profile, schedules)
+
+
+def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
+                   micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
+                   schedules: tuple[str, ...], recompute: bool) -> PlanResult:
     clock = _Deadline(time.perf_counter(), time_limit_s)
+    incumbents = tuple(plan.with_recompute(recompute) for plan in incumbents)
     best, per_size = _Best(), []
     for plan in incumbents:
         best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
     sizes = micro_batch_candidates(global_batch, profile, micro_batch)
     for mb in sizes:
-        if clock.over():
+        if clock.over() and (best.plan is not None or per_size):      # past the limit: keep what was found
             break
-        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len)
+        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len,
+                               recompute=recompute)
         local = _Best()
         _plan_for_micro_batch(table, cluster, global_batch, clock, local, schedules)
         best.templates += local.templates
         if local.plan is not None:
-            per_size.append((local.plan, local.evaluation))
-            best.offer(local.plan, local.evaluation)
+            # every size's best is polished: the estimate can misjudge the stage order by more than the sizes differ
+            per_size.append(polish(local.plan, local.evaluation, table, cluster,
+                                   exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules))
+            best.offer(*per_size[-1])
     if best.plan is None:
-        raise ConfigError(_no_fit_message(cluster, model, profile, seq_len))
-    table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
-                           seq_len=seq_len)
-    best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
-                                        exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules)
+        hint = "" if recompute else "; activation recomputation may make it fit (recompute='auto', --recompute auto)"
+        raise ConfigError(_no_fit_message(cluster, model, profile, seq_len) + hint)
+    if all(best.plan is not plan for plan, _ in per_size):       # an incumbent
+        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
+                               seq_len=seq_len, recompute=recompute)
+        best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
+                                            exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules)
     if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
         # each size's best plan, with smaller micro-batches where they balance the batch better
         for plan, ev in [(best.plan, best.evaluation)] + [e for e in per_size if e[0] is not best.plan]:
@@ -157,9 +195,10 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
                         candidates=SMALL_CANDIDATES if small else CANDIDATES_PER_BATCH,
                         slacks=DEADLINE_SLACKS if small else ())
     # replicated groupings index `templates`, the program's index the shortlist
+    memo: dict = {}
     for grouping, pool in [(g, templates) for g in replicated] + [(g, shortlist) for g in solved]:
-        plan = _realize(grouping, pool, table, cluster, global_batch, zero_bubble)
-        if plan is not None:
+        plan = _realize(grouping, pool, table, cluster, global_batch, zero_bubble, memo)
+        if plan is not None and not best.beats(plan, cluster, table, schedules):
             best.offer(*best_schedule(plan, cluster, table.model, table.profile, table, schedules))
 
 
@@ -183,7 +222,7 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
     while True:
         found: dict[tuple, TemplateEval] = {}
         for usage in multisets(kinds, available, max_stages, 3, mixed_tp=small):
-            if clock.over():
+            if clock.over() and found:
                 break
             if not _fits_cluster(usage, cluster):
                 continue
@@ -202,7 +241,7 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
         if small and found:
             found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO), zero_bubble)
                      for k, t in found.items()}
-        if found or max_stages >= model.num_layers or clock.over():
+        if found or max_stages >= model.num_layers:
             return list(found.values())
         max_stages = min(model.num_layers, max_stages * 2)
 
@@ -256,12 +295,13 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
     hi = min(t.sync_nic_s + (t.exact_s[total - 1] if len(t.exact_s) >= total else
                              t.fixed_s + (total - 1) * t.bottleneck_s) for t in templates)
     lo = min(t.fixed_s for t in templates)
-    feasible = []
+    feasible, solved = [], []
     for _ in range(BISECTION_STEPS):
         if clock.over() or hi - lo <= 2e-3 * hi:
             break
         mid = (lo + hi) / 2
         g = solve_grouping(templates, cluster, total, mid, min(10.0, max(0.1, clock.left() / 4)), warm_start)
+        solved.append(g)
         if g.capacity >= total:
             hi = mid
             feasible.append(g)
@@ -269,6 +309,7 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
             lo = mid
     if not feasible or feasible[-1].deadline_s > hi:
         g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())), warm_start)
+        solved.append(g)
         if g.capacity >= total:
             feasible.append(g)
     for slack in slacks:               # near-ties under the estimate, for the full cost model to rank
@@ -276,7 +317,9 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
             break
         g = solve_grouping(templates, cluster, total, feasible[-1].deadline_s * (1 + slack),
                            min(10.0, max(0.1, clock.left() / 4)), warm_start)
+        solved.append(g)
         feasible.insert(0, g)
+    clock.hit = clock.hit or any(g.timed_out for g in solved)
     seen, out = set(), []
     for g in [g for best in reversed(feasible) for g in (best, *best.others)]:
         key = tuple(sorted(g.counts.items()))
@@ -287,30 +330,32 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
 
 
 def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, cluster: Cluster,
-             global_batch: int, zero_bubble: bool) -> Plan | None:
+             global_batch: int, zero_bubble: bool, memo: dict | None = None) -> Plan | None:
     """Exact micro-batch allocation and per-pipeline split for a grouping, placed on nodes."""
     model, total = table.model, global_batch // table.micro_batch
     pipelines = [templates[i] for i, c in sorted(grouping.counts.items()) for _ in range(c)]
     if not pipelines or len(pipelines) > total:
         return None
-    memo: dict[tuple, object] = {}
+    memo = {} if memo is None else memo      # (stage kinds, micro-batches) -> (split, time): shared by groupings
 
-    def split_for(t: TemplateEval, m: int):
+    def priced(t: TemplateEval, m: int):
         key = (t.kinds, m)
         if key not in memo:
-            memo[key] = best_split([table.get(*k) for k in t.kinds], model.num_layers, m, list(t.link_s))
+            groups = [table.get(*k) for k in t.kinds]
+            split = best_split(groups, model.num_layers, m, list(t.link_s))
+            saving = zero_bubble_saving(groups, split, m) if split and zero_bubble else 0.0
+            memo[key] = (split, split.time_s - saving if split else float("inf"))
         return memo[key]
 
-    groups = {t.kinds: [table.get(*k) for k in t.kinds] for t in pipelines}
-    saving = lambda t, s, m: zero_bubble_saving(groups[t.kinds], s, m) if zero_bubble else 0.0  # noqa: E731
-    fns = [lambda m, t=t: s.time_s - saving(t, s, m) if (s := split_for(t, m)) else float("inf")
-           for t in pipelines]
+    split_for = lambda t, m: priced(t, m)[0]  # noqa: E731
+    fns = [lambda m, t=t: priced(t, m)[1] for t in pipelines]
     counts = allocate_microbatches(fns, total)
     if counts is None or any(split_for(t, m) is None for t, m in zip(pipelines, counts)):
         return None
     choices = [PipelineChoice(t.kinds, split_for(t, m).counts, m) for t, m in zip(pipelines, counts)]
     try:
         return build_plan(choices, cluster, model, global_batch=global_batch, micro_batch=table.micro_batch,
+                          recompute=table.recompute,
                           seq_len=table.seq_len)
     except PlacementError:
         return None

@@ -15,7 +15,7 @@ from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import (GRAD_SYNC_BYTES, GroupCostTable, activation_message_bytes, inter_link,
                                     intra_link, p2p_time)
 from autohet_ray.cost.pipeline import steady_period, zero_bubble_bubble_saving
-from autohet_ray.planner.split import Split, best_split
+from autohet_ray.planner.split import Split, best_split, best_splits
 
 Kind = tuple[str, int]           # (device type, TP degree)
 
@@ -66,11 +66,17 @@ class TemplateEval:
         """The same template with its exact time for every micro-batch count up to `max_microbatches`
         (a split that is best for many micro-batches can be poor for few)."""
         groups = [table.get(*k) for k in self.kinds]
-        times = []
-        for m in range(1, max_microbatches + 1):
-            split = best_split(groups, table.model.num_layers, m, list(self.link_s))
-            saving = zero_bubble_saving(groups, split, m) if split and zero_bubble else 0.0
-            times.append(split.time_s - saving if split else float("inf"))
+        times, parts = [], {}
+        for m, split in enumerate(best_splits(groups, table.model.num_layers, max_microbatches, list(self.link_s)),
+                                  start=1):
+            if split is None:
+                times.append(float("inf"))
+                continue
+            if split.counts not in parts:
+                parts[split.counts] = zero_bubble_parts(groups, split.counts) if zero_bubble else None
+            zb = parts[split.counts]
+            saving = max(0.0, zb[0] - m * zb[1]) if zb is not None and m >= len(groups) else 0.0
+            times.append(split.time_s - saving)
         return replace(self, exact_s=tuple(itertools.accumulate(times, max)))
 
 
@@ -82,13 +88,21 @@ def zero_bubble_saving(groups: list, split: Split, num_microbatches: int) -> flo
     p = len(groups)
     if num_microbatches < p:
         return 0.0
-    for j, (g, n) in enumerate(zip(groups, split.counts)):
+    parts = zero_bubble_parts(groups, split.counts)
+    return 0.0 if parts is None else max(0.0, parts[0] - num_microbatches * parts[1])
+
+
+def zero_bubble_parts(groups: list, counts: tuple[int, ...]) -> tuple[float, float] | None:
+    """(bubble saving, extra seconds per micro-batch on the bottleneck) of zero-bubble H1 on a split, or None
+    when its activations do not fit (neither depends on the number of micro-batches)."""
+    p = len(groups)
+    for j, (g, n) in enumerate(zip(groups, counts)):
         if g.stage_memory(n, j == 0, j == p - 1, p) > g.capacity_bytes:
-            return 0.0
-    plain = [g.stage_split(n, j == 0, j == p - 1) for j, (g, n) in enumerate(zip(groups, split.counts))]
-    parts = [g.stage_split(n, j == 0, j == p - 1, True) for j, (g, n) in enumerate(zip(groups, split.counts))]
+            return None
+    plain = [g.stage_split(n, j == 0, j == p - 1) for j, (g, n) in enumerate(zip(groups, counts))]
+    parts = [g.stage_split(n, j == 0, j == p - 1, True) for j, (g, n) in enumerate(zip(groups, counts))]
     slower = max(sum(x) for x in parts) - max(sum(x) for x in plain)     # the split's cost on the bottleneck
-    return max(0.0, zero_bubble_bubble_saving([w for _, _, w in parts]) - num_microbatches * slower)
+    return zero_bubble_bubble_saving([w for _, _, w in parts]), slower
 
 
 def group_kinds(cluster: Cluster, model) -> list[Kind]:

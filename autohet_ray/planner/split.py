@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from autohet_ray.cost.pipeline import in_flight, steady_period
 from autohet_ray.cost.terms import GroupCost
 
@@ -62,6 +64,55 @@ def best_split(groups: list[GroupCost], num_layers: int, num_microbatches: int,
         if best is None or t < best.time_s - 1e-15:
             best = Split(tuple(counts), stage_s, t, any(c == cap for c, cap in zip(counts, caps)))
     return best
+
+
+def best_splits(groups: list[GroupCost], num_layers: int, max_microbatches: int,
+                link_s: list[float]) -> list[Split | None]:
+    """[best_split(groups, num_layers, m, link_s) for m in 1..max_microbatches], faster: from p micro-batches
+    on, the memory caps no longer change with m, so the candidate splits (one per bound) are the same for
+    every m and only their ranking, (m - 1) * period + sum of stage times, moves with m."""
+    p = len(groups)
+    out = [best_split(groups, num_layers, m, link_s) for m in range(1, min(p, max_microbatches + 1))]
+    if max_microbatches < p:
+        return out
+    candidates = _all_candidates(groups, num_layers, p, link_s)
+    if not candidates:
+        return out + [None] * (max_microbatches - p + 1)
+    periods = np.array([c[1] for c in candidates])
+    totals = np.array([c[2] for c in candidates]) + 2 * sum(link_s)
+    ms = np.arange(p, max_microbatches + 1)
+    times = (ms[:, None] - 1) * periods[None, :] + totals[None, :]
+    for m, pick in zip(ms, np.argmin(times, axis=1)):    # first of equal times, as best_split keeps
+        counts, period, _, stage_s, bound = candidates[pick]
+        out.append(Split(counts, stage_s, float(times[m - p, pick]), bound))
+    return out
+
+
+def _all_candidates(groups, num_layers, num_microbatches, link_s):
+    """(counts, period, sum of stage times, stage times, memory bound) for every bound best_split tries."""
+    p = len(groups)
+    if p > num_layers:
+        return []
+    caps = [min(c, num_layers - p + 1) for c in memory_caps(groups, num_microbatches)]
+    if min(caps) < 1 or sum(caps) < num_layers:
+        return []
+    fixed = [g.stage_time(0, j == 0, j == p - 1) for j, g in enumerate(groups)]
+    per = [g.layer_s for g in groups]
+    order = sorted(range(p), key=lambda j: per[j])
+    bounds = sorted({fixed[j] + n * per[j] for j in range(p) for n in range(1, caps[j] + 1)})
+    seen, out = set(), []
+    for bound in bounds[_first_feasible(bounds, fixed, per, caps, num_layers):]:
+        bcaps = [min(caps[j], int((bound - fixed[j]) / per[j] + 1e-9)) for j in range(p)]
+        if min(bcaps) < 1 or sum(bcaps) < num_layers:
+            continue
+        counts, total = _fill(fixed, per, bcaps, order, num_layers)
+        if tuple(counts) in seen:
+            continue
+        seen.add(tuple(counts))
+        stage_s = tuple(fixed[j] + counts[j] * per[j] for j in range(p))
+        out.append((tuple(counts), steady_period(list(stage_s), link_s), total, stage_s,
+                    any(c == cap for c, cap in zip(counts, caps))))
+    return out
 
 
 def _first_feasible(bounds, fixed, per, caps, num_layers) -> int:

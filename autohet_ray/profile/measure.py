@@ -2,14 +2,14 @@
 
 For each TP degree, one TP rank's shard is built from the plain modules with the split linears (and token
 table) at their shard shapes and run locally, without the TP collectives: the cost model prices those from
-the links. Forward and backward are timed separately (a few warm-up reps, then the median of the timed
-reps). Memory: parameter bytes of the shard, and the bytes autograd saves for backward during the forward
+the links. Forward and backward are timed separately (a few warm-up reps, then the fastest of the timed
+reps: the one least disturbed by other work on the host; on a dedicated GPU the reps agree within a few
+percent, on a shared CPU the median would measure the other processes). Memory: parameter bytes of the shard, and the bytes autograd saves for backward during the forward
 (counted through `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded).
 """
 from __future__ import annotations
 
 import platform
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -25,7 +25,7 @@ from autohet_ray.nn.layers import Block
 from autohet_ray.profile.db import LayerProfile, ProfileDB
 
 WARMUP_REPS = 2
-TIMED_REPS = 5
+TIMED_REPS = 7
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +66,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _time_module(run, inputs, device: torch.device, params: list[torch.Tensor]) -> _Timing:
-    """`run(x) -> output`; `inputs()` gives a fresh input. Median forward and backward seconds."""
+    """`run(x) -> output`; `inputs()` gives a fresh input. Fastest forward and backward seconds."""
     fwds, bwds, act = [], [], 0
     exclude = {p.untyped_storage().data_ptr() for p in params}
     for rep in range(WARMUP_REPS + TIMED_REPS):
@@ -87,7 +87,7 @@ def _time_module(run, inputs, device: torch.device, params: list[torch.Tensor]) 
             fwds.append(t1 - t0)
             bwds.append(t2 - t1)
             act = counter.bytes
-    return _Timing(fwd_s=statistics.median(fwds), bwd_s=statistics.median(bwds), activation_bytes=act)
+    return _Timing(fwd_s=min(fwds), bwd_s=min(bwds), activation_bytes=act)
 
 
 def _param_bytes(module: torch.nn.Module) -> int:
@@ -161,7 +161,7 @@ def measure_profile(model_spec: ModelSpec, device_type: str, tps, micro_batches,
         for mb in micro_batches:
             db.entries[(device_type, tp, mb)] = _measure_entry(model_spec, tp, mb, seq_len, device, dtype)
     db.meta = {"source": f"measured on {device.type} ({name}), {dtype}, one TP rank's shard, without TP collectives",
-               "device_name": name, "dtype": str(dtype), "versions": software_versions(),
+               "device_name": name, "dtype": str(dtype).removeprefix("torch."), "versions": software_versions(),
                "profile_time_s": time.perf_counter() - start}
     return db
 

@@ -1,4 +1,6 @@
-"""Backend, device and dtype choice: gloo + CPU (fp32; fp64 for tests), NCCL + CUDA (bf16 or fp32)."""
+"""Backend, device and dtype choice: gloo + CPU, NCCL + CUDA. Compute dtypes: bf16 (with fp32 master weights,
+the default on CUDA), fp32 (the default on CPU), fp64 (exact comparisons in tests). fp16 is refused: it would
+need loss scaling."""
 from __future__ import annotations
 
 import os
@@ -8,7 +10,7 @@ import torch.distributed as dist
 
 from autohet_ray import ConfigError
 
-CPU_DTYPES = (torch.float32, torch.float64)
+CPU_DTYPES = (torch.bfloat16, torch.float32, torch.float64)
 CUDA_DTYPES = (torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -27,7 +29,8 @@ def resolve_device(device, group=None) -> torch.device:
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
-    dtype = dtype or torch.float32
+    """`dtype`, else bf16 on CUDA and fp32 on CPU; ConfigError for one the device cannot train in."""
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     allowed = CUDA_DTYPES if device.type == "cuda" else CPU_DTYPES
     if dtype not in allowed:
         raise ConfigError(f"dtype {dtype} is not supported on {device.type}; use one of {[str(d) for d in allowed]}")

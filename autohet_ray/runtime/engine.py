@@ -11,6 +11,7 @@ import torch.distributed as dist
 from autohet_ray import ConfigError
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import param_shapes
+from autohet_ray.nn.model import init_tied_head, tied_names
 from autohet_ray.plan.rankmap import SYNC_BUCKET_ELEMENTS, build_rank_map
 from autohet_ray.plan.schema import Plan
 from autohet_ray.runtime.bridge import Bridge, route
@@ -19,9 +20,11 @@ from autohet_ray.runtime.device import resolve_device, resolve_dtype
 from autohet_ray.runtime.executor import Clock, MicroBatches, StageExecutor
 from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync
 from autohet_ray.runtime.groups import create_groups
-from autohet_ray.runtime.optim import (StateDict, clip_, live_views, load_optimizer_state, optimizer_state,
-                                      squared_norm)
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
+from autohet_ray.runtime.optim import (StateDict, build_adamw, clip_, live_views, load_optimizer_state,
+                                      optimizer_state, resolve_config, set_lr, squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
+from autohet_ray.runtime.precision import MasterGradStore, MasterWeights
 from autohet_ray.plan.schedule import SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.runtime.tp import ColumnParallelLinear, RowParallelLinear, TPContext
 from autohet_ray.runtime.wgrad import WeightGradStore
@@ -32,24 +35,30 @@ class Engine:
     rank r = rank r of `world_group`, default the whole world); the constructor creates the plan's subgroups
     collectively, so every rank must construct its Engine at the same time.
 
-    train_step returns {"loss", "grad_norm" (before clipping), "step", "timings"}; timings are this rank's
-    seconds per op name summed over the step ("forward", "backward", "send_activation", "recv_activation",
-    "send_grad", "recv_grad", "grad_sync", "optimizer", and "wgrad" under a split-backward schedule such as
-    "zb-h1") plus "step" (wall time of the whole step).
+    train_step returns {"loss", "grad_norm" (before clipping), "lr" (of this update), "step", "timings"};
+    timings are this rank's seconds per op name summed over the step ("forward", "backward", "send_activation",
+    "recv_activation", "send_grad", "recv_grad", "grad_sync", "optimizer", and "wgrad" under a split-backward
+    schedule such as "zb-h1") plus "step" (wall time of the whole step).
     `schedule`: the pipeline schedule (plan/schedule.py); None runs the plan's.
+    `optimizer`: AdamW, clipping and LR schedule (default OptimizerConfig()); `lr`, `weight_decay` and
+    `max_grad_norm` (clip_grad), when given, replace those fields.
+    `dtype`: compute dtype; default bf16 on CUDA, fp32 on CPU. Under bf16 the optimizer keeps fp32 master
+    weights (runtime/precision.py); state_dict, live_state and grads are the masters' (fp32).
     state_dict: name -> (CPU tensor, global shape, Chunk) for parameters ("layers.3.mlp.fc1.weight"), AdamW
     state ("optim.<param>.exp_avg", "optim.<param>.exp_avg_sq") and "optim.step" (0-dim, whole chunk).
     """
 
     def __init__(self, *, plan: Plan, model_spec: ModelSpec, rank: int, world_group=None, seed: int = 0,
-                 lr: float = 1e-3, weight_decay: float = 0.0, max_grad_norm: float | None = 1.0, device=None,
+                 optimizer: OptimizerConfig | None = None, lr: float | None = None,
+                 weight_decay: float | None = None, max_grad_norm: float | None = None, device=None,
                  dtype=None, pacer=None, schedule: str | None = None,
                  sync_bucket_elements: int = SYNC_BUCKET_ELEMENTS):
         check_plan(plan, model_spec)
         schedule = schedule or getattr(plan, "schedule", "1f1b")
         if schedule not in SCHEDULES:
             raise ConfigError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
-        self.plan, self.spec, self.rank, self.max_grad_norm = plan, model_spec, rank, max_grad_norm
+        self.plan, self.spec, self.rank = plan, model_spec, rank
+        self.optimizer_config = resolve_config(optimizer, lr=lr, weight_decay=weight_decay, clip_grad=max_grad_norm)
         self.world_group = world_group
         self.rank_map = build_rank_map(plan, model_spec.num_layers)
         self._check_world(rank)
@@ -62,21 +71,31 @@ class Engine:
         self.dtype = resolve_dtype(dtype, self.device)
 
         shapes = param_shapes(model_spec)
+        tied = tied_names(model_spec)         # tied embeddings: one tensor on first and last stages
         ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in shapes.items()],
-                             sync_bucket_elements)
+                             sync_bucket_elements, tied=tied)
         groups = create_groups(self.rank_map, ops, me=rank, to_global=self._global)
         my_stage = self.rank_map.tp_group(rank)
         self.tp = TPContext(size=len(my_stage), rank=info.tp_rank, group=groups.get(my_stage))
         self.model, self.layout = build_stage_model(
             model_spec, layers=stages[info.stage].layers, first=self.first, last=self.last, tp=self.tp,
             seed=seed, device=self.device, dtype=self.dtype)
+        self.model.recompute = stages[info.stage].recompute     # torch.utils.checkpoint around each block
+        if tied and self.last:
+            init_tied_head(self.model, self.layout, seed=seed, num_layers=model_spec.num_layers)
         self.params = dict(self.model.named_parameters())
-        self.grad_sync = GradSync(ops=ops, me=rank, params=self.params,
-                                  chunks={n: c for n, (_, c) in self.layout.items()}, groups=groups)
+        self.mixed = MasterWeights(self.params) if self.dtype == torch.bfloat16 else None
+        self.masters = self.params if self.mixed is None else self.mixed.masters    # what AdamW updates
+        # Gradients are reduced in fp32 (the masters'), not bf16: a bf16 all-reduce rounds every partial sum to
+        # 8 mantissa bits (NCCL and gloo accumulate in the wire dtype; there is no bf16-in/fp32-accumulate
+        # all-reduce), and the fp32 gradient is already there for the update. The price: 2x the sync bytes.
+        self.grad_sync = GradSync(ops=ops, me=rank, params=self.masters,
+                                  chunks={n: c for n, (_, c) in self.layout.items()}, groups=groups, tied=tied)
         # each parameter counted once in the global norm: pipeline 0's copy, TP-replicated ones on TP rank 0
         self.norm_params = [n for n in self.params
-                            if info.pipeline == 0 and (shard_dim(n) is not None or info.tp_rank == 0)]
-        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=lr, weight_decay=weight_decay)
+                            if info.pipeline == 0 and (shard_dim(n) is not None or info.tp_rank == 0)
+                            and not (tied and n == tied[1])]
+        self.optimizer = build_adamw(self.masters, self.optimizer_config, tied_embeddings=model_spec.tie_embeddings)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
         self.before_update: Callable[[], None] | None = None
@@ -90,20 +109,32 @@ class Engine:
         # a deferred weight's gradient is final after the step's last W, not when autograd calls its hook
         for name, p in self.params.items():
             if p not in deferred:
-                p.register_post_accumulate_grad_hook(lambda _, name=name: self.grad_sync.on_grad(name))
+                p.register_post_accumulate_grad_hook(lambda _, name=name: self._on_grad(name))
         self.actions = SCHEDULES[schedule](len(stages), info.stage, plan.pipelines[info.pipeline].num_microbatches)
         self.sample_offset = plan.sample_offset(info.pipeline)
         self.step = 0
 
     def _defer_weight_grads(self) -> tuple[WeightGradStore, dict[torch.nn.Parameter, str]]:
         """Attach one store to every TP linear; their weights, by parameter -> name."""
-        store, names = WeightGradStore(), {p: n for n, p in self.params.items()}
+        store = WeightGradStore() if self.mixed is None else MasterGradStore(self.mixed)
+        names = {p: n for n, p in self.params.items()}
         deferred = {}
         for module in self.model.modules():
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                 module.wgrad_store = store
                 deferred[module.weight] = names[module.weight]
         return store, deferred
+
+    def _on_grad(self, name: str) -> None:
+        """A compute parameter's gradient was accumulated (once per micro-batch; final in the last backward)."""
+        if self.mixed is not None:
+            self.mixed.accumulate(name)
+        self.grad_sync.on_grad(name)
+
+    @property
+    def master_dtype(self) -> torch.dtype:
+        """The dtype of the weights the optimizer updates, of its moments and of every checkpointed tensor."""
+        return next(iter(self.masters.values())).dtype
 
     def _global(self, plan_rank: int) -> int:
         return plan_rank if self.world_group is None else dist.get_global_rank(self.world_group, plan_rank)
@@ -144,18 +175,19 @@ class Engine:
         """One optimizer step on the whole global batch (every rank gets the same batch)."""
         ids, labels = check_batch(batch, self.plan, self.spec)
         start = time.perf_counter()
-        for p in self.params.values():
+        for p in (*self.params.values(), *self.masters.values()):
             p.grad = None
         loss = self.executor.run(self.actions, self._microbatches(ids, labels))
         self.bridge.flush()
         loss, norm = self.clock.run("grad_sync", lambda: self._sync(loss), num_bytes=self.grad_sync.num_bytes)
         if self.before_update is not None:
             self.before_update()          # outside the paced op: a wait here is the host's, not the device's
-        self.clock.run("optimizer", lambda: self._optimizer_step(norm))
+        lr = self.optimizer_config.lr_at(self.step)
+        self.clock.run("optimizer", lambda: self._optimizer_step(norm, lr))
         self.step += 1
         timings = self.clock.reset()
         timings["step"] = time.perf_counter() - start
-        return {"loss": loss, "grad_norm": norm, "step": self.step, "timings": timings}
+        return {"loss": loss, "grad_norm": norm, "lr": lr, "step": self.step, "timings": timings}
 
     def eval_step(self, batch) -> dict:
         """The loss of the whole global batch (forward only; weights and optimizer untouched)."""
@@ -170,40 +202,43 @@ class Engine:
         return {"loss": float(total)}
 
     def _sync(self, loss: torch.Tensor) -> tuple[float, float]:
-        for p in self.params.values():
+        for p in self.masters.values():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         self.grad_sync.start()
         self.grad_sync.finish()
         mine = self.last and self.tp.rank == 0
         stats = torch.stack([loss if mine else torch.zeros_like(loss),
-                             squared_norm([self.params[n].grad for n in self.norm_params]).to(loss.device)])
+                             squared_norm([self.masters[n].grad for n in self.norm_params]).to(loss.device)])
         dist.all_reduce(stats, group=self.world_group)
         return float(stats[0]), float(stats[1].sqrt())
 
-    def _optimizer_step(self, norm: float) -> None:
-        clip_([p.grad for p in self.params.values()], norm, self.max_grad_norm)
+    def _optimizer_step(self, norm: float, lr: float) -> None:
+        clip_([p.grad for p in self.masters.values()], norm, self.optimizer_config.clip_grad)
+        set_lr(self.optimizer, lr)
         self.optimizer.step()
+        if self.mixed is not None:
+            self.mixed.publish()
 
     def state_dict(self) -> StateDict:
-        """name -> (CPU copy of this rank's chunk, global shape, Chunk); parameters and AdamW state."""
-        out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.params.items()}
-        out.update(optimizer_state(self.optimizer, self.params, self.layout))
+        """name -> (CPU copy of this rank's chunk, global shape, Chunk); parameters (the masters) and AdamW state."""
+        out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.masters.items()}
+        out.update(optimizer_state(self.optimizer, self.masters, self.layout))
         return out
 
     def live_state(self) -> StateDict:
         """The state_dict's entries as views of the live tensors (no copy): valid until the next update."""
-        return live_views(self.optimizer, self.params, self.layout)
+        return live_views(self.optimizer, self.masters, self.layout)
 
     def grads(self) -> StateDict:
         """The gradients of the last step (synced and clipped), in the state_dict format."""
-        return {n: (p.grad.detach().cpu().clone(), *self.layout[n]) for n, p in self.params.items()
+        return {n: (p.grad.detach().cpu().clone(), *self.layout[n]) for n, p in self.masters.items()
                 if p.grad is not None}
 
     def load_state_dict(self, state: StateDict) -> None:
         """Load this rank's chunks (same format as state_dict; resharding is the caller's job)."""
         with torch.no_grad():
-            for name, p in self.params.items():
+            for name, p in self.masters.items():
                 if name not in state:
                     raise ConfigError(f"state dict lacks {name!r}")
                 tensor, shape, chunk = state[name]
@@ -211,5 +246,7 @@ class Engine:
                     raise ConfigError(f"state dict {name!r} holds chunk {chunk} of {tuple(shape)}; this rank "
                                       f"needs {self.layout[name][1]} of {self.layout[name][0]}")
                 p.copy_(tensor.to(device=p.device, dtype=p.dtype))
-        load_optimizer_state(self.optimizer, self.params, state)
+        if self.mixed is not None:
+            self.mixed.publish()
+        load_optimizer_state(self.optimizer, self.masters, state)
         self.step = int(float(state["optim.step"][0])) if "optim.step" in state else 0

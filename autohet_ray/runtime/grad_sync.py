@@ -89,16 +89,24 @@ def _param_segments(name: str, shape: tuple[int, ...], dim: int | None, holders:
 
 
 def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], int | None]],
-                   bucket_elements: int = SYNC_BUCKET_ELEMENTS) -> tuple[SyncOp, ...]:
+                   bucket_elements: int = SYNC_BUCKET_ELEMENTS, *, tied: tuple[str, str] | None = None
+                   ) -> tuple[SyncOp, ...]:
     """Every all-reduce of a step, identical on every rank. `params`: (name, global shape, TP shard dim) of
     the whole model, in model order (embedding, layers, head), which every rank agrees on; later layers come
-    first in the result."""
+    first in the result. `tied`: (embedding, head) parameter names holding one shared tensor: its segments,
+    named after the embedding, sum the gradients of both over every first and last stage."""
     buckets: dict[tuple[tuple[int, ...], int], list[Segment]] = {}
     open_bucket: dict[tuple[int, ...], tuple[int, int, object]] = {}     # ranks -> (index, elements, unit)
     for name, shape, dim in params:
         unit = unit_of(name)
-        for ranks, segment in _param_segments(name, shape, dim, unit_holders(rank_map, unit)):
-            if len(ranks) <= 1:
+        holders = unit_holders(rank_map, unit)
+        if tied is not None and name == tied[1]:
+            continue                              # synced with the embedding
+        if tied is not None and name == tied[0]:
+            holders = holders + unit_holders(rank_map, "head")
+        for ranks, segment in _param_segments(name, shape, dim, holders):
+            ranks = tuple(sorted(set(ranks)))         # a single-stage pipeline holds both tied tensors
+            if len(ranks) <= 1 and not (tied is not None and name == tied[0]):
                 continue
             index, filled, last_unit = open_bucket.get(ranks, (0, 0, unit))
             if filled >= bucket_elements and unit != last_unit:
@@ -111,6 +119,8 @@ def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], i
 class GradSync:
     """Runs this rank's share of a sync plan on the gradients of its parameters.
 
+    `params` are the tensors the optimizer updates, whose `.grad` is reduced in its own dtype: under bf16
+    compute the fp32 master weights (so gradients are all-reduced in fp32; Engine says why).
     Overlap with backward: `arm()` before the step's last backward on this stage; then `on_grad(name)` (a
     post-accumulate-grad hook) marks parameters final, and each bucket is posted once all its parameters
     are final and every bucket before it in the plan's order has been posted (the same order on every rank,
@@ -118,10 +128,13 @@ class GradSync:
     """
 
     def __init__(self, *, ops: tuple[SyncOp, ...], me: int, params: dict[str, torch.nn.Parameter],
-                 chunks: dict[str, Chunk], groups: dict[tuple[int, ...], object]):
+                 chunks: dict[str, Chunk], groups: dict[tuple[int, ...], object],
+                 tied: tuple[str, str] | None = None):
         self.ops = [op for op in ops if me in op.ranks]
         self.me, self.params, self.chunks, self.groups = me, params, chunks, groups
-        self._needs = [frozenset(s.name for s in op.segments) for op in self.ops]
+        # a tied segment (named after the embedding) stands for whichever of the two tensors this rank holds
+        self._aliases = {tied[0]: tuple(n for n in tied if n in params)} if tied else {}
+        self._needs = [frozenset(n for s in op.segments for n in self._local(s)) for op in self.ops]
         self._armed = False
         self._final: set[str] = set()
         self._posted = 0                      # ops[:_posted] are in flight
@@ -130,20 +143,35 @@ class GradSync:
     @property
     def num_bytes(self) -> int:
         """Bytes this rank all-reduces per step."""
-        return sum(s.region.numel * self.params[s.name].element_size() for op in self.ops for s in op.segments)
+        return sum(s.region.numel * self.params[self._local(s)[0]].element_size()
+                   for op in self.ops if len(op.ranks) > 1 for s in op.segments)
 
-    def _view(self, seg: Segment) -> torch.Tensor:
-        return self.params[seg.name].grad[to_local(seg.region, self.chunks[seg.name])]
+    def _local(self, seg: Segment) -> tuple[str, ...]:
+        """The parameters of this rank a segment covers (two for a tied one on a single-stage pipeline)."""
+        return self._aliases.get(seg.name, (seg.name,))
+
+    def _views(self, seg: Segment) -> list[torch.Tensor]:
+        return [self.params[n].grad[to_local(seg.region, self.chunks[n])] for n in self._local(seg)]
 
     def _pack(self, op: SyncOp) -> torch.Tensor:
-        parts = [self._view(s).reshape(-1) if self.me in s.contributors else
-                 self._view(s).new_zeros(s.region.numel) for s in op.segments]
+        parts = []
+        for s in op.segments:
+            views = self._views(s)
+            if self.me not in s.contributors:
+                parts.append(views[0].new_zeros(s.region.numel))
+                continue
+            total = views[0].reshape(-1)
+            for v in views[1:]:
+                total = total + v.reshape(-1)
+            parts.append(total)
         return torch.cat(parts)
 
     def _post_next(self) -> None:
         op = self.ops[self._posted]
         buf = self._pack(op)
-        self._inflight.append((op, buf, dist.all_reduce(buf, group=self.groups[op.ranks], async_op=True)))
+        # a one-rank op: a tied tensor whose only holder also holds its twin (the local sum is the result)
+        work = dist.all_reduce(buf, group=self.groups[op.ranks], async_op=True) if len(op.ranks) > 1 else None
+        self._inflight.append((op, buf, work))
         self._posted += 1
 
     def arm(self) -> None:
@@ -164,11 +192,12 @@ class GradSync:
 
     def finish(self) -> None:
         for op, buf, work in self._inflight:
-            work.wait()
+            if work is not None:
+                work.wait()
             pos = 0
             for s in op.segments:
-                view = self._view(s)
-                view.copy_(buf[pos: pos + s.region.numel].view(view.shape))
+                for view in self._views(s):
+                    view.copy_(buf[pos: pos + s.region.numel].view(view.shape))
                 pos += s.region.numel
         self._inflight.clear()
         self._armed, self._final, self._posted = False, set(), 0

@@ -1,14 +1,47 @@
-"""Global gradient-norm clipping and AdamW state in the engine's state-dict format."""
+"""AdamW with decay only on matrices, global gradient-norm clipping, and AdamW state in the engine's
+state-dict format."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from autohet_ray import ConfigError
 from autohet_ray.layout import Chunk
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
 StateDict = dict[str, tuple[torch.Tensor, tuple[int, ...], Chunk]]
 ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 STEP_KEY = "optim.step"
+
+
+def resolve_config(optimizer: OptimizerConfig | None, **overrides) -> OptimizerConfig:
+    """`optimizer` (default: OptimizerConfig()) with the fields given in `overrides` (None: not given)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(optimizer or OptimizerConfig(), **given)
+
+
+def decays(name: str, *, tied_embeddings: bool) -> bool:
+    """Whether weight decay applies to a parameter: not to norms, biases or embeddings (a head tied to the
+    embedding is the embedding: its copies must stay equal)."""
+    module, _, kind = name.rpartition(".")
+    if kind == "bias" or "norm" in module.rpartition(".")[2] or name.startswith("embedding."):
+        return False
+    return not (tied_embeddings and module == "head.out")
+
+
+def build_adamw(named: dict[str, torch.nn.Parameter], config: OptimizerConfig, *,
+                tied_embeddings: bool) -> torch.optim.AdamW:
+    """AdamW over `named` (master weights), in two groups: with and without weight decay."""
+    with_decay = [p for n, p in named.items() if decays(n, tied_embeddings=tied_embeddings)]
+    without = [p for n, p in named.items() if not decays(n, tied_embeddings=tied_embeddings)]
+    groups = [{"params": with_decay, "weight_decay": config.weight_decay}, {"params": without, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr_at(0), betas=config.betas)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
 
 
 def squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:

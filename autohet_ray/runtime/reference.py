@@ -1,5 +1,6 @@
-"""The whole model in one process on the whole batch, with the same init, loss, clipping and AdamW as the
-Engine: the yardstick for the distributed runtime's numerics."""
+"""The whole model in one process on the whole batch, with the same init, loss, clipping, AdamW (parameter
+groups) and LR schedule as the Engine: the yardstick for the distributed runtime's numerics (in one dtype, no
+master weights)."""
 from __future__ import annotations
 
 import torch
@@ -8,17 +9,20 @@ import torch.nn.functional as F
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import build_model, materialize
 from autohet_ray.runtime.checks import IGNORE_INDEX
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
+from autohet_ray.runtime.optim import build_adamw, resolve_config, set_lr
 
 
 class Reference:
-    def __init__(self, *, model_spec: ModelSpec, seed: int = 0, lr: float = 1e-3, weight_decay: float = 0.0,
-                 max_grad_norm: float | None = 1.0, dtype: torch.dtype = torch.float32, device="cpu"):
+    def __init__(self, *, model_spec: ModelSpec, seed: int = 0, optimizer: OptimizerConfig | None = None,
+                 lr: float | None = None, weight_decay: float | None = None, max_grad_norm: float | None = None,
+                 dtype: torch.dtype = torch.float32, device="cpu"):
         with torch.device("meta"):
             self.model = build_model(model_spec)
         materialize(self.model, seed=seed, num_layers=model_spec.num_layers, device=device, dtype=dtype)
-        self.max_grad_norm = max_grad_norm
+        self.config = resolve_config(optimizer, lr=lr, weight_decay=weight_decay, clip_grad=max_grad_norm)
         self.params = dict(self.model.named_parameters())
-        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=lr, weight_decay=weight_decay)
+        self.optimizer = build_adamw(self.params, self.config, tied_embeddings=model_spec.tie_embeddings)
         self.step = 0
 
     def loss(self, batch) -> torch.Tensor:
@@ -34,13 +38,15 @@ class Reference:
         loss = self.loss(batch)
         loss.backward()
         grads = [p.grad for p in self.params.values()]
-        if self.max_grad_norm is not None and self.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.max_grad_norm)
+        if self.config.clip_grad > 0:
+            norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.clip_grad)
         else:
             norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))
+        lr = self.config.lr_at(self.step)
+        set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.step += 1
-        return {"loss": float(loss.detach()), "grad_norm": float(norm), "step": self.step}
+        return {"loss": float(loss.detach()), "grad_norm": float(norm), "lr": lr, "step": self.step}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {n: p.detach().cpu().clone() for n, p in self.params.items()}

@@ -16,7 +16,7 @@ def _errors(rank: int, world_size: int) -> list[str]:
     too_big = make_plan(SPEC, pipeline(2, (0, 2, 2), (2, 4, 1)))
     attempts = [
         lambda: Engine(plan=too_big, model_spec=SPEC, rank=rank),
-        lambda: Engine(plan=good, model_spec=SPEC, rank=rank, dtype=torch.bfloat16),
+        lambda: Engine(plan=good, model_spec=SPEC, rank=rank, dtype=torch.float16),
         lambda: Engine(plan=good, model_spec=SPEC, rank=rank, schedule="zigzag"),
     ]
     for attempt in attempts:
@@ -48,7 +48,7 @@ def test_engine_rejects_bad_input():
     assert per_rank[0][:-1] == per_rank[1][:-1] and per_rank[0][-1] == per_rank[1][-1]
     world, dtype, schedule, rows, cols, missing, kinds, ok = per_rank[0]
     assert "plan uses 3 devices but the process group has 2" in world
-    assert "bfloat16" in dtype and "zigzag" in schedule
+    assert "float16" in dtype and "zigzag" in schedule
     assert "shape (2, 8)" in rows and "(4, 8)" in rows
     assert "shape (4, 4)" in cols
     assert "'labels'" in missing

@@ -9,6 +9,7 @@ import pathlib
 import shutil
 import sys
 import sysconfig
+from dataclasses import replace
 
 import pytest
 import ray
@@ -16,7 +17,10 @@ import ray
 from autohet_ray import ConfigError, cli
 from autohet_ray.data import Dataset
 from autohet_ray.data.tokenize import special_ids, tokenizer_from_json
+from autohet_ray.elastic.keeper import STORE_ENV
+from autohet_ray.model import PRESETS
 from autohet_ray.orchestrate.data_prepare import download_dataset
+from autohet_ray.orchestrate.training_data import TrainingData, dataset_cache_dir
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from s3_server import CREDENTIALS, client, moto_endpoint, new_bucket  # noqa: E402
@@ -91,7 +95,7 @@ def test_any_worker_count_writes_the_same_dataset_and_shows_progress(trained, co
         assert "MB/s" in stderr and "k tokens/s" in stderr
 
 
-def test_s3_input_and_output(trained, corpus, tmp_path, capsys):
+def test_s3_input_and_output(trained, corpus, tmp_path, capsys, monkeypatch):
     with moto_endpoint() as endpoint:
         bucket, s3 = new_bucket(endpoint), client(endpoint)
         for p in corpus.iterdir():
@@ -107,7 +111,26 @@ def test_s3_input_and_output(trained, corpus, tmp_path, capsys):
         download_dataset(f"s3://{bucket}/datasets/one", local, endpoint_url=endpoint)
         with pytest.raises(ConfigError, match="holds no prepared dataset"):
             download_dataset(f"s3://{bucket}/corpus", str(tmp_path / "none"), endpoint_url=endpoint)
+        _trains_from_the_node_store_cache(f"s3://{bucket}/datasets/one", endpoint, s3, bucket, tmp_path,
+                                          monkeypatch)
     assert Dataset.open(str(local)).fingerprint == Dataset.open(str(trained)).fingerprint
+
+
+def _trains_from_the_node_store_cache(url, endpoint, s3, bucket, tmp_path, monkeypatch):
+    """A job's s3:// dataset lands in the node store's cache; a later job on the node fetches no shard again
+    (here the shards are gone from S3, and the second job still trains on the same batches)."""
+    monkeypatch.setenv(STORE_ENV, str(tmp_path / "store"))
+    model = replace(PRESETS["tiny-gpt"], vocab_size=1024)
+    first = TrainingData(data=url, model=model, global_batch=2, seq_len=16, seed=0, endpoint_url=endpoint)
+    cache = pathlib.Path(dataset_cache_dir(url, str(tmp_path / "store")))
+    assert pathlib.Path(first.dataset.directory) == cache and (cache / "shard-00001.bin").is_file()
+    batch = first.batch(0)
+    first.close()
+    for obj in s3.list_objects_v2(Bucket=bucket, Prefix="datasets/one/shard-")["Contents"]:
+        s3.delete_object(Bucket=bucket, Key=obj["Key"])
+    again = TrainingData(data=url, model=model, global_batch=2, seq_len=16, seed=0, endpoint_url=endpoint)
+    assert all((again.batch(0)[k] == batch[k]).all() for k in batch if hasattr(batch[k], "all"))
+    again.close()
 
 
 def test_bad_input_gets_one_line_and_exit_2(trained, corpus, tmp_path, capsys):

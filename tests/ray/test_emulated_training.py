@@ -185,3 +185,36 @@ def test_any_plan_evaluate_accepts_trains_with_off_grid_micro_batches(three_node
     expected = [ref.train_step(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=6, seq_len=16, seed=0,
                                                step=i))["loss"] for i in range(2)]
     assert losses == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_cli_train_writes_speed_metrics_to_jsonl_and_tensorboard(three_node_cluster, tmp_path, capsys):
+    """`autohet train --emulate --tensorboard DIR` on the module's cluster: every metrics.jsonl line carries
+    tokens/s and MFU per GPU type on the emulated clock and CPU peak memory as None (not measured); the
+    TensorBoard events hold loss, lr and tokens/s for both steps; the progress line shows tokens/s and MFU."""
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from autohet_ray.cli import main
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(THREE_NODES))
+    (tmp_path / "plan.json").write_text(json.dumps(asymmetric_plan()))
+    code = main(["train", "--cluster", str(tmp_path / "cluster.yaml"), "--model", "tiny-gpt", "--global-batch", "4",
+                 "--steps", "2", "--plan", str(tmp_path / "plan.json"), "--emulate", "--time-scale", "1",
+                 "--storage", str(tmp_path / "job"), "--tensorboard", str(tmp_path / "tb")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "step 2/2:" in out and "tok/s" in out and "MFU" in out and "H20" in out
+    lines = [json.loads(x) for x in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    for m in lines:
+        assert m["clock"] == "emulated" and m["mfu_peak_dtype"] == "float32"     # CPU workers compute fp32
+        assert m["tokens_per_s"] == pytest.approx(4 * 16 / m["iteration_s"])
+        assert set(m["mfu_by_device_type"]) == {"H20", "H800"}
+        assert all(0 < v < 1 for v in (m["mfu"], *m["mfu_by_device_type"].values()))
+        assert m["peak_memory_bytes_per_device"] == {"c:0": None, "c:1": None, "a:0": None, "b:0": None}
+        assert m["lr"] > 0 and m["grad_norm"] > 0
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    for tag in ("loss", "lr", "tokens_per_s", "mfu/H20", "mfu/H800"):
+        assert [e.step for e in events.Scalars(tag)] == [1, 2], tag
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx([m["loss"] for m in lines], rel=1e-6)

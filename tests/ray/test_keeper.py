@@ -42,9 +42,9 @@ def cluster():
 class Rank:
     """A training worker: snapshots its shards into its node's keeper and its peer node's keeper."""
 
-    def save(self, step, state, owned, local, peers):
+    def save(self, step, state, owned, local, peers, job=JOB):
         def tier(node_id, label):
-            return KeeperTier(get_keeper(JOB, node_id), label)
+            return KeeperTier(get_keeper(job, node_id), label)
 
         snap = AsyncSnapshotter(local=tier(*local), peers=[tier(*p) for p in peers],
                                 policy=SnapshotPolicy(cloud_every=0, num_threads=2))
@@ -103,3 +103,37 @@ def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster)
     # garbage collection deletes many chunks in one keeper call
     tiers["c"].delete_many(own_a)
     assert own_a and not any(tiers["c"].has(key) for key in own_a)
+
+
+def test_after_a_loss_chunks_left_with_one_copy_get_a_second_one(cluster, tmp_path):
+    """The newest committed step's chunks were on nodes b and c; c is lost, so the committer has b copy them
+    to the head node's store; then b is lost too before any new commit, and the head alone restores the step
+    bit-exactly (no storage)."""
+    from autohet_ray.elastic.commit import Committer
+    from autohet_ray.elastic.keeper import keeper_spec
+    from autohet_ray.elastic.tiers import storage_spec
+    cluster_obj, nodes, node_ids = cluster
+    job = "rereplicate-test-job"
+    where = {"h": cluster_obj.head_node.node_id, "b": node_ids["b"], "c": node_ids["c"]}
+    specs = {name: keeper_spec(job, node_id, name) for name, node_id in where.items()}
+    committer = Committer(keeper_specs=specs, cloud_spec=storage_spec(str(tmp_path)), extra={}, gc_every=0)
+    try:
+        full = helpers.full_state(3)
+        whole = helpers.rank_states(full, 1)[0]
+        owned = assign_writers({0: [(n, c, t.numel()) for n, (t, _, c) in whole.items()]})
+        rank = Rank.options(resources={"node_b": 0.01}).remote()
+        records = ray.get(rank.save.remote(5, whole, owned[0], (where["b"], "keeper-b"), [(where["c"], "keeper-c")],
+                                          job),
+                          timeout=120)
+        ray.kill(rank, no_restart=True)
+        committer.commit_fast(5, [records])
+        committer.drop_keeper("c")                                      # c is lost
+        assert committer.rereplicate_newest() == len(find_manifest(list(committer.keepers.values()), 5).records)
+        assert sum(ray.get(committer.copies, timeout=60)) > 0
+        stop_keeper(job, where["b"])                                    # b is lost as well: h alone holds step 5
+        head = KeeperTier(get_keeper(job, where["h"]), "keeper-h", timeout_s=20)
+        state, _ = restore(find_manifest([head], 5), helpers.needs_of([whole])[0], [head])
+        helpers.assert_bit_exact(state, full)
+    finally:
+        for node_id in where.values():
+            stop_keeper(job, node_id)

@@ -193,3 +193,14 @@ def test_user_errors_name_the_value(tmp_path):
     (tmp_path / "model.pt").write_bytes(b"not ours")
     with pytest.raises(ConfigError, match="holds no committed autohet step"):
         checkpoint_manifest(Checkpoint.from_directory(str(tmp_path)))
+
+
+def test_reports_carry_speed_and_memory_metrics(recovered_run):
+    """`report_step` sends lr, grad norm, tokens/s and the worker's MFU through ray.train.report; CPU workers
+    report no peak memory figure (not measured) and say so."""
+    result, _ = recovered_run
+    m = result.metrics
+    assert m["step"] == 4 and m["clock"] == "wall" and m["device_type"] in ("H20", "H800")
+    assert m["tokens_per_s"] == pytest.approx(4 * 16 / m["step_s"])
+    assert 0 < m["mfu"] < 1 and m["model_tflops"] > 0 and m["lr"] > 0 and m["grad_norm"] > 0
+    assert "peak_memory_bytes" not in m and m["peak_memory_source"].startswith("none")

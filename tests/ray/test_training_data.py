@@ -149,3 +149,29 @@ def test_sigint_then_resume_reads_each_sample_exactly_once(cluster, dataset, uni
     by_step = {m["step"]: m["loss"] for m in history}
     assert [by_step[s] for s in range(1, STEPS + 1)] == pytest.approx([m["loss"] for m in uninterrupted],
                                                                        rel=1e-5)
+
+
+def test_bert_trains_by_masked_language_modelling_on_the_asymmetric_plan(cluster, dataset, tmp_path):
+    """BERT is bidirectional: it trains on the dataset's batches masked 15% (80/10/10, seeded by step, chosen
+    on the whole global batch), and the asymmetric plan's losses equal the single-process model's on the same
+    masked batches."""
+    from autohet_ray.data import mask_tokens
+    bert = MODEL | {"name": "data-bert", "family": "bert"}
+    ctl = Controller(job(str(tmp_path / "storage"), dataset, model=bert, elastic=False,
+                         plan=asymmetric_plan() | {"model": "data-bert"}))
+    try:
+        ctl.start()
+        losses = [ctl.step()["loss"] for _ in range(3)]
+    finally:
+        ctl.close()
+    data = Dataset.open(dataset)
+    index = data.index
+    ref = Reference(model_spec=model_from_dict(bert), dtype=torch.float64)
+    expected = []
+    for i in range(3):
+        batch = mask_tokens(data.global_batch(i, 4, 16, 0), mask_id=index.mask_id, vocab_size=index.vocab_size,
+                            seed=0, step=i, special_ids=(index.eos_id,))
+        labelled = batch["labels"] != -100
+        assert 0.1 < float(labelled.float().mean()) < 0.2                  # 15% of the tokens are targets
+        expected.append(ref.train_step(batch)["loss"])
+    assert losses == pytest.approx(expected, rel=1e-6)

@@ -19,6 +19,8 @@ FORBIDDEN = {
     "data": {"cluster", "model", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate",
              "elastic", "emulate", "cli"},
     "checkpoint": {"cost", "planner", "runtime", "orchestrate", "elastic", "emulate", "cli"},
+    # the simulated spot replay: cost model + planner only, no Ray, no training code
+    "replay": {"nn", "runtime", "checkpoint", "data", "orchestrate", "elastic", "emulate", "cli"},
 }
 THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate", "elastic", "emulate"}, "pyscipopt": {"planner"}, "cvxpy": {"planner"}}
 

@@ -63,7 +63,8 @@ def test_schedule_choice_can_be_restricted_and_zero_bubble_wins_on_deep_pipeline
     for result, _ in (only, auto):
         assert [len(p.stages) for p in result.plan.pipelines] == [3] * 8
     assert auto[0].plan.schedule == "zb-h1"
-    assert auto[0].evaluation.iteration_time_s < 0.95 * only[0].evaluation.iteration_time_s
+    # 4.7% faster since bf16 plans price their gradient all-reduce in fp32 (6.4% with a bf16 all-reduce)
+    assert auto[0].evaluation.iteration_time_s < 0.96 * only[0].evaluation.iteration_time_s
     with pytest.raises(ConfigError, match="schedule 'interleaved'; valid: 1f1b, zb-h1"):
         plan_with_baselines(cluster=cluster, model=spec, profile=profile, global_batch=768, seq_len=512,
                             schedules=("interleaved",))

@@ -106,3 +106,23 @@ def test_per_pipeline_micro_batches_match_brute_force(devices, model_name, batch
     assert ev.iteration_time_s <= price(uniform)
     assert ev.iteration_time_s <= brute * 1.01, (ev.iteration_time_s, brute, price(uniform))
     assert price(uniform) > brute * 1.01          # the case needs the finer split (else it proves nothing)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_splits_for_every_micro_batch_count_equal_one_split_at_a_time(seed):
+    from autohet_ray.planner.split import best_splits
+    rng = random.Random(seed)
+    for _ in range(10):
+        p = rng.randint(1, 5)
+        # tight memory on some stages: the caps then change with the micro-batches in flight (m < p)
+        groups = [_group(rng.uniform(0.5, 2.0), capacity=rng.choice([10**12, 60_000 + rng.randint(0, 80_000)]))
+                  for _ in range(p)]
+        links = [rng.uniform(0, 0.2) for _ in range(p - 1)]
+        many = best_splits(groups, 16, 24, links)
+        assert len(many) == 24
+        for m, split in enumerate(many, start=1):
+            one = best_split(groups, 16, m, links)
+            assert (split is None) == (one is None)
+            if one is not None:
+                assert split.time_s == pytest.approx(one.time_s, rel=1e-12)
+                assert split.memory_bound == one.memory_bound

@@ -121,11 +121,12 @@ def test_single_pipeline_needs_no_sync():
 
 
 def test_routes():
-    assert route((4, 5), (2, 3), 5).send_to == 3                       # same degree: rank to rank
+    r = route((4, 5), (2, 3), 5)                                       # same degree: rank to rank, slice 1 of 2
+    assert (r.send_to, r.recv_from, r.parts, r.index, r.broadcast_from) == (3, 3, 2, 1, None)
     r = route((4, 5), (2,), 5)                                         # TP2 next to TP1: only the leader talks
     assert r.send_to is None and r.recv_from is None and r.broadcast_from == 4
     r = route((4, 5), (2,), 4)
-    assert r.send_to == 2 and r.recv_from == 2 and r.broadcast_from == 4
+    assert r.send_to == 2 and r.recv_from == 2 and r.broadcast_from == 4 and r.parts == 1
     r = route((2,), (4, 5, 6, 7), 2)
     assert r.send_to == 4 and r.broadcast_from is None
     assert route((2,), None, 2).send_to is None

@@ -7,7 +7,6 @@ from autohet_ray.cost.terms import SPLIT_BACKWARD_OVERHEAD, GroupCostTable
 from autohet_ray.cost.timeline import simulate
 from autohet_ray.model.costs import weight_grad_share
 from autohet_ray.plan import Pipeline
-from autohet_ray.profile import LayerProfile, ProfileDB
 from test_cost import MODEL, MS, _cluster, _plan, _profile, _stage
 
 
@@ -54,24 +53,43 @@ def test_zero_bubble_is_faster_and_holds_more_activations_on_later_stages():
     fwd = [table.get("X", 1).stage_split(n, j == 0, j == 1)[0] for j, n in enumerate((1, 3))]
     for t1, tz, f in zip(one.stage_times_s[0], zb.stage_times_s[0], fwd):
         assert tz == pytest.approx(f + SPLIT_BACKWARD_OVERHEAD * (t1 - f))
-    # stage 0 keeps p = 2 micro-batches under both; the last stage 1 under 1F1B, 2 under ZB-H1
-    assert zb.memory_bytes["n0:0"] == one.memory_bytes["n0:0"]
-    act_last = 3 * 1000 + 500
-    assert zb.memory_bytes["n0:1"] - one.memory_bytes["n0:1"] == act_last
+    # memory: 1F1B keeps 2 / 1 micro-batches' activations (A) on stages 0 / 1. ZB-H1 frees A at B but keeps
+    # each TP linear's input and output gradient (H) until W. Stage 0 runs W right after B: peak max(2A, A + H);
+    # stage 1 runs W(i) after B(i + 1): F0 B0 F1 B1 W0 F2 B2 W1 ... holds A + H, then 2 H
+    h, f, tokens = MODEL.hidden, MODEL.ffn_hidden, 16
+    held_layer = tokens * 2 * ((h + 3 * h) + (h + h) + (h + f) + (f + h))       # bf16; x + grad of qkv, proj, fc1, fc2
+    held_head = tokens * 2 * (h + MODEL.vocab_size)
+    gc = table.get("X", 1)
+    assert (gc.layer_held_bytes, gc.head_held_bytes) == (held_layer, held_head)
+    act0, act1 = 1000 + 100, 3 * 1000 + 500
+    h0, h1 = held_layer, 3 * held_layer + held_head
+    assert one.memory_bytes["n0:0"] - 2 * act0 == zb.memory_bytes["n0:0"] - max(2 * act0, act0 + h0)
+    assert one.memory_bytes["n0:1"] - act1 == zb.memory_bytes["n0:1"] - max(act1 + h1, 2 * h1)
 
 
-def _big_activation_profile():
-    base = _profile()
-    entries = {key: dict(layers) for key, layers in base.entries.items()}
-    entries[("X", 1, 1)]["layer"] = LayerProfile(fwd_s=1 * MS, bwd_s=2 * MS, param_bytes=0,
-                                                 activation_bytes=3 * 10**9)
-    return ProfileDB(kind=base.kind, model=base.model, seq_len=base.seq_len, entries=entries, links=base.links)
+def test_live_counts_follow_the_actions():
+    from autohet_ray.cost.memory import live_counts
+    from autohet_ray.plan.schedule import in_flight_bound
+    for p, m in [(1, 3), (2, 4), (4, 2), (4, 8)]:
+        for j in range(p):
+            assert live_counts("1f1b", p, j, m) == ((in_flight_bound("1f1b", p, j, m), 0),)
+    assert live_counts("zb-h1", 2, 1, 4) == ((0, 2), (1, 1))
+    assert live_counts("zb-h1", 2, 0, 4) == ((1, 1), (2, 0))
 
 
 def test_best_schedule_takes_the_faster_one_that_fits():
+    from autohet_ray.cluster import cluster_from_dict
+    from autohet_ray.cost.terms import MEMORY_RESERVE_BYTES
+    from test_cost import DEVICE
     plan, ev = best_schedule(_two_stage_plan("1f1b"), _cluster(), MODEL, _profile())
     assert plan.schedule == "zb-h1" and ev.feasible
-    # 3 layers x 3 GB on the last stage: 9 GB with 1F1B's one micro-batch in flight, 18 GB (> 14 usable) with two
-    plan, ev = best_schedule(_two_stage_plan("zb-h1"), _cluster(), MODEL, _big_activation_profile())
+    # a device between the two peaks: ZB-H1's held weight-gradient inputs no longer fit, 1F1B still does
+    one, zb = (max(evaluate_plan(_two_stage_plan(s), _cluster(), MODEL, _profile()).memory_bytes.values())
+               for s in ("1f1b", "zb-h1"))
+    assert zb > one
+    tight = dict(DEVICE, memory_gb=(MEMORY_RESERVE_BYTES + (one + zb) / 2) / 1e9)
+    cluster = cluster_from_dict({"name": "t", "devices": {"X": tight},
+                                 "nodes": [{"name": "n0", "device": "X", "count": 4}]})
+    plan, ev = best_schedule(_two_stage_plan("zb-h1"), cluster, MODEL, _profile())
     assert plan.schedule == "1f1b" and ev.feasible
-    assert not evaluate_plan(_two_stage_plan("zb-h1"), _cluster(), MODEL, _big_activation_profile()).feasible
+    assert not evaluate_plan(_two_stage_plan("zb-h1"), cluster, MODEL, _profile()).feasible

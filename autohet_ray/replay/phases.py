@@ -1,0 +1,78 @@
+"""Recovery phases of a simulated event: detect, re-plan, restart workers, restore state, warm-up.
+
+Fixed phases (detect, restart) come from a recovery measurement (benchmarks/recovery_bench.py's JSON line),
+or from the stated defaults below; the restore scales with the bytes a node must read at a stated bandwidth;
+re-planning is the planner's measured wall time, passed in; warm-up is a stated number of iterations of the
+new plan. Every value carries its basis, which the replay prints.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+from autohet_ray import ConfigError
+
+GB = 1e9
+
+# Checkpointed training state per parameter: fp32 master weights + two fp32 AdamW moments (the bf16 weights
+# are derived from the master copy), as the checkpoint tiers store it.
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseModel:
+    detect_s: float                 # unannounced loss -> verdict (liveness probes + loss grace)
+    restart_s: float                # stop survivors, start/reconfigure workers and process groups on the new plan
+    local_Bps: float                # per-node read of its chunks from its own store or a peer's (bytes/s)
+    cloud_Bps: float                # per-node download from cloud storage (bytes/s)
+    cloud_upload_Bps: float         # per-node upload to cloud storage (bytes/s): periodic checkpoints
+    warmup_iterations: float        # what the first step costs beyond a normal one, in iterations of the new plan
+    basis: dict[str, str] = field(default_factory=dict)
+
+    def restore_s(self, bytes_per_node: float, tier: str) -> float:
+        assert tier in ("local", "cloud"), tier
+        return bytes_per_node / (self.local_Bps if tier == "local" else self.cloud_Bps)
+
+    def phases(self, *, detect: bool, replan_s: float, bytes_per_node: float, tier: str,
+               iteration_s: float, restart: bool = True) -> dict[str, float]:
+        """Seconds of each phase; `detect` False for a planned change (a join, or a removal with notice)."""
+        out = {"detect_s": self.detect_s if detect else 0.0, "replan_s": replan_s,
+               "restart_s": self.restart_s if restart else 0.0,
+               "restore_s": self.restore_s(bytes_per_node, tier),
+               "warmup_s": self.warmup_iterations * iteration_s}
+        out["total_s"] = sum(out.values())
+        return out
+
+
+DEFAULT_PHASES = PhaseModel(
+    detect_s=3.0, restart_s=30.0, local_Bps=50 * GB, cloud_Bps=25 * GB / 8, cloud_upload_Bps=25 * GB / 8,
+    warmup_iterations=1.0,
+    basis={
+        "detect_s": "assumed: the controller's default --loss-grace-s 3 (a silent node is declared lost after 3 s)",
+        "restart_s": "assumed: 30 s to stop survivors, start workers and build NCCL groups at ~1000 ranks",
+        "local_Bps": "assumed: every byte a node needs read from a peer over a 400 Gb/s NIC (50 GB/s); reads "
+                     "from the node's own RAM store are faster",
+        "cloud_Bps": "assumed: 25 Gb/s (3.1 GB/s) per node from S3 (a fleet restoring at once shares the "
+                     "bucket's request rate; single instances reach up to 100 Gb/s)",
+        "cloud_upload_Bps": "assumed: 25 Gb/s (3.1 GB/s) per node to S3",
+        "warmup_iterations": "assumed: the first step after a restart costs one extra iteration",
+    })
+
+
+def phases_from_recovery_bench(path: str, base: PhaseModel = DEFAULT_PHASES) -> PhaseModel:
+    """Detect from a recovery_bench.py JSON line (its local-first recovery), the rest from `base`: detection
+    does not scale with the model or the cluster; the restore scales with bytes (priced by bandwidth) and the
+    restart with ranks (a 3-rank CPU run says little about 1000 GPUs: it is quoted in the basis only)."""
+    try:
+        with open(path) as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
+        measured = json.loads(lines[-1])["local_first"]["phases"]
+    except (OSError, IndexError, KeyError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not a recovery_bench.py result with local_first.phases ({err})") from None
+    detect, restart = float(measured["detect_s"]), float(measured.get("restart_s", 0.0))
+    basis = dict(base.basis) | {
+        "detect_s": f"measured by recovery_bench.py ({path}): detect_s {detect:.3f}",
+        "restart_s": base.basis.get("restart_s", "") + f"; recovery_bench.py measured {restart:.3f} s for 3 "
+                     "CPU ranks, which does not carry over to ~1000 GPU ranks",
+    }
+    return replace(base, detect_s=detect, basis=basis)

@@ -1,0 +1,224 @@
+"""The three systems replayed on one clock: ours (local-first recovery, re-plan at every change), checkpoint-
+restart (cloud checkpoints every N s, restart from the newest on every change), and no re-planning.
+
+Rules shared by all three (stated in the replay's output):
+- A removal hits a plan when it takes a node of a pool the plan uses (victims: the plan's nodes first).
+  A removal of idle nodes changes nothing for a running job.
+- Every join re-plans and moves onto the new plan (the controller's check_joins does; no-replan ignores joins).
+- Events during a recovery: a removal that hits the plan being restored restarts the recovery; a join is taken
+  at the end of the recovery (the first step boundary).
+- The job's launch at t = 0 pays planning, worker start and warm-up, with nothing to restore.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autohet_ray.replay.accounting import Ledger, hits, steps_done
+from autohet_ray.replay.phases import PhaseModel
+from autohet_ray.replay.planning import PlanCache, PlannedState
+from autohet_ray.replay.timeline import Event, State, Timeline
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    global_batch: int
+    phases: PhaseModel
+    plan_cache: bool = False           # a state planned before reuses its plan: no planning time charged
+    notice_s: float = 0.0              # ours: a spot notice this long precedes every removal
+    checkpoint_every_s: float = 1800.0  # checkpoint-restart: cloud checkpoint period
+    snapshot_overhead: float = 0.0     # ours: step time added by the per-step node-store snapshot (fraction)
+    restart_on_join: bool = True       # checkpoint-restart: a join restarts the job (False: only losses do)
+
+
+class System:
+    name = "system"
+    tier = "local"
+
+    def __init__(self, timeline: Timeline, plans: PlanCache, config: ReplayConfig):
+        self.timeline, self.plans, self.config = timeline, plans, config
+        self.ledger = Ledger(name=self.name, global_batch=config.global_batch)
+        self.state: State = timeline.initial
+        self.plan: PlannedState | None = None
+        self.up_at = 0.0                      # when self.plan starts (or started) stepping
+        self.pending_join = False
+        self.waiting_since: float | None = None
+        self.planned_states: set[State] = set()
+
+    # --- driver ---
+    def replay(self) -> Ledger:
+        self.launch()
+        for event in self.timeline.events:
+            self.catch_up(event.time_s)
+            self.state = event.after
+            self.on_event(event)
+        self.catch_up(self.timeline.window_s)
+        self.finish(self.timeline.window_s)
+        return self.ledger
+
+    def launch(self) -> None:
+        self.recover(0.0, detect=False, restore=False, event=None)
+
+    def finish(self, end: float) -> None:
+        if self.plan is not None and self.up_at < end:
+            self.stop(end, how="end")
+        if self.waiting_since is not None:
+            self.ledger.wait_s += end - self.waiting_since
+        run = sum(b - a for a, b, _ in self.ledger.intervals)
+        self.ledger.down_s = end - run - self.ledger.wait_s
+
+    def catch_up(self, t: float) -> None:
+        """A join seen during a recovery is taken when the recovery ends."""
+        if self.pending_join and self.plan is not None and self.up_at <= t:
+            self.pending_join = False
+            self.recover(self.up_at, detect=False, event=None)
+
+    def running(self, t: float) -> bool:
+        return self.plan is not None and self.up_at <= t
+
+    # --- policy ---
+    def on_event(self, event: Event) -> None:
+        t = event.time_s
+        if hits(self.plan, event):
+            if self.running(t):
+                self.stop(t, how="lost")
+            self.recover(t, detect=True, event=event)
+        elif any(event.added):
+            if self.plan is None:
+                self.recover(t, detect=False, event=event)
+            elif self.running(t):
+                self.stop(t, how="planned")
+                self.recover(t, detect=False, event=event)
+            else:
+                self.pending_join = True
+
+    def rate(self, plan: PlannedState) -> float:
+        return plan.samples_per_s
+
+    def stop(self, t: float, how: str) -> None:
+        """The running plan stops at t: `lost` (unannounced), `planned` (a switch) or `end`."""
+        rate, start = self.rate(self.plan), self.up_at
+        if how == "lost":
+            steps = steps_done(self.config.global_batch / rate, start, t)
+            committed = steps * self.config.global_batch
+            self.ledger.lost_steps += 1 if rate * (t - start) > committed else 0
+        else:
+            committed = rate * (t - start)      # a planned switch waits for the step in flight
+        self.ledger.run(rate, start, t, committed)
+
+    def recover(self, t: float, *, detect: bool, event: Event | None, restore: bool = True) -> None:
+        target = self.plans.get(self.state)
+        planning = self.charge_planning(target)
+        self.ledger.replans += 1
+        if target.samples_per_s <= 0:
+            self.wait_from(t, event)
+            return
+        phases = self.config.phases.phases(detect=detect, replan_s=planning,
+                                           bytes_per_node=target.bytes_per_node if restore else 0.0,
+                                           tier=self.tier, iteration_s=target.iteration_time_s)
+        self.end_wait(t)
+        self.plan, self.up_at, self.pending_join = target, t + phases["total_s"], False
+        self.record(t, event, "recover" if detect else "switch", phases, planning_cached=planning == 0)
+
+    def charge_planning(self, target: PlannedState) -> float:
+        seen = target.state in self.planned_states
+        self.planned_states.add(target.state)
+        charged = 0.0 if seen and self.config.plan_cache else target.planning_s
+        self.ledger.planning_charged_s += charged
+        return charged
+
+    # --- bookkeeping ---
+    def wait_from(self, t: float, event: Event | None) -> None:
+        self.plan = None
+        if self.waiting_since is None:
+            self.waiting_since = t
+        self.record(t, event, "wait", None)
+
+    def end_wait(self, t: float) -> None:
+        if self.waiting_since is not None:
+            self.ledger.wait_s += t - self.waiting_since
+            self.waiting_since = None
+
+    def record(self, t: float, event: Event | None, action: str, phases: dict | None, **extra) -> None:
+        row = {"event": None if event is None else event.index, "t_s": round(t, 1), "action": action,
+               "state": list(self.state)}
+        if phases is not None:
+            row["phases_s"] = {k: round(v, 3) for k, v in phases.items()}
+        self.ledger.records.append(row | extra)
+
+
+class Ours(System):
+    """Local-first recovery: every step is committed to node stores and a peer, so an unannounced loss costs
+    the step in flight; with a notice the job re-plans before the node goes and loses nothing."""
+    name = "ours"
+
+    def rate(self, plan: PlannedState) -> float:
+        return plan.samples_per_s / (1.0 + self.config.snapshot_overhead)
+
+    def on_event(self, event: Event) -> None:
+        notice = self.config.notice_s
+        if notice > 0 and hits(self.plan, event) and self.running(event.time_s):
+            act = max(self.up_at, event.time_s - notice)     # the notice arrives; the switch starts
+            self.stop(act, how="planned")
+            self.recover(act, detect=False, event=event)
+            return
+        super().on_event(event)
+
+
+class CheckpointRestart(System):
+    """Cloud checkpoints every N s (uploaded in the background: no stall, durable once uploaded); every change
+    that hits the plan or adds nodes restarts from the newest durable checkpoint on the best plan for what is
+    alive, restoring everything from the cloud."""
+    name = "checkpoint_restart"
+    tier = "cloud"
+
+    def on_event(self, event: Event) -> None:
+        if self.config.restart_on_join or self.plan is None or hits(self.plan, event):
+            super().on_event(event)
+
+    def stop(self, t: float, how: str) -> None:
+        rate, start = self.rate(self.plan), self.up_at
+        if how == "end":                          # a normal end writes a final checkpoint
+            self.ledger.run(rate, start, t, rate * (t - start))
+            return
+        period = self.config.checkpoint_every_s
+        upload = self.plan.bytes_per_node / self.config.phases.cloud_upload_Bps
+        durable = int((t - start - upload) // period) if t - start >= period + upload else 0
+        iteration = self.config.global_batch / rate
+        saved = steps_done(iteration, start, start + durable * period)
+        done = steps_done(iteration, start, t)
+        self.ledger.lost_steps += done - saved + (1 if rate * (t - start) > done * self.config.global_batch else 0)
+        self.ledger.run(rate, start, t, saved * self.config.global_batch)
+
+
+class NoReplan(System):
+    """The job keeps its first plan: it runs while that plan's nodes (or same-type replacements) are all alive
+    and waits otherwise; recovery is local-first as ours, without planning."""
+    name = "no_replan"
+
+    def launch(self) -> None:
+        super().launch()
+        self.fixed = self.plan
+
+    def on_event(self, event: Event) -> None:
+        t, fixed = event.time_s, self.fixed
+        if fixed is None:
+            return
+        if hits(self.plan or fixed, event):
+            if self.running(t):
+                self.stop(t, how="lost")
+            self.resume_or_wait(t, event, detect=True)
+        elif self.plan is None and fixed.fits_in(self.state):
+            self.resume_or_wait(t, event, detect=False)
+
+    def resume_or_wait(self, t: float, event: Event, detect: bool) -> None:
+        if not self.fixed.fits_in(self.state):
+            self.wait_from(t, event)
+            return
+        phases = self.config.phases.phases(detect=detect, replan_s=0.0, bytes_per_node=self.fixed.bytes_per_node,
+                                           tier="local", iteration_s=self.fixed.iteration_time_s)
+        self.end_wait(t)
+        self.plan, self.up_at = self.fixed, t + phases["total_s"]
+        self.record(t, event, "resume", phases)
+
+
+SYSTEMS = (Ours, CheckpointRestart, NoReplan)

@@ -1,0 +1,150 @@
+"""Convergence on real text, and an asymmetric plan's loss curve against a one-GPU plan's.
+
+The corpus is the Python standard library's own source (every machine has it): `autohet data prepare
+--train-tokenizer 4096` tokenizes it on Ray (a byte-level BPE trained on the corpus itself), then small-llama's
+shape with a 4096-token vocabulary (jobs/models/stdlib-llama.yaml) trains twice through the one controller on
+the emulated paper-24 mix (8x A100-80GB + 8x H800 + 8x H20 as fake GPUs, unpaced: real CPU compute):
+- the one-GPU plan: one pipeline, one stage on one H800;
+- an asymmetric plan: pipeline 0 = A100 TP2 [0,3) -> H20 [3,8), pipeline 1 = H800 [0,5) -> H20 [5,8), with an
+  uneven batch (5/8 and 3/8 of the micro-batches, rounded to whole ones).
+Both read the same samples in the same order (the dataset's plan-independent order), with the same seed,
+AdamW and learning-rate schedule; every --eval-every steps each computes the validation loss on the same
+validation batches. The bar: the validation loss falls below ln(4096)/2 = 4.159 within the run, and the two
+curves agree within 1e-4 (relative) at every evaluation point. Prints both curves; ends with one JSON line.
+
+    .venv/bin/python benchmarks/convergence_bench.py [--steps 3000] [--eval-every 250] [--lr 4e-3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from autohet_ray.cluster.spec import load_cluster  # noqa: E402
+from autohet_ray.data import Dataset  # noqa: E402
+from autohet_ray.model.spec import load_model  # noqa: E402
+from autohet_ray.orchestrate.controller import Controller  # noqa: E402
+from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.orchestrate.session import ray_session  # noqa: E402
+
+MICRO_BATCH = 2
+SEQ_LEN = 64
+TOLERANCE = 1e-4
+
+
+def stage(layers, tp, device, node, devices) -> dict:
+    return {"layers": list(layers), "tp": tp, "device_type": device, "node": node, "devices": list(devices)}
+
+
+def one_gpu_plan(model: str, global_batch: int) -> dict:
+    return {"schema_version": 1, "model": model, "global_batch": global_batch, "micro_batch": MICRO_BATCH,
+            "seq_len": SEQ_LEN, "pipelines": [{"num_microbatches": global_batch // MICRO_BATCH,
+                                               "stages": [stage((0, 8), 1, "H800", "h800", (0,))]}]}
+
+
+def asymmetric_plan(model: str, global_batch: int) -> dict:
+    first = math.ceil(global_batch // MICRO_BATCH * 5 / 8)
+    return {"schema_version": 1, "model": model, "global_batch": global_batch, "micro_batch": MICRO_BATCH,
+            "seq_len": SEQ_LEN, "pipelines": [
+                {"num_microbatches": first, "stages": [stage((0, 3), 2, "A100-80GB", "a100", (0, 1)),
+                                                       stage((3, 8), 1, "H20", "h20", (0,))]},
+                {"num_microbatches": global_batch // MICRO_BATCH - first,
+                 "stages": [stage((0, 5), 1, "H800", "h800", (0,)), stage((5, 8), 1, "H20", "h20", (1,))]}]}
+
+
+def prepare(out: str) -> dict:
+    """Tokenize the standard library's *.py files (skipped when `out` already holds a dataset)."""
+    if os.path.isfile(os.path.join(out, "index.json")):
+        return {"prepared": False, "directory": out}
+    stdlib = sysconfig.get_paths()["stdlib"]
+    cmd = [os.path.join(os.path.dirname(sys.executable), "autohet"), "data", "prepare", "--input",
+           f"{stdlib}/*.py", "--train-tokenizer", "4096", "--val-fraction", "0.05", "--out", out]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    return {"prepared": True, "directory": out, "prepare_s": time.perf_counter() - start}
+
+
+def run(plan: dict, *, model: dict, cluster, args) -> list[dict]:
+    job = TrainJob(model=model, cluster=cluster.to_dict(), global_batch=args.global_batch, plan=plan,
+                   seq_len=SEQ_LEN, data=args.data, eval_every=args.eval_every, eval_batches=args.eval_batches,
+                   dtype=args.dtype, baselines=False, checkpoint_every=0,
+                   optimizer={"lr": args.lr, "min_lr": args.lr / 10, "warmup_steps": args.warmup,
+                              "decay": "cosine", "decay_steps": args.steps, "weight_decay": 0.1,
+                              "betas": (0.9, 0.95)})
+    ctl = Controller(job)
+    history = []
+    try:
+        ctl.start()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            m = ctl.step()
+            history.append({"step": m["step"], "loss": m["loss"], "val_loss": m.get("val_loss"),
+                            "wall_s": time.perf_counter() - start})
+            if m.get("val_loss") is not None:
+                print(f"    step {m['step']}: loss {m['loss']:.4f}, validation {m['val_loss']:.4f} "
+                      f"({history[-1]['wall_s']:.0f} s)", flush=True)
+    finally:
+        ctl.close()
+    return history
+
+
+def compare(one: list[dict], asym: list[dict]) -> dict:
+    evals = [(a["step"], a["val_loss"], b["val_loss"]) for a, b in zip(one, asym) if a["val_loss"] is not None]
+    worst_val = max(abs(b / a - 1) for _, a, b in evals)
+    worst_train = max(abs(b["loss"] / a["loss"] - 1) for a, b in zip(one, asym))
+    return {"curve": [{"step": s, "one_gpu_val": a, "asymmetric_val": b} for s, a, b in evals],
+            "max_rel_diff_val": worst_val, "max_rel_diff_train": worst_train}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=os.path.join(REPO, "out", "stdlib-data-4096"))
+    ap.add_argument("--model", default=os.path.join(REPO, "jobs", "models", "stdlib-llama.yaml"))
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-batches", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=4e-3)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    assert args.global_batch % (2 * MICRO_BATCH) == 0, f"--global-batch must be a multiple of {2 * MICRO_BATCH}"
+    data = prepare(args.data)
+    vocab = Dataset.open(args.data).index.vocab_size
+    model = load_model(args.model)
+    target = math.log(vocab) / 2
+    cluster = load_cluster(os.path.join(REPO, "jobs", "clusters", "paper-24.yaml"))
+    curves = {}
+    with ray_session(cluster, address=None, emulate=True):
+        for name, plan in (("one_gpu", one_gpu_plan(model.name, args.global_batch)),
+                           ("asymmetric", asymmetric_plan(model.name, args.global_batch))):
+            print(f"{name} plan: {len(plan['pipelines'])} pipeline(s), {args.steps} steps (emulated GPUs, unpaced)",
+                  flush=True)
+            curves[name] = run(plan, model=model.to_dict(), cluster=cluster, args=args)
+    result = compare(curves["one_gpu"], curves["asymmetric"])
+    final_val = curves["asymmetric"][-1]["val_loss"]
+    below = next((p["step"] for p in result["curve"] if p["asymmetric_val"] < target), None)
+    print(f"\n{'step':>6} {'one-GPU val':>12} {'asymmetric val':>15}")
+    for p in result["curve"]:
+        print(f"{p['step']:>6} {p['one_gpu_val']:>12.4f} {p['asymmetric_val']:>15.4f}")
+    print(f"target ln({vocab})/2 = {target:.3f}: reached at step {below}; curves agree within "
+          f"{result['max_rel_diff_val']:.2e} (validation), {result['max_rel_diff_train']:.2e} (training loss)")
+    out = {"vocab_size": vocab, "target_val_loss": target, "steps": args.steps, "final_val_loss": final_val,
+           "reached_target_at_step": below, "met_target": below is not None,
+           "curves_agree": result["max_rel_diff_val"] <= TOLERANCE and result["max_rel_diff_train"] <= TOLERANCE,
+           "run_s": {k: v[-1]["wall_s"] for k, v in curves.items()}, "dtype": args.dtype, "lr": args.lr,
+           "global_batch": args.global_batch, "seq_len": SEQ_LEN, **data, **result}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

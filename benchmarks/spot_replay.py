@@ -1,0 +1,335 @@
+"""Spot replay, simulated: real AWS spot availability traces replayed on a 1024-GPU mix through the cost model
+and the real planner (no Ray), for ours (local-first recovery, re-plan at every change), checkpoint-restart
+(cloud checkpoints every N minutes) and no re-planning, all on one clock.
+
+- Pools: one per GPU type of the cluster file; a pool follows a trace (scaled: nodes = round(pool nodes x
+  instances / requested instances)), or runs on demand (all nodes alive) when no trace is given for it.
+  Defaults for jobs/clusters/mixed-1024.yaml (32 nodes x 8 GPUs per type): A100-80GB <- aws-g4dn-us-east-1c
+  (the busiest trace, on the cheapest type the plan uses), H800 <- aws-g4dn-us-east-1d (5.6 h long: repeated
+  over the window), H100 <- aws-p2-us-east-1e, H20 on demand. Each trace starts at its first grant; the window
+  is the g4dn-us-east-1c trace's 18.5 h.
+- At each new availability state the planner runs as the controller's re-plan does (plan_training, the job's
+  time limit, the job's profile: analytic here, so every samples/s is a cost-model prediction); its wall time
+  here is charged at each re-plan (the controller has no plan cache; --plan-cache charges a state once).
+- Recovery phases: detect, re-plan, restart, restore (bytes of the fullest node / a stated bandwidth), warm-up;
+  each phase's basis is in the JSON line (`phase_basis`).
+
+Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
+
+    .venv/bin/python benchmarks/spot_replay.py [--quick] [--plan-cache] [--notice-s 120] [--png out.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from dataclasses import replace
+
+from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
+from autohet_ray.model.spec import load_model
+from autohet_ray.plan.schedule import PLAN_SCHEDULES
+from autohet_ray.planner import check_request
+from autohet_ray.profile.analytic import analytic_profile
+from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_recovery_bench
+from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
+from autohet_ray.replay.prices import fleet_cost_usd, load_prices
+from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
+                                    young_daly_period_s)
+from autohet_ray.replay.systems import CheckpointRestart, ReplayConfig
+from autohet_ray.replay.timeline import build_timeline
+from autohet_ray.replay.traces import PoolTrace, load_trace
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "traces"
+DEFAULT_POOLS = ["A100-80GB=aws-g4dn-us-east-1c", "H800=aws-g4dn-us-east-1d", "H100=aws-p2-us-east-1e"]
+BAMBOO_OVER_CHECKPOINTING = 3.7
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--emulate", action="store_true",
+                    help="the emulated replay on Ray instead (benchmarks/spot_replay_emulated.py, its own options)")
+    ap.add_argument("--quick", action="store_true", help="4 nodes per pool, a 3 h window, global batch 512")
+    ap.add_argument("--cluster", default=str(ROOT / "jobs/clusters/mixed-1024.yaml"))
+    ap.add_argument("--model", default="llama-13b")
+    ap.add_argument("--global-batch", type=int, default=4096)
+    ap.add_argument("--seq-len", type=int, default=None, help="default: the model's max_seq_len")
+    ap.add_argument("--pool", action="append", metavar="GPU=TRACE[@OFFSET_H]",
+                    help=f"a pool's trace (file stem in --traces or a path); default {DEFAULT_POOLS}; "
+                         "GPU types without one run on demand")
+    ap.add_argument("--traces", default=str(TRACES))
+    ap.add_argument("--window-h", type=float, default=None, help="default: the first pool's trace length")
+    ap.add_argument("--nodes-per-pool", type=int, default=None, help="keep only this many nodes per GPU type")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="planner time limit (the job's default)")
+    ap.add_argument("--plan-cache", action="store_true", help="a state planned before reuses its plan")
+    ap.add_argument("--notice-s", type=float, default=0.0, help="spot notice before each removal (ours)")
+    ap.add_argument("--checkpoint-every-min", type=float, default=30.0, help="checkpoint-restart's period")
+    ap.add_argument("--snapshot-overhead", type=float, default=0.0,
+                    help="ours: step time the per-step node-store snapshot adds (fraction)")
+    ap.add_argument("--recovery-json", help="recovery_bench.py output: its measured detect time")
+    ap.add_argument("--restart-s", type=float, help="override the restart phase")
+    ap.add_argument("--local-gbps", type=float, help="override the local-first restore bandwidth (Gb/s per node)")
+    ap.add_argument("--cloud-gbps", type=float, help="override the cloud restore/upload bandwidth (Gb/s per node)")
+    ap.add_argument("--plans-out", help="save the planned states (JSON) for a later --plans-in")
+    ap.add_argument("--plans-in", help="reuse planned states saved by --plans-out for the same request "
+                                       "(their planning times are the ones measured then)")
+    ap.add_argument("--prices", default=str(ROOT / "jobs/clusters/prices.yaml"))
+    ap.add_argument("--png", default=str(ROOT / "out/spot_replay.png"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes_per_pool = args.nodes_per_pool or 4
+        args.window_h = args.window_h or 3.0
+        args.global_batch = 512
+    return args
+
+
+def load_job(args):
+    cluster = load_cluster(args.cluster)
+    if args.nodes_per_pool:
+        raw = cluster.to_dict()
+        raw["nodes"] = [n for i, n in enumerate(raw["nodes"])
+                        if sum(m["device"] == n["device"] for m in raw["nodes"][:i]) < args.nodes_per_pool]
+        cluster = cluster_from_dict(raw)
+    model = load_model(args.model)
+    seq_len = args.seq_len or model.max_seq_len
+    profile = analytic_profile(model, cluster, seq_len)
+    check_request(model, profile, args.global_batch, seq_len, PLAN_SCHEDULES)
+    return cluster, model, seq_len, profile
+
+
+def pool_traces(args, cluster) -> list[PoolTrace]:
+    types = cluster.device_types()
+    sizes = dict(zip(types, pool_sizes(cluster, tuple(types))))
+    given = {}
+    for spec in args.pool or DEFAULT_POOLS:
+        device, _, rest = spec.partition("=")
+        name, _, offset = rest.partition("@")
+        if device not in sizes or not name:
+            raise ConfigError(f"--pool {spec!r}: expected GPU=TRACE[@OFFSET_H] with GPU one of {types}")
+        path = pathlib.Path(name) if name.endswith(".csv") else pathlib.Path(args.traces) / f"{name}.csv"
+        given[device] = PoolTrace(pool=device, nodes=sizes[device], trace=load_trace(path),
+                                  offset_s=float(offset or 0) * 3600)
+    return [given.get(d) or PoolTrace(pool=d, nodes=sizes[d], trace=None) for d in types]
+
+
+def phase_model(args, cluster):
+    phases = phases_from_recovery_bench(args.recovery_json) if args.recovery_json else DEFAULT_PHASES
+    basis = dict(phases.basis)
+    if not args.local_gbps:
+        nic = min(cluster.nic_bytes_per_s(n.name) for n in cluster.nodes)
+        phases = replace(phases, local_Bps=nic)
+        basis["local_Bps"] = (f"assumed: every byte a node needs read from a peer over the cluster file's NIC "
+                              f"({nic * 8 / GB:g} Gb/s per node); reads from the node's own RAM store are faster")
+    if args.restart_s is not None:
+        phases, basis["restart_s"] = replace(phases, restart_s=args.restart_s), f"given: --restart-s {args.restart_s}"
+    if args.local_gbps:
+        phases = replace(phases, local_Bps=args.local_gbps * GB / 8)
+        basis["local_Bps"] = f"given: --local-gbps {args.local_gbps}"
+    if args.cloud_gbps:
+        phases = replace(phases, cloud_Bps=args.cloud_gbps * GB / 8, cloud_upload_Bps=args.cloud_gbps * GB / 8)
+        basis["cloud_Bps"] = basis["cloud_upload_Bps"] = f"given: --cloud-gbps {args.cloud_gbps}"
+    return replace(phases, basis=basis)
+
+
+def plot(path: str, timeline, series: dict, gpus_per_node) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    hours = lambda ts: [t / 3600 for t in ts]  # noqa: E731
+    segs = timeline.segments()
+    starts = hours([a for a, _, _ in segs]) + [timeline.window_s / 3600]
+    for i, pool in enumerate(timeline.pools):
+        gpus = [s[i] * gpus_per_node[i] for _, _, s in segs]
+        on_demand = pool in series["on_demand"]
+        top.step(starts, gpus + gpus[-1:], where="post", ls="--" if on_demand else "-", lw=2 if on_demand else 1,
+                 label=f"{pool} ({'on demand' if on_demand else series['traces'][pool]})")
+    top.set_ylabel("GPUs alive")
+    top.legend(loc="lower left", ncol=2, fontsize=8)
+    ideal = series["ideal"]
+    bottom.step(starts, ideal + ideal[-1:], where="post", color="black", label="ideal (best plan for what is alive)")
+    labels = {"ours": "ours (running)", "checkpoint_restart": "checkpoint-restart (running; work since its "
+              "newest checkpoint is lost at each restart)", "no_replan": "no re-planning (running)"}
+    for name, style in (("checkpoint_restart", "tab:red"), ("no_replan", "tab:gray"), ("ours", "tab:green")):
+        xs, ys = [], []
+        for a, b, r in series["achieved"][name]:
+            xs += [a / 3600, a / 3600, b / 3600, b / 3600]
+            ys += [0, r, r, 0]
+        bottom.plot(xs, ys, color=style, lw=0.8, label=labels[name])
+    bottom.set_ylabel("samples/s (cost model)")
+    bottom.set_xlabel("hours")
+    bottom.legend(loc="lower left", fontsize=8)
+    fig.suptitle("Simulated spot replay (analytic profile: cost-model predictions)")
+    fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--emulate" in argv:               # the emulated replay on Ray takes its own options
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+        import spot_replay_emulated
+        return spot_replay_emulated.main([a for a in argv if a != "--emulate"])
+    args = parse_args(argv)
+    wall0 = time.perf_counter()
+    cluster, model, seq_len, profile = load_job(args)
+    pools = pool_traces(args, cluster)
+    first = next((p.trace for p in pools if p.trace is not None), None)
+    window = args.window_h * 3600 if args.window_h else (first.duration_s if first else 3600.0)
+    timeline = build_timeline(pools, window)
+    names = tuple(p.pool for p in pools)
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    say(f"{cluster.num_gpus} GPUs, {model.name}, batch {args.global_batch}; {len(timeline.events)} events, "
+        f"{len(timeline.distinct_states())} states over {window / 3600:.2f} h; planning each state "
+        f"(time limit {args.time_limit} s)")
+    plans = PlanCache(real_planner(cluster=cluster, pools=names, model=model, profile=profile,
+                                   global_batch=args.global_batch, seq_len=seq_len, time_limit_s=args.time_limit),
+                      progress=say)
+    meta = {"cluster": cluster.to_dict(), "model": model.to_dict(), "global_batch": args.global_batch,
+            "seq_len": seq_len, "time_limit_s": args.time_limit, "pools": list(names)}
+    if args.plans_in:
+        plans.load(args.plans_in, meta)
+        say(f"reusing {len(plans.plans)} planned states from {args.plans_in}")
+    phases = phase_model(args, cluster)
+    config = ReplayConfig(global_batch=args.global_batch, phases=phases, plan_cache=args.plan_cache,
+                          notice_s=args.notice_s, checkpoint_every_s=args.checkpoint_every_min * 60,
+                          snapshot_overhead=args.snapshot_overhead)
+    try:
+        out = run_systems(timeline, plans, config)
+    finally:                               # planning is the slow part: keep what was planned, even on Ctrl-C
+        if args.plans_out:
+            plans.save(args.plans_out, meta)
+    report = build_report(args, cluster, model, timeline, pools, plans, config, out)
+    gpn = tuple(next(n.count for n in cluster.nodes if n.device == p) for p in names)
+    series = ideal_series(timeline, plans)
+    series["achieved"] = {n: ledger.intervals for n, ledger in out["ledgers"].items()}
+    series["on_demand"] = {p.pool for p in pools if p.trace is None}
+    series["traces"] = {p.pool: p.trace.name for p in pools if p.trace is not None}
+    plot(args.png, timeline, series, gpn)
+    report["png"] = args.png
+    report["bench_wall_s"] = round(time.perf_counter() - wall0, 1)
+    print_table(report)
+    print(json.dumps(report))
+    return 0
+
+
+def build_report(args, cluster, model, timeline, pools, plans, config, out) -> dict:
+    summary, ledgers = out["summary"], out["ledgers"]
+    ours, ckpt = summary["ours"], summary["checkpoint_restart"]
+    names = timeline.pools
+    gpn = tuple(next(n.count for n in cluster.nodes if n.device == p) for p in names)
+    prices = load_prices(args.prices)
+    fleet = fleet_cost_usd(timeline, gpn, tuple(p.trace is not None for p in pools), prices)
+    restarts = sum(1 for r in ledgers["checkpoint_restart"].records if r["event"] is not None)
+    period = young_daly_period_s(timeline, plans, config, restarts)
+    yd = goodput_of(CheckpointRestart, timeline, plans, replace(config, checkpoint_every_s=period)) \
+        if restarts else None
+    cases = variant_cases(config)
+    if restarts:
+        cases["checkpoint-restart on losses only, Young/Daly period"] = {
+            "config": {"restart_on_join": False, "checkpoint_every_s": period}, "baseline_policy": True}
+    rows = variants(timeline, plans, config, cases)
+    policies = {name for name, case in cases.items() if case.get("baseline_policy")}
+    best = max([{"variant": "default", "checkpoint_restart": ckpt["goodput"]}] +
+               [r for r in rows if r["variant"] in policies], key=lambda r: r["checkpoint_restart"])
+    strongest = {"variant": best["variant"], "goodput": round(best["checkpoint_restart"], 4)}
+    per_state = [{"state": list(s), "planning_s": round(p.planning_s, 2), "planning_cpu_s": _round(p.planning_cpu_s, 2),
+                  "samples_per_s": round(p.samples_per_s, 1),
+                  "gpus_used": p.gpus_used, "hit_time_limit": p.hit_time_limit,
+                  "bytes_per_node_GB": round(p.bytes_per_node / GB, 1)} for s, p in plans.plans.items()]
+    full = plans.get(timeline.pool_nodes)
+    samples_od_usd = sum(gpn[i] * timeline.pool_nodes[i] * prices[n].on_demand for i, n in enumerate(names))
+    return {
+        "simulated": True, "profile": "analytic (every samples/s is a cost-model prediction)",
+        "cluster": cluster.name, "gpus": cluster.num_gpus, "model": model.name, "global_batch": args.global_batch,
+        "window_h": round(timeline.window_s / 3600, 3),
+        "pools": [{"gpu": p.pool, "nodes": p.nodes, "gpus_per_node": g,
+                   "trace": p.trace.name if p.trace else "on-demand", "requested": p.trace.requested if p.trace else None,
+                   "offset_h": p.offset_s / 3600, "repeated": bool(p.trace and p.cycle and
+                                                                p.trace.duration_s < timeline.window_s)}
+                  for p, g in zip(pools, gpn)],
+        "scaling": "nodes alive = round(pool nodes x trace instances / requested instances)",
+        "events": len(timeline.events), "distinct_states": len(plans.plans),
+        "goodput": round(ours["goodput"], 4), "checkpoint_restart_goodput": round(ckpt["goodput"], 4),
+        "no_replan_goodput": round(summary["no_replan"]["goodput"], 4),
+        "ours_over_checkpoint_restart": round(ours["goodput"] / ckpt["goodput"], 3) if ckpt["goodput"] else None,
+        "bamboo_anchor_over_checkpointing": BAMBOO_OVER_CHECKPOINTING,
+        "lost_steps": ours["lost_steps"], "checkpoint_restart_lost_steps": ckpt["lost_steps"],
+        "systems": summary, "ideal_samples": round(out["ideal_samples"]),
+        "plan_cache": config.plan_cache,
+        "planning_charged": "once per state (plan cache)" if config.plan_cache else
+        "at every re-plan, the state's measured planning time (the controller has no plan cache; the simulator "
+        "plans each state once and charges that measured time again)",
+        "planning_time_limit_s": args.time_limit,
+        "planning_s": {"mean": round(sum(p.planning_s for p in plans.plans.values()) / len(plans.plans), 2),
+                       "max": round(max(p.planning_s for p in plans.plans.values()), 2),
+                       "hit_time_limit": sum(p.hit_time_limit for p in plans.plans.values())},
+        "per_state": per_state,
+        "notice_s": config.notice_s, "checkpoint_every_min": config.checkpoint_every_s / 60,
+        "young_daly_checkpoint_every_min": round(period / 60, 1) if restarts else None,
+        "checkpoint_restart_goodput_young_daly": round(yd, 4) if yd is not None else None,
+        "snapshot_overhead": config.snapshot_overhead,
+        "phase_defaults": {k: getattr(config.phases, k) for k in
+                           ("detect_s", "restart_s", "local_Bps", "cloud_Bps", "cloud_upload_Bps", "warmup_iterations")},
+        "phase_basis": config.phases.basis,
+        "rules": ["a removal hits a plan when it takes a node of a pool the plan uses (the plan's nodes first)",
+                  "ours: every step is committed to node stores + a peer: an unannounced loss costs the step in flight",
+                  "every join re-plans (ours, checkpoint-restart); no-replan waits for its first plan's node counts",
+                  "checkpoint-restart: background uploads (no stall), durable after bytes/upload bandwidth; "
+                  "every hit or join restarts from the newest durable checkpoint, restored from the cloud; "
+                  "a normal end keeps all work"],
+        "per_event": ledgers["ours"].records,
+        "variants": rows,
+        "strongest_checkpoint_restart": strongest,
+        "ours_over_strongest_checkpoint_restart": round(ours["goodput"] / strongest["goodput"], 3)
+        if strongest["goodput"] else None,
+        "restart_s_for_goodput_0.90": _round(restart_s_for_goodput(timeline, plans, config, 0.90), 2),
+        "restart_s_for_goodput_0.90_with_plan_cache":
+            _round(restart_s_for_goodput(timeline, plans, replace(config, plan_cache=True), 0.90), 2),
+        "cost": {"fleet_usd": round(fleet, 2),
+                 "usd_per_million_samples": {n: round(fleet / s["committed_samples"] * 1e6, 2) if s["committed_samples"]
+                                             else None for n, s in summary.items()},
+                 "on_demand_full_cluster_usd_per_million_samples":
+                     round(samples_od_usd / 3600 / full.samples_per_s * 1e6, 2) if full.samples_per_s else None,
+                 "prices": args.prices},
+    }
+
+
+def variant_cases(config) -> dict[str, dict]:
+    """Other assumptions the JSON line reports goodput under (stated, not tuned); `baseline_policy` marks the
+    checkpoint-restart policies the strongest baseline is chosen from."""
+    gbps = lambda g: {"cloud_Bps": g * GB / 8, "cloud_upload_Bps": g * GB / 8}  # noqa: E731
+    return {"restart_s=10": {"phases": {"restart_s": 10.0}}, "restart_s=60": {"phases": {"restart_s": 60.0}},
+            "notice_s=120 (the controller re-plans at the notice)": {"config": {"notice_s": 120.0}},
+            f"plan_cache={not config.plan_cache}": {"config": {"plan_cache": not config.plan_cache}},
+            "cloud 10 Gb/s per node": {"phases": gbps(10)}, "cloud 100 Gb/s per node": {"phases": gbps(100)},
+            "checkpoint every 10 min": {"config": {"checkpoint_every_s": 600.0}, "baseline_policy": True},
+            "checkpoint-restart restarts on losses only (joins ignored)": {"config": {"restart_on_join": False},
+                                                                           "baseline_policy": True},
+            "checkpoint-restart on losses only, checkpoint every 10 min":
+                {"config": {"restart_on_join": False, "checkpoint_every_s": 600.0}, "baseline_policy": True},
+            "plan_cache=True, restart_s=10": {"config": {"plan_cache": True}, "phases": {"restart_s": 10.0}}}
+
+
+def _round(x, digits=1):
+    return None if x is None else round(x, digits)
+
+
+def print_table(report: dict) -> None:
+    print(f"[simulated, analytic profile] {report['gpus']} GPUs, {report['model']}, {report['events']} events, "
+          f"{report['distinct_states']} states, {report['window_h']} h")
+    for name, s in report["systems"].items():
+        print(f"  {name:<19} goodput {s['goodput']:.4f}  lost steps {s['lost_steps']:>6}  down {s['recovery_down_s']:>8.0f} s"
+              f"  waiting {s['wait_s']:>8.0f} s  planning charged {s['planning_charged_s']:>7.0f} s  "
+              f"USD/M samples {report['cost']['usd_per_million_samples'][name]}")
+    print(f"  ours / checkpoint-restart: {report['ours_over_checkpoint_restart']}x (Bamboo's anchor "
+          f"{BAMBOO_OVER_CHECKPOINTING}x over checkpointing); planning per state mean {report['planning_s']['mean']} s, "
+          f"max {report['planning_s']['max']} s; wrote {report['png']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

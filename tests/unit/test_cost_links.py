@@ -1,0 +1,67 @@
+"""Inter-stage messages priced as runtime/bridge.py moves them: 1/t per TP rank plus an all-gather between equal
+TP degrees, a leader funnel plus a broadcast between different ones."""
+import pytest
+
+from autohet_ray.cost import evaluate_plan
+from autohet_ray.cost.evaluate import stage_link_times
+from autohet_ray.plan import Pipeline, Plan, Stage
+from autohet_ray.profile import LayerProfile, LinkProfile, ProfileDB
+from test_cost import MODEL, MS, _cluster
+
+INTRA_BW, INTER_BW = 1e9, 1e8             # bytes/s: the synthetic profile's links
+INTRA_LAT, INTER_LAT = 1 * MS, 3 * MS
+MSG = 1 * 16 * MODEL.hidden * 2           # one micro-batch of hidden states, bf16 (the profile records no dtype)
+
+
+def _profile() -> ProfileDB:
+    layers = {k: LayerProfile(fwd_s=1 * MS, bwd_s=2 * MS, param_bytes=0, activation_bytes=1000)
+              for k in ("embedding", "layer", "head")}
+    return ProfileDB(kind="measured", model=MODEL.name, seq_len=16, entries={("X", t, 1): layers for t in (1, 2)},
+                     links={"intra:X": LinkProfile(bandwidth_Bps=INTRA_BW, latency_s=INTRA_LAT),
+                            "inter": LinkProfile(bandwidth_Bps=INTER_BW, latency_s=INTER_LAT)})
+
+
+def _stage(layers, node, devices):
+    return Stage(layers=layers, tp=len(devices), device_type="X", node=node, devices=tuple(devices))
+
+
+def _links(a, b):
+    plan = Plan(model=MODEL.name, global_batch=1, micro_batch=1, seq_len=16,
+                pipelines=(Pipeline(num_microbatches=1, stages=(a, b)),))
+    return stage_link_times(plan, _cluster((("n0", 4), ("n1", 4))), _profile(), MODEL, a, b)
+
+
+def test_equal_tp_across_nodes_sends_the_message_once_and_all_gathers():
+    fwd, bwd = _links(_stage((0, 2), "n0", (0, 1)), _stage((2, 4), "n1", (0, 1)))
+    # two ranks send half each through the shared NIC (the whole message once), then a 2-way all-gather
+    gather = 0.5 * MSG / INTRA_BW + INTRA_LAT
+    assert fwd == bwd == pytest.approx(MSG / INTER_BW + INTER_LAT + gather)
+
+
+def test_equal_tp_inside_a_node_sends_a_slice_per_link():
+    fwd, _ = _links(_stage((0, 2), "n0", (0, 1)), _stage((2, 4), "n0", (2, 3)))
+    assert fwd == pytest.approx(MSG / 2 / INTRA_BW + INTRA_LAT + 0.5 * MSG / INTRA_BW + INTRA_LAT)
+
+
+def test_different_tp_funnels_through_the_leaders_and_broadcasts():
+    fwd, bwd = _links(_stage((0, 2), "n0", (0, 1)), _stage((2, 4), "n1", (0,)))
+    assert fwd == pytest.approx(MSG / INTER_BW + INTER_LAT)                                # into TP1: no broadcast
+    assert bwd == pytest.approx(MSG / INTER_BW + INTER_LAT + MSG / INTRA_BW + INTRA_LAT)   # gradient into TP2
+
+
+def test_tp1_is_a_plain_message():
+    fwd, bwd = _links(_stage((0, 2), "n0", (0,)), _stage((2, 4), "n1", (0,)))
+    assert fwd == bwd == pytest.approx(MSG / INTER_BW + INTER_LAT)
+
+
+def test_the_timeline_uses_each_direction():
+    a, b = _stage((0, 2), "n0", (0, 1)), _stage((2, 4), "n1", (0,))
+    plan = Plan(model=MODEL.name, global_batch=1, micro_batch=1, seq_len=16,
+                pipelines=(Pipeline(num_microbatches=1, stages=(a, b)),))
+    ev = evaluate_plan(plan, _cluster((("n0", 4), ("n1", 4))), MODEL, _profile())
+    fwd, bwd = _links(a, b)
+    assert ev.link_times_s == ((pytest.approx(fwd),),) and ev.back_link_times_s == ((pytest.approx(bwd),),)
+    # one micro-batch: F0, link, F1 + B1, gradient link, B0 (each stage: 2 layers; embedding / head 1 + 2 ms),
+    # plus 4 TP all-reduces per layer and one for the embedding on the TP2 stage
+    stage0, stage1 = ev.stage_times_s[0]
+    assert ev.pipeline_times_s[0] == pytest.approx(stage0 + fwd + stage1 + bwd)

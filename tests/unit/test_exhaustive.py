@@ -1,0 +1,124 @@
+"""The exhaustive searcher (tests/exhaustive.py) against a naive brute force that prunes nothing."""
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from autohet_ray.cluster import cluster_from_dict
+from autohet_ray.cost import evaluate_plan
+from autohet_ray.model import PRESETS
+from autohet_ray.plan.schema import Pipeline, Plan, Stage
+from autohet_ray.profile import analytic_profile
+from exhaustive import exhaustive_best
+
+
+def _cluster(*nodes, gbps=200):
+    return cluster_from_dict({"name": "tiny", "network": {"inter_node_gbps": gbps},
+                              "nodes": [{"name": f"n{i}", "device": d, "count": c} for i, (d, c) in enumerate(nodes)]})
+
+
+def _node_groups(node, model, profile, mb):
+    """Every ordered list of power-of-two group sizes on a node (repeats allowed), with total <= count."""
+    sizes = [t for t in (1, 2, 4, 8) if t <= node.count and model.valid_tp(t) and profile.has(node.device, t, mb)]
+    out = [[]]
+    frontier = [[]]
+    while frontier:
+        grown = [g + [t] for g in frontier for t in sizes if sum(g) + t <= node.count]
+        out += grown
+        frontier = grown
+    return out
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    for rest in _partitions(items[1:]):
+        for i in range(len(rest)):
+            yield rest[:i] + [[items[0]] + rest[i]] + rest[i + 1:]
+        yield [[items[0]]] + rest
+
+
+def _splits(total, parts):
+    return [c for c in itertools.product(range(1, total + 1), repeat=parts) if sum(c) == total]
+
+
+def naive_best(cluster, model, profile, batch, micro_batches, schedules):
+    best = None
+    for schedule, mb in itertools.product(schedules, micro_batches):
+        if batch % mb:
+            continue
+        for per_node in itertools.product(*[_node_groups(n, model, profile, mb) for n in cluster.nodes]):
+            groups = []
+            for node, sizes in zip(cluster.nodes, per_node):
+                start = 0
+                for t in sizes:
+                    groups.append((node, tuple(range(start, start + t))))
+                    start += t
+            if not groups:
+                continue
+            for part in _partitions(groups):
+                if len(part) > batch // mb:
+                    continue
+                orders = [list(itertools.permutations(block)) for block in part]
+                for chosen in itertools.product(*orders):
+                    if any(len(o) > model.num_layers for o in chosen):
+                        continue
+                    layer_splits = [_splits(model.num_layers, len(o)) for o in chosen]
+                    for counts in itertools.product(*layer_splits):
+                        for alloc in _splits(batch // mb, len(part)):
+                            plan = _plan(model, batch, mb, schedule, chosen, counts, alloc)
+                            ev = evaluate_plan(plan, cluster, model, profile)
+                            if ev.feasible and (best is None or ev.iteration_time_s < best):
+                                best = ev.iteration_time_s
+    return best
+
+
+def _plan(model, batch, mb, schedule, orders, counts, alloc):
+    pipelines = []
+    for order, split, m in zip(orders, counts, alloc):
+        stages, start = [], 0
+        for (node, gpus), n in zip(order, split):
+            stages.append(Stage(layers=(start, start + n), tp=len(gpus), device_type=node.device, node=node.name,
+                                devices=gpus))
+            start += n
+        pipelines.append(Pipeline(num_microbatches=m, stages=tuple(stages)))
+    return Plan(model=model.name, global_batch=batch, micro_batch=mb, seq_len=model.max_seq_len,
+                pipelines=tuple(pipelines), schedule=schedule)
+
+
+CASES = [  # (nodes, model, layers, batch, micro-batches, schedules): 3 GPUs, so that the brute force finishes
+    ((("H800", 2), ("H20", 1)), "gpt3-1.3b", 6, 8, (1, 2), ("1f1b", "zb-h1")),
+    ((("A100-40GB", 1), ("V100", 1), ("H20", 1)), "llama-13b", 6, 6, (1,), ("1f1b",)),   # memory binds
+    ((("H100", 1), ("L40S", 2)), "bert-large", 6, 8, (1, 2), ("zb-h1",)),
+    ((("A100-40GB", 2), ("RTX-4090", 1)), "llama-13b", 5, 6, (1,), ("1f1b", "zb-h1")),  # memory binds, TP2
+]
+
+
+@pytest.mark.parametrize("nodes, name, layers, batch, mbs, schedules", CASES)
+def test_exhaustive_search_matches_naive_brute_force(nodes, name, layers, batch, mbs, schedules):
+    cluster, model = _cluster(*nodes), replace(PRESETS[name], num_layers=layers)
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=mbs)
+    expected = naive_best(cluster, model, profile, batch, mbs, schedules)
+    found = exhaustive_best(cluster, model, profile, batch, model.max_seq_len, list(mbs), schedules=schedules)
+    assert expected is not None and found is not None
+    plan, ev = found
+    assert ev.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    again = evaluate_plan(plan, cluster, model, profile)
+    assert again.feasible and again.iteration_time_s == pytest.approx(ev.iteration_time_s, rel=1e-12)
+    assert plan.schedule in schedules
+
+
+def test_exhaustive_search_reports_none_when_nothing_fits():
+    cluster, model = _cluster(("V100", 1)), replace(PRESETS["llama-13b"], num_layers=8)
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=(1,))
+    assert exhaustive_best(cluster, model, profile, 4, model.max_seq_len, [1]) is None
+
+
+def test_mixed_micro_batches_never_lose_to_one_size():
+    cluster, model = _cluster(("H800", 1), ("A10", 1)), replace(PRESETS["gpt3-1.3b"], num_layers=4)
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=(1, 2))
+    one = exhaustive_best(cluster, model, profile, 6, model.max_seq_len, [1, 2])
+    mixed = exhaustive_best(cluster, model, profile, 6, model.max_seq_len, [1, 2], mixed_micro_batches=True)
+    assert mixed[1].iteration_time_s <= one[1].iteration_time_s
+    assert sum(mixed[0].samples_of(k) for k in range(len(mixed[0].pipelines))) == 6
