@@ -10,13 +10,14 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
   is the g4dn-us-east-1c trace's 18.5 h.
 - At each new availability state the planner runs as the controller's re-plan does (plan_training, the job's
   time limit, the job's profile: analytic here, so every samples/s is a cost-model prediction); its wall time
-  here is charged at each re-plan (the controller has no plan cache; --plan-cache charges a state once).
+  here is charged the first time each state is planned: the controller keeps a plan per availability state and
+  reuses it when the state recurs (--no-plan-cache charges every re-plan).
 - Recovery phases: detect, re-plan, restart, restore (bytes of the fullest node / a stated bandwidth), warm-up;
   each phase's basis is in the JSON line (`phase_basis`).
 
 Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
 
-    .venv/bin/python benchmarks/spot_replay.py [--quick] [--plan-cache] [--notice-s 120] [--png out.png]
+    .venv/bin/python benchmarks/spot_replay.py [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def parse_args(argv=None):
     ap.add_argument("--window-h", type=float, default=None, help="default: the first pool's trace length")
     ap.add_argument("--nodes-per-pool", type=int, default=None, help="keep only this many nodes per GPU type")
     ap.add_argument("--time-limit", type=float, default=10.0, help="planner time limit (the job's default)")
-    ap.add_argument("--plan-cache", action="store_true", help="a state planned before reuses its plan")
+    ap.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
+                    help="plan every re-plan anew (the controller reuses a state's plan when it recurs)")
     ap.add_argument("--notice-s", type=float, default=0.0, help="spot notice before each removal (ours)")
     ap.add_argument("--checkpoint-every-min", type=float, default=30.0, help="checkpoint-restart's period")
     ap.add_argument("--snapshot-overhead", type=float, default=0.0,

@@ -70,6 +70,7 @@ class Controller:
         self.inflight: list = []             # the running train_step calls (empty between steps)
         self.snapshots = True                # benchmarks toggle it to measure the snapshot cost
         self.restore_mode = "local_first"    # how recovery restores ("cloud_only": the baseline)
+        self.plan_cache: dict[str, dict] = {}   # availability state (live nodes' GPUs) -> the planner's plan
         self.time_scale = 0.0                # the emulated clock's scale, once the first launch fixed it
 
     # -- setup ---------------------------------------------------------------------------------------------
@@ -191,7 +192,10 @@ class Controller:
         from autohet_ray.planner import plan_training, plan_with_baselines
         if plan is None and self.job.plan is not None and self.plan is None:
             plan = self.job.plan
-        if plan is not None:
+        state = json.dumps(self.found.cluster.to_dict(), sort_keys=True)   # the GPUs alive, by node
+        if plan is None and state in self.plan_cache:
+            plan = self.plan_cache[state]      # this availability state was planned before: reuse its plan
+        if plan is not None:                   # rather than pay the planner again (it is deterministic)
             chosen = plan_from_dict(plan)
         else:
             request = dict(cluster=self.found.cluster, model=self.priced_model, profile=self.profile,
@@ -205,6 +209,7 @@ class Controller:
             else:
                 result = plan_training(**request)
             chosen = result.plan
+            self.plan_cache[state] = chosen.to_dict()
         check_plan_fits(chosen, self.found)
         self.evaluation = evaluate_plan(chosen, self.found.cluster, self.priced_model, self.profile)
         if not self.evaluation.feasible:
