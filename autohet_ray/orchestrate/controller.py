@@ -31,10 +31,10 @@ from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate import job_storage
-from autohet_ray.orchestrate.step_metrics import step_metrics
+from autohet_ray.orchestrate.step_metrics import peak_dtype, step_metrics
 from autohet_ray.orchestrate.training_data import TrainingData
 from autohet_ray.orchestrate.discovery import check_plan_fits, describe, discover
-from autohet_ray.orchestrate.job import TrainJob
+from autohet_ray.orchestrate.job import TrainJob, compute_dtype
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.plan.schema import plan_from_dict
 
@@ -118,10 +118,8 @@ class Controller:
         plan = plan_from_dict(self.job.plan) if self.job.plan else None
         plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
         sizes = with_micro_batches(self.job.micro_batch, *plan_sizes)
-        if self.job.profile == "analytic":        # priced in the dtype the workers compute in
-            from autohet_ray.orchestrate.job import compute_dtype
-            dtype = compute_dtype(self.job.dtype, cuda=not self.found.emulated)
-            dtype = "float32" if dtype == "float64" else dtype     # fp64 (exact comparisons) is priced as fp32
+        if self.job.profile == "analytic":        # priced in the dtype the workers compute in (fp64 as fp32)
+            dtype = peak_dtype(compute_dtype(self.job.dtype, cuda=not self.found.emulated))
             return analytic_profile(self.priced_model, self.base_cluster, self.priced_seq_len, sizes, dtype=dtype)
         if self.job.profile == "measured":
             from autohet_ray.orchestrate.profiling import profile_cluster
