@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--plan", required=True)
     e.add_argument("--cluster", required=True)
     e.add_argument("--profile")
+    e.add_argument("--dtype", choices=("bf16", "fp32", "bfloat16", "float32"),
+                   help="dtype the analytic profile prices (default: the dtype the plan records, else bf16)")
     e.add_argument("--json", action="store_true")
     s = sub.add_parser("show", help="draw a plan: pipeline timeline and memory per device")
     s.add_argument("plan")
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.cluster:
                 from autohet_ray.cli_train import cmd_profile_ray
                 return cmd_profile_ray(args)
-            from autohet_ray.profile.measure import cmd_profile_local
+            from autohet_ray.cli_train import cmd_profile_local
             return cmd_profile_local(args)
         if args.command == "train":
             from autohet_ray.cli_train import cmd_train

@@ -67,11 +67,9 @@ def cmd_plan(args) -> int:
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
-    # the relaxation prices activations without recomputation: it bounds no plan that recomputes
-    recomputes = any(s.recompute for p in result.plan.pipelines for s in p.stages)
-    bound_s = None if recomputes else lower_bound_iteration_s(
-        cluster=cluster, model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
-        schedules=schedule_choices(args.schedule))
+    bound_s = lower_bound_iteration_s(cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
+                                      seq_len=seq_len, schedules=schedule_choices(args.schedule),
+                                      recompute=args.recompute)
     report = plan_report(result, baselines, wall_s=time.perf_counter() - started) | {
         "lower_bound_iteration_s": bound_s, "dtype": profile.meta.get("dtype", "bfloat16")}
     if args.json:
@@ -137,6 +135,8 @@ def gain_lines(report: dict) -> list[str]:
 def cmd_evaluate(args) -> int:
     plan, cluster = read_plan(args.plan), load_cluster(args.cluster)
     model = model_from_dict(plan.model_spec) if plan.model_spec else load_model(plan.model)
+    if not args.dtype and plan.predicted is not None and plan.predicted.dtype:
+        args.dtype = plan.predicted.dtype       # price the dtype the plan was made for
     profile = _profile(args, model, cluster, plan.seq_len,
                        [plan.micro_batch_of(k) for k in range(len(plan.pipelines))])
     check_request(model, profile, plan.global_batch, plan.seq_len, (plan.schedule,))
@@ -144,14 +144,14 @@ def cmd_evaluate(args) -> int:
     pred = ev.predicted().to_dict()
     out = {"feasible": ev.feasible, "predicted": {k: pred[k] for k in
                                                   ("iteration_time_s", "samples_per_s", "peak_memory_bytes")},
-           "reason": ev.reason}
+           "reason": ev.reason, "dtype": profile.meta.get("dtype", "bfloat16")}
     if args.json:
         print(json.dumps(out))
     else:
         print(plan_table(plan, ev.memory_bytes))
         status = "feasible" if ev.feasible else f"INFEASIBLE: {ev.reason}"
         print(f"{status}; predicted {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
-              f"[{profile.kind} profile]")
+              f"[{profile.kind} profile, {out['dtype']}]")
         print(breakdown_line(time_breakdown(plan, ev)))
     return 0 if ev.feasible else 1
 

@@ -1,6 +1,7 @@
 """`autohet train`, `autohet resume` and `autohet profile --cluster`: console UI over the one controller.
 
-Without --elastic a job checkpoints every --checkpoint-every steps (and its final step) into --storage. With
+Without --elastic a job checkpoints every --checkpoint-every steps (and its final step) into --storage
+(default: a new `autohet-runs/<time>` directory under the working directory). With
 --elastic every step is snapshotted into two nodes' stores as well; between steps the controller acts on spot
 notices (`--spot-watch`) and Ray drains, and re-plans onto nodes of the cluster file that (re)joined; a lost
 node is recovered from the cheapest copies. Every exit (the end, Ctrl-C, SIGTERM, an error) first gets the
@@ -37,9 +38,15 @@ def job_fields(args) -> dict:
         check_provider(args.spot_provider)
     if args.elastic and not args.storage:
         raise ConfigError("--elastic needs --storage DIR|s3://bucket/prefix (the durable tier and resume point)")
-    storage = storage_spec(args.storage, endpoint_url=args.endpoint_url) if args.storage else None
-    if storage:
+    default_storage = not args.storage    # every run leaves its model behind, in a directory it names
+    if default_storage:
+        args.storage = os.path.abspath(os.path.join("autohet-runs", time.strftime("%Y%m%d-%H%M%S")))
+        print(f"storage: {args.storage} (the default; --storage DIR|s3://... chooses)", flush=True)
+    storage = storage_spec(args.storage, endpoint_url=args.endpoint_url)
+    if not default_storage:
         check_storage(storage)
+    elif not os.access(os.getcwd(), os.W_OK | os.X_OK):   # the default is made when the job starts
+        raise ConfigError(f"the working directory {os.getcwd()!r} is not writable; pass --storage DIR|s3://...")
     clock = {}
     if args.emulate:
         if args.time_scale == "auto":
@@ -200,6 +207,8 @@ def cmd_train(args) -> int:
         print(f"done: {len(out['steps'])} steps, final loss {out['final_loss']:.4f}; iteration "
               f"{out['measured_iteration_s']:.4f} s measured (steady state) vs {out['predicted_iteration_s']:.4f} s "
               f"predicted{' (emulated)' if out['emulated'] else ''}")
+        print(f"model: autohet export --storage {args.storage} --out DIR  (writes the final step as a Hugging Face "
+              f"model)")
     if args.json:
         print(json.dumps(out, default=str))
     return 0
@@ -220,3 +229,29 @@ def cmd_profile_ray(args) -> int:
     print(f"wrote {args.out}: {len(db.entries)} entries, measured; profiling {db.meta['profile_time_s']:.1f} s, "
           f"total {time.perf_counter() - start:.1f} s", file=sys.stdout)
     return 0
+
+
+def cmd_profile_local(args) -> int:
+    """`autohet profile --local --model M --out FILE [--tp 1,2] [--micro-batch 1,2] [--device-type NAME]`:
+    the layers (profile/measure.py) and the update's rate (runtime/update_rate.py) on this device."""
+    from autohet_ray.profile.measure import measure_profile, parse_ints
+    from autohet_ray.runtime.update_rate import update_s_per_param
+    spec = load_model(args.model)
+    seq_len = args.seq_len or spec.max_seq_len
+    db = measure_profile(spec, args.device_type, parse_ints(args.tp, "--tp"),
+                         parse_ints(args.micro_batch, "--micro-batch"), seq_len)
+    db.optimizer_s_per_param[args.device_type] = update_s_per_param(spec, _local_device())
+    db.save(args.out)
+    for (dev, tp, mb), layers in sorted(db.entries.items()):
+        cells = "  ".join(f"{k} {v.fwd_s * 1e3:.3f}/{v.bwd_s * 1e3:.3f} ms" for k, v in layers.items())
+        print(f"{dev} tp={tp} mb={mb}: {cells}  (fwd/bwd, measured)")
+    print(f"{args.device_type} update (norm, clip, AdamW): "
+          f"{db.optimizer_s_per_param[args.device_type] * 1e9:.2f} ns/parameter (measured)")
+    print(f"wrote {args.out} ({len(db.entries)} entries, {db.meta['profile_time_s']:.1f} s)")
+    return 0
+
+
+def _local_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+

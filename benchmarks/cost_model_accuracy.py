@@ -1,8 +1,9 @@
 """Cost-model accuracy on this CPU, not circular: a measured CPU profile, real unpaced runs.
 
 1. Profile the CPU with `autohet profile --local` (one thread, as each rank runs), and measure what the cost
-   model needs beside it: the gloo loopback link (one-way p2p latency and bandwidth), the memory bandwidth
-   (the optimizer is priced as memory traffic) and, for the catalog entry only, the fp32 matmul rate.
+   model needs beside it: the gloo loopback link as the profiler measures it (mean one-way p2p latency and
+   bandwidth, and a collective's fixed overhead; profile/link_probe.py) and, for the catalog entry only, the
+   memory bandwidth and the fp32 matmul rate. The profile holds the optimizer's measured rate (s/param).
 2. Describe the machine as a cluster of CPU "devices": one node with one device per core. Ranks are never
    more than cores: a second rank on a core would halve both ranks' speed, which the profile (measured one
    rank per core) does not describe, so the error would be the oversubscription's, not the cost model's.
@@ -40,6 +41,7 @@ from autohet_ray.cost import allreduce_time, evaluate_plan
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.profile.db import LinkProfile, load_profile
+from autohet_ray.profile.link_probe import probe_link
 from autohet_ray.runtime import Engine, run_world
 
 MODEL = {"name": "acc-gpt", "family": "gpt", "num_layers": 8, "hidden": 256, "num_heads": 8, "num_kv_heads": 8,
@@ -86,47 +88,30 @@ def profile_cpu(workdir: Path) -> Path:
     return out
 
 
-def _ping_pong(rank: int, world_size: int, sizes: list[int], reps: int) -> dict:
-    """One-way seconds per message size: half the fastest round trip rank 0 -> 1 -> 0."""
-    out = {}
-    for numel in sizes:
-        buf = torch.zeros(numel)
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            start = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            times.append((time.perf_counter() - start) / 2)
-        out[numel * 4] = min(times)
-    return out
+def _probe(rank: int, world_size: int, num_bytes: int, reps: int) -> dict:
+    return probe_link(rank, num_bytes, reps)
 
 
 def _all_reduces(rank: int, world_size: int, numel: int, reps: int) -> list[float]:
     buf, times = torch.zeros(numel), []
     for _ in range(reps):
-        dist.barrier()
         start = time.perf_counter()
         dist.all_reduce(buf)
         times.append(time.perf_counter() - start)
     return times
 
 
-def all_reduce_seconds(numel: int) -> tuple[float, float]:
-    """(fastest, median) seconds of a 2-rank gloo all-reduce of `numel` fp32 elements: the TP collective."""
-    times = sorted(run_world(_all_reduces, 2, numel, 30)[0])
-    return times[0], times[len(times) // 2]
+def all_reduce_seconds(numel: int) -> tuple[float, float, float]:
+    """(fastest, median, mean) seconds of a 2-rank gloo all-reduce of `numel` fp32 elements: the TP
+    collective."""
+    times = sorted(run_world(_all_reduces, 2, numel, 100)[0])
+    return times[0], times[len(times) // 2], sum(times) / len(times)
 
 
 def measure_link() -> LinkProfile:
-    small, large = 16, 2**20                      # fp32 elements: 64 B and 4 MiB
-    one_way = run_world(_ping_pong, 2, [small, large], 20)[0]
-    latency = one_way[small * 4]
-    return LinkProfile(bandwidth_Bps=(large - small) * 4 / (one_way[large * 4] - latency), latency_s=latency)
+    """The gloo loopback link as the profiler measures it: mean one-way latency and bandwidth, and the fixed
+    overhead of a collective (profile/link_probe.py)."""
+    return LinkProfile(**run_world(_probe, 2, 4 << 20, 100)[0])
 
 
 def measure_memory_and_flops() -> tuple[float, float]:
@@ -215,7 +200,9 @@ def main() -> None:
     raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
     (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
     cluster, model = cluster_from_dict(raw_cluster), model_from_dict(MODEL)
-    print(f"link: {link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.2f} GB/s; memory {hbm_gbps:.1f} GB/s; "
+    print(f"link: {link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.2f} GB/s, collective overhead "
+          f"{link.collective_overhead_s * 1e6:.0f} us; optimizer "
+          f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; memory {hbm_gbps:.1f} GB/s; "
           f"matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
     load_before = os.getloadavg()[0]
     shapes = {name: make_plan(pipelines) for name, pipelines in plan_shapes(args.cores).items()}
@@ -228,10 +215,11 @@ def main() -> None:
             print(f"{name}: {seconds:.3f} s; per rank, ms: {_ops_line(ops)}", flush=True)
             measured[name] = min(measured.get(name, float("inf")), seconds)
     numel = MICRO_BATCH * MODEL["max_seq_len"] * MODEL["hidden"]
-    fastest, median = all_reduce_seconds(numel)
+    fastest, median, mean = all_reduce_seconds(numel)
     priced = allreduce_time(numel * 4, 2, link)
     print(f"TP all-reduce of one micro-batch's hidden states ({numel * 4 / 1e3:.0f} kB): priced {priced * 1e6:.0f} us, "
-          f"measured {fastest * 1e6:.0f} us fastest, {median * 1e6:.0f} us median", flush=True)
+          f"measured {fastest * 1e6:.0f} us fastest, {median * 1e6:.0f} us median, {mean * 1e6:.0f} us mean",
+          flush=True)
     plans = {}
     for name, plan in shapes.items():
         predicted = evaluate_plan(plan, cluster, model, profile).iteration_time_s
@@ -245,7 +233,7 @@ def main() -> None:
     print(json.dumps({"max_abs_error": round(worst, 4), "cores": args.cores, "profile": "measured (this CPU, fp32)",
                       "steps": args.steps, "passes": args.passes,
                       "tp_all_reduce_us": {"priced": round(priced * 1e6), "fastest": round(fastest * 1e6),
-                                           "median": round(median * 1e6)}, "nice": os.nice(0), "load_average": load,
+                                           "median": round(median * 1e6), "mean": round(mean * 1e6)}, "nice": os.nice(0), "load_average": load,
                       "plans": plans}))
 
 

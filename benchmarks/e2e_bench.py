@@ -89,7 +89,7 @@ def run_plan(cluster, spec, run_spec, plan, args, time_scale: float, seq_len: in
     job = TrainJob(model=run_spec.to_dict(), priced_as=spec.to_dict(), global_batch=plan.global_batch,
                    cluster=cluster.to_dict(), plan=plan.to_dict(), seq_len=RUN_SEQ_LEN, priced_seq_len=seq_len,
                    time_scale=time_scale, setup_timeout_s=300, collective_timeout_s=600, baselines=False,
-                   data=args.data)
+                   data=args.data, dtype="bf16")     # the dtype the plans were priced in (bf16, fp32 masters)
     start = time.perf_counter()
     ctl = Controller(job)
     try:

@@ -109,7 +109,8 @@ def scaling(quick: bool) -> list[dict]:
                      "wall_time_s": wall, "cpu_time_s": cpu, "solve_time_s": doc["solve_time_s"],
                      "load_avg_1m": os.getloadavg()[0], "hit_time_limit": doc["hit_time_limit"],
                      "samples_per_s": doc["predicted"]["samples_per_s"],
-                     "gain_strongest": doc["gains"].get(doc["strongest_baseline"])})
+                     "gain_strongest": doc["gains"].get(doc["strongest_baseline"]),
+                     "bound_gap": _bound_gap(doc)})
         growth = ""
         if len(rows) > 1 and 2 * rows[-2]["gpus"] <= gpus:
             prev = rows[-2]
@@ -118,7 +119,16 @@ def scaling(quick: bool) -> list[dict]:
         print(f"  {name:<17} {gpus:>5} GPUs {model_name:<10} B={batch:<5} whole command {wall:6.1f} s wall, "
               f"{cpu:6.1f} s CPU (solve {doc['solve_time_s']:.1f} s; load {rows[-1]['load_avg_1m']:.1f})"
               f"{' TIME LIMIT HIT' if doc['hit_time_limit'] else ''}{growth}", flush=True)
+        if rows[-1]["bound_gap"] is not None:
+            print(f"  {'':<17} plan {100 * rows[-1]['bound_gap']:+.1f}% above the proven lower bound "
+                  f"({doc['lower_bound_iteration_s']:.3f} s/iteration)", flush=True)
     return rows
+
+
+def _bound_gap(doc: dict) -> float | None:
+    """How far the plan's predicted iteration lies above the proven lower bound (planner/bound.py)."""
+    bound = doc.get("lower_bound_iteration_s")
+    return doc["predicted"]["iteration_time_s"] / bound - 1 if bound else None
 
 
 def _sub_cluster(cluster, device):
@@ -210,6 +220,7 @@ def main() -> None:
         "whole_command_wall_s": {r["cluster"]: round(r["wall_time_s"], 2) for r in scale},
         "whole_command_cpu_s": {r["cluster"]: round(r["cpu_time_s"], 2) for r in scale},
         "solve_time_s": {r["cluster"]: round(r["solve_time_s"], 2) for r in scale},
+        "bound_gap": {r["cluster"]: None if r["bound_gap"] is None else round(r["bound_gap"], 4) for r in scale},
         "gains": [_rounded(r) for r in gain],
         "batch_sweep": [_rounded(r) for r in sweep],
     }))

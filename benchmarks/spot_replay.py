@@ -13,7 +13,9 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
   here is charged the first time each state is planned: the controller keeps a plan per availability state and
   reuses it when the state recurs (--no-plan-cache charges every re-plan).
 - Recovery phases: detect, re-plan, restart, restore (bytes of the fullest node / a stated bandwidth), warm-up;
-  each phase's basis is in the JSON line (`phase_basis`).
+  detect and restart are the emulated replay's measured medians (benchmarks/measured/emulated_replay.json, the
+  JSON line of benchmarks/spot_replay_emulated.py; --assumed-phases: the stated assumptions instead); each
+  phase's basis is in the JSON line (`phase_basis`), with the restart that would still give 0.90.
 
 Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
 
@@ -34,7 +36,7 @@ from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
-from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_recovery_bench
+from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
 from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
 from autohet_ray.replay.prices import fleet_cost_usd, load_prices
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
@@ -45,6 +47,7 @@ from autohet_ray.replay.traces import PoolTrace, load_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
+MEASURED_PHASES = ROOT / "benchmarks" / "measured" / "emulated_replay.json"
 DEFAULT_POOLS = ["A100-80GB=aws-g4dn-us-east-1c", "H800=aws-g4dn-us-east-1d", "H100=aws-p2-us-east-1e"]
 BAMBOO_OVER_CHECKPOINTING = 3.7
 
@@ -71,6 +74,11 @@ def parse_args(argv=None):
     ap.add_argument("--checkpoint-every-min", type=float, default=30.0, help="checkpoint-restart's period")
     ap.add_argument("--snapshot-overhead", type=float, default=0.0,
                     help="ours: step time the per-step node-store snapshot adds (fraction)")
+    ap.add_argument("--emulated-json", default=str(MEASURED_PHASES),
+                    help="spot_replay_emulated.py's JSON line: its measured detect and restart medians "
+                         "(default: the committed run in benchmarks/measured/)")
+    ap.add_argument("--assumed-phases", action="store_true",
+                    help="cost detect and restart by the stated assumptions, not the emulated replay's figures")
     ap.add_argument("--recovery-json", help="recovery_bench.py output: its measured detect time")
     ap.add_argument("--restart-s", type=float, help="override the restart phase")
     ap.add_argument("--local-gbps", type=float, help="override the local-first restore bandwidth (Gb/s per node)")
@@ -118,7 +126,9 @@ def pool_traces(args, cluster) -> list[PoolTrace]:
 
 
 def phase_model(args, cluster):
-    phases = phases_from_recovery_bench(args.recovery_json) if args.recovery_json else DEFAULT_PHASES
+    phases = DEFAULT_PHASES if args.assumed_phases else phases_from_emulated_replay(args.emulated_json)
+    if args.recovery_json:
+        phases = phases_from_recovery_bench(args.recovery_json, phases)
     basis = dict(phases.basis)
     if not args.local_gbps:
         nic = min(cluster.nic_bytes_per_s(n.name) for n in cluster.nodes)

@@ -8,7 +8,8 @@ Independent of the planner: it enumerates everything itself and shares only the 
 - every contiguous layer split of each pipeline (every stage at least one layer);
 - every micro-batch size given, and every integer allocation of the micro-batches across pipelines (with
   `mixed_micro_batches`, each pipeline also picks its own size and the samples add up to the global batch);
-- every schedule given; each candidate priced by `evaluate_plan` under that schedule.
+- every schedule given; each candidate priced by `evaluate_plan` under that schedule;
+- with `recompute="auto"`, every stage with and without activation recomputation ("full": every stage with).
 
 Pruning, each provably safe (it drops only plans that cannot beat the incumbent, or cannot fit):
 - memory: a stage's memory grows with its layer count, and a pipeline's memory does not depend on the other
@@ -90,22 +91,29 @@ def compositions(total: int, parts: int):
         yield tuple(b - a for a, b in zip((0,) + cuts, cuts + (total,)))
 
 
-def build_stages(cluster, order, counts, taken=None) -> tuple[Stage, ...]:
-    """Stages for labels in `order` with `counts` layers; GPU indices handed out per node from `taken`."""
+RECOMPUTE_OPTIONS = {"none": (False,), "full": (True,), "auto": (False, True)}
+
+
+def build_stages(cluster, order, counts, taken=None, flags=None) -> tuple[Stage, ...]:
+    """Stages for labels in `order` with `counts` layers (recomputing where `flags` says); GPU indices handed
+    out per node from `taken`."""
     taken = {} if taken is None else taken
+    flags = flags or (False,) * len(order)
     stages, start = [], 0
-    for (node, tp), n in zip(order, counts):
+    for (node, tp), n, flag in zip(order, counts, flags):
         first = taken.get(node, 0)
         taken[node] = first + tp
         stages.append(Stage(layers=(start, start + n), tp=tp, device_type=cluster.node(node).device, node=node,
-                            devices=tuple(range(first, first + tp))))
+                            devices=tuple(range(first, first + tp)), recompute=flag))
         start += n
     return tuple(stages)
 
 
 class _Search:
-    def __init__(self, cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed):
+    def __init__(self, cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed,
+                 recompute="none"):
         self.cluster, self.model, self.profile = cluster, model, profile
+        self.flags = RECOMPUTE_OPTIONS[recompute]
         self.global_batch, self.seq_len = global_batch, seq_len
         self.micro_batches = sorted(mb for mb in set(micro_batches) if global_batch % mb == 0 or mixed)
         self.schedules, self.mixed = tuple(schedules), mixed
@@ -139,10 +147,10 @@ class _Search:
         rate = sum(self._layer_speeds(block, mb, schedule))
         return self.model.num_layers / rate / mb
 
-    def options(self, block, schedule, mb, m) -> list[tuple[float, tuple, tuple]]:
-        """(time alone, stage order, layer counts) of every split of `block` with m micro-batches of mb that
-        fits and may beat the incumbent, fastest first (computed once, under the incumbent of that time,
-        which only falls later, so nothing dropped could have counted)."""
+    def options(self, block, schedule, mb, m) -> list[tuple[float, tuple, tuple, tuple]]:
+        """(time alone, stage order, layer counts, recompute flags) of every split of `block` with m
+        micro-batches of mb that fits and may beat the incumbent, fastest first (computed once, under the
+        incumbent of that time, which only falls later, so nothing dropped could have counted)."""
         key = (block, schedule, mb, m)
         if key not in self.options_cache:
             found = []
@@ -156,32 +164,35 @@ class _Search:
         if p > layers:
             return []
         probe = build_stages(self.cluster, order, [1] * p)
-        gcs = [table.get(s.device_type, s.tp) for s in probe]
+        gcs = [{f: table.get(s.device_type, s.tp, f) for f in self.flags} for s in probe]
         stub = Plan(model=self.model.name, global_batch=m * mb, micro_batch=mb, seq_len=self.seq_len, pipelines=())
         links = [stage_link_time(stub, self.cluster, self.profile, self.model, a, b, mb)
                  for a, b in zip(probe, probe[1:])]
         found = []
 
-        def rec(j, left, arrival, counts):
+        def rec(j, left, arrival, counts, flags):
             if j == p:
-                pipe = Pipeline(num_microbatches=m, stages=build_stages(self.cluster, order, counts), micro_batch=mb)
+                pipe = Pipeline(num_microbatches=m, stages=build_stages(self.cluster, order, counts, None, flags),
+                                micro_batch=mb)
                 plan = Plan(model=self.model.name, model_spec=self.spec, global_batch=m * mb,
                             micro_batch=mb, seq_len=self.seq_len, pipelines=(pipe,), schedule=schedule)
                 ev = evaluate_plan(plan, self.cluster, self.model, self.profile, table)
                 self.priced += 1
                 if ev.feasible and ev.iteration_time_s < self.bound:
-                    found.append((ev.iteration_time_s, order, tuple(counts)))
+                    found.append((ev.iteration_time_s, order, tuple(counts), tuple(flags)))
                 return
-            first, last, gc = j == 0, j == p - 1, gcs[j]
+            first, last = j == 0, j == p - 1
             most = left if last else left - (p - j - 1)
-            for n in range(left if last else 1, most + 1):
-                if stage_peak_memory(gc, schedule, p, j, m, n) > gc.capacity_bytes:
-                    break
-                parts = gc.stage_split(n, first, last, split)
-                if arrival + m * sum(parts) >= self.bound:
-                    break
-                rec(j + 1, left - n, arrival + parts[0] + (links[j] if not last else 0.0), counts + [n])
-        rec(0, layers, 0.0, [])
+            for flag, gc in gcs[j].items():
+                for n in range(left if last else 1, most + 1):
+                    if stage_peak_memory(gc, schedule, p, j, m, n) > gc.capacity_bytes:
+                        break
+                    parts = gc.stage_split(n, first, last, split)
+                    if arrival + m * sum(parts) >= self.bound:
+                        break
+                    rec(j + 1, left - n, arrival + parts[0] + (links[j] if not last else 0.0), counts + [n],
+                        flags + [flag])
+        rec(0, layers, 0.0, [], [])
         return found
 
     # -- across pipelines -----------------------------------------------------------------------------------
@@ -220,8 +231,8 @@ class _Search:
             if k == len(blocks):
                 taken: dict[str, int] = {}
                 pipes = [Pipeline(num_microbatches=m, micro_batch=s if self.mixed else None,
-                                  stages=build_stages(self.cluster, order, counts, taken))
-                         for (s, m), (_, order, counts) in zip(alloc, chosen)]
+                                  stages=build_stages(self.cluster, order, counts, taken, flags))
+                         for (s, m), (_, order, counts, flags) in zip(alloc, chosen)]
                 self.offer(self.plan_of(schedule, pipes, mb if mb is not None else max(s for s, _ in alloc)))
                 return
             same = k > 0 and blocks[k] == blocks[k - 1] and alloc[k] == alloc[k - 1]
@@ -263,15 +274,19 @@ class _Search:
             splits = [_proportional(self.model.num_layers, self._layer_speeds(b, size, schedule)) for b in blocks]
             if alloc is None or None in splits:
                 continue
-            taken: dict[str, int] = {}
-            pipes = [Pipeline(num_microbatches=m, stages=build_stages(self.cluster, block, counts, taken))
-                     for block, m, counts in zip(blocks, alloc, splits)]
-            self.offer(self.plan_of(schedule, pipes, size))
+            for flag in self.flags:
+                taken: dict[str, int] = {}
+                pipes = [Pipeline(num_microbatches=m, stages=build_stages(self.cluster, block, counts, taken,
+                                                                          (flag,) * len(block)))
+                         for block, m, counts in zip(blocks, alloc, splits)]
+                self.offer(self.plan_of(schedule, pipes, size))
 
     def _layer_speeds(self, block, mb, schedule) -> list[float]:
+        """Layers per second of each group, with or without recomputation, whichever is faster."""
         split = schedule in SPLIT_BACKWARD
-        return [1.0 / sum(self.tables[mb].get(self.cluster.node(n).device, t).stage_split(1, False, False, split))
-                for n, t in block]
+        return [max(1.0 / sum(self.tables[mb].get(self.cluster.node(n).device, t, f).stage_split(1, False, False,
+                                                                                                 split))
+                    for f in self.flags) for n, t in block]
 
     def run(self):
         units = self.units()
@@ -301,9 +316,13 @@ def _proportional(total: int, weights: list[float]) -> list[int] | None:
 
 
 def exhaustive_best(cluster, model, profile, global_batch, seq_len, micro_batches,
-                    schedules: tuple[str, ...] = PLAN_SCHEDULES, mixed_micro_batches: bool = False):
+                    schedules: tuple[str, ...] = PLAN_SCHEDULES, mixed_micro_batches: bool = False,
+                    recompute: str = "none"):
     """The fastest feasible plan and its evaluation, as (plan, Evaluation), or None if no plan fits.
     Without `mixed_micro_batches` every pipeline runs one of `micro_batches` (those dividing the batch);
-    with it each pipeline picks its own size from them."""
-    search = _Search(cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed_micro_batches)
+    with it each pipeline picks its own size from them. `recompute`: "none", "full" (every stage recomputes)
+    or "auto" (each stage either way)."""
+    assert recompute in RECOMPUTE_OPTIONS, recompute
+    search = _Search(cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed_micro_batches,
+                     recompute)
     return search.run()

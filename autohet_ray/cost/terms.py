@@ -50,6 +50,7 @@ class GroupCost:
     head_held_bytes: int = 0
     recompute: bool = False       # layers recompute their forward in the backward (layer_s includes it)
     recompute_bytes: int = 0      # with `recompute`: one layer's full activations, live while it is rebuilt
+    optimizer_s_per_param: float | None = None    # measured (the profile's); None: priced as memory traffic
 
     def stage_time(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_s + (self.embed_s if first else 0.0) + (self.head_s if last else 0.0)
@@ -91,8 +92,12 @@ class GroupCost:
         return max(-1, int((self.capacity_bytes - fixed) // per_layer)) if fixed <= self.capacity_bytes else -1
 
     def optimizer_s(self, num_layers: int, first: bool, last: bool) -> float:
-        """One AdamW step over the stage's parameters (memory bound)."""
-        return self.stage_params(num_layers, first, last) * self.optimizer_bytes_per_param / self.hbm_Bps
+        """One update (norm, clip, AdamW) of the stage's parameters: at the measured rate, else as memory
+        traffic."""
+        params = self.stage_params(num_layers, first, last)
+        if self.optimizer_s_per_param is not None:
+            return params * self.optimizer_s_per_param
+        return params * self.optimizer_bytes_per_param / self.hbm_Bps
 
 
 def allreduce_time(num_bytes: float, members: int, link: LinkProfile) -> float:
@@ -100,7 +105,7 @@ def allreduce_time(num_bytes: float, members: int, link: LinkProfile) -> float:
     if members <= 1 or num_bytes <= 0:
         return 0.0
     steps = 2 * (members - 1)
-    return steps / members * num_bytes / link.bandwidth_Bps + steps * link.latency_s
+    return steps / members * num_bytes / link.bandwidth_Bps + steps * link.latency_s + link.collective_overhead_s
 
 
 def p2p_time(num_bytes: float, link: LinkProfile) -> float:
@@ -122,7 +127,8 @@ def inter_link(profile: ProfileDB, cluster: Cluster, node_a: str, node_b: str, s
     latency = 25e-6
     if base is not None:
         bw, latency = min(bw, base.bandwidth_Bps), base.latency_s
-    return LinkProfile(bandwidth_Bps=bw / max(1, share), latency_s=latency)
+    return LinkProfile(bandwidth_Bps=bw / max(1, share), latency_s=latency,
+                       collective_overhead_s=base.collective_overhead_s if base is not None else 0.0)
 
 
 def activation_message_bytes(model: ModelSpec, micro_batch: int, seq_len: int,
@@ -209,6 +215,7 @@ class GroupCostTable:
             capacity_bytes=device.memory_bytes - MEMORY_RESERVE_BYTES, hbm_Bps=device.hbm_gbps * 1e9,
             state_bytes_per_param=self.precision.state_bytes_per_param,
             optimizer_bytes_per_param=self.precision.optimizer_bytes_per_param,
+            optimizer_s_per_param=self.profile.optimizer_s_per_param.get(device_type),
             layer_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "layer", tp) * elem),
             head_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "head", tp) * elem))
 

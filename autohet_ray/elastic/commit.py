@@ -92,11 +92,25 @@ class Committer:
         """Uploads of a failed group never commit (their chunks are swept by a later collection)."""
         self.pending_cloud.clear()
 
-    def rereplicate_newest(self) -> int:
+    def orphans_of_newest(self) -> tuple[int, list]:
+        """(newest committed step, its chunk records that no live node store holds: every copy was on a lost
+        node); no records when the storage holds the step or no live store has its manifest."""
+        if not self.committed or self.committed[-1] in self.cloud_committed or not self.keepers:
+            return (self.committed[-1] if self.committed else -1), []
+        step = self.committed[-1]
+        try:
+            manifest = find_manifest(list(self.keepers.values()), step)
+        except CheckpointError:
+            return step, []
+        live = {self.keeper_specs[node]["name"] for node in self.keepers}
+        return step, [r for r in manifest.records if not live & set(r.replicas)]
+
+    def rereplicate_newest(self, also_held: dict[str, set[str]] | None = None) -> int:
         """After a node loss: copy each chunk of the newest committed step that only one live node store still
         holds to a second live store (the keepers copy between themselves, in the background, while the job
         re-plans), so that another loss before the next commit cannot take the step's last copy. A step already
-        in the storage needs no copy. Returns the number of chunks being copied."""
+        in the storage needs no copy. `also_held`: key -> nodes whose stores hold that chunk beyond what the
+        manifest records (written since, from live state). Returns the number of chunks being copied."""
         from autohet_ray.elastic.keeper import get_keeper, keeper_name
         if not self.committed or self.committed[-1] in self.cloud_committed or len(self.keepers) < 2:
             return 0
@@ -109,7 +123,8 @@ class Committer:
         live = sorted(self.keepers)
         copies: dict[tuple[str, str], list[str]] = {}
         for i, record in enumerate(manifest.records):
-            holders = sorted({node_of[r] for r in record.replicas if r in node_of})
+            extra = {n for n in (also_held or {}).get(record.key, ()) if n in self.keepers}
+            holders = sorted({node_of[r] for r in record.replicas if r in node_of} | extra)
             if len(holders) == 1:
                 others = [n for n in live if n != holders[0]]
                 copies.setdefault((holders[0], others[i % len(others)]), []).append(record.key)

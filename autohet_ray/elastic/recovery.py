@@ -104,20 +104,48 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
     ids = ctl.found.node_ids
     ctl.gone |= {ids[node] for node in lost["lost_nodes"]}
     salvage_start = time.perf_counter()
-    reuse = ctl.group.salvage(ctl.inflight, set(lost["dead_ranks"]))
+    for node in lost["lost_nodes"]:
+        ctl.committer.drop_keeper(node)
+    step, orphans = ctl.committer.orphans_of_newest()
+    rescued: dict[str, set[str]] = {}
+    nodes, rescue_errors = [slot["node"] for slot in ctl.group.slots], []
+    reuse = ctl.group.salvage(ctl.inflight, set(lost["dead_ranks"]), before_reset=lambda alive: rescued.update(
+        rescue_orphans(alive, nodes, step, orphans, rescue_errors)))
     ctl.inflight = []
     salvage = {f"salvage_{k}": v for k, v in ctl.group.salvage_phases.items()}
     ctl.committer.forget_pending()
-    for node in lost["lost_nodes"]:
-        ctl.committer.drop_keeper(node)
-    rereplicated = ctl.committer.rereplicate_newest()
+    rereplicated = ctl.committer.rereplicate_newest(also_held=rescued)
     ctl.lost += lost["lost_nodes"]
     report = {"detect_s": detect_s, "salvage_s": time.perf_counter() - salvage_start, **salvage, **lost,
+              "orphaned_chunks": len(orphans), "rescued_chunks": len(rescued), "rescue_errors": rescue_errors,
               "rereplicated_chunks": rereplicated}
     try:
         return report | relaunch(ctl, mode=mode, reason=lost["message"], reuse=reuse)
     except GroupFailure as again:
         raise _LostAgain(again, report) from None
+
+
+def rescue_orphans(alive: dict, nodes: list[str], step: int, orphans: list, errors: list[str],
+                   timeout_s: float = 30.0) -> dict[str, set[str]]:
+    """Chunks of committed `step` whose every stored copy was on lost nodes, written again by the survivors
+    (rank -> actor; `nodes`: each rank's node) that hold them live (data-parallel and TP copies) into their
+    nodes' stores: key -> the nodes now holding it."""
+    if not orphans:
+        return {}
+    wanted = [{"key": r.key, "name": r.name, "offsets": list(r.chunk.offsets), "sizes": list(r.chunk.sizes),
+               "digest": r.digest} for r in orphans]
+    refs = {rank: actor.write_live_chunks.remote(step, wanted) for rank, actor in alive.items()}
+    ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0])
+    held: dict[str, set[str]] = {}
+    for rank, ref in refs.items():
+        try:
+            keys = ray.get(ref) if ref in ready else []
+        except ray.exceptions.RayError as err:  # one fewer source; the restore names any chunk still missing
+            errors.append(f"rank {rank}: {str(err).splitlines()[-1]}")
+            continue
+        for key in keys:
+            held.setdefault(key, set()).add(nodes[rank])
+    return held
 
 
 def _healthy(ctl, checks: int = 3, every_s: float = 0.3) -> bool:

@@ -97,9 +97,10 @@ class NoticeBoard:
 
 
 def start_board(job_id: str):
-    """The job's notice board (created on first use, the same actor after), on the caller's node: not on a spot
-    node that may go away in the middle of the flush handshake."""
-    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+    """The job's notice board (created on first use, the same actor after), pinned to the caller's node (the
+    driver's: a head or on-demand node), never on a spot node that may go away in the middle of the flush
+    handshake. It needs no resources, so the pin can always be met."""
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     return NoticeBoard.options(name=board_name(job_id), namespace=NAMESPACE, get_if_exists=True,
                                scheduling_strategy=here).remote(job_id)
 

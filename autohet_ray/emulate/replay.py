@@ -23,6 +23,7 @@ from ray.cluster_utils import Cluster as RayTestCluster
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.emulate.cluster import EMULATED_OBJECT_STORE_BYTES, node_args
+from autohet_ray.elastic.spot import start_board
 from autohet_ray.emulate.imds import FakeImds
 from autohet_ray.replay.timeline import Timeline
 
@@ -158,7 +159,7 @@ class Replay:
     def run(self, end_s: float, *, progress=None) -> ReplayLog:
         """Train until trace time `end_s` (and every action before it is applied)."""
         self.t0 = time.perf_counter()
-        self.board = self._board_on_head()
+        self.board = start_board(self.ctl.job_id)    # on the driver's node: the head, which never leaves
         self._segment()
         self._watch_new_nodes()
         while self.trace_now() < end_s or self.todo:
@@ -242,17 +243,6 @@ class Replay:
         if self.log.segments:
             self.log.segments[-1]["wall_end"] = wall
         self.log.segments.append({"wall_start": wall, "alive": sorted(self.alive)})
-
-    def _board_on_head(self):
-        """The job's notice board, pinned to the head, which never leaves. (`start_board`, which every
-        start_watchers call reuses, asks for the driver's node only softly: in a replay Ray placed the board on
-        a GPU node, and the trace then removed that node with the board.)"""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from autohet_ray.elastic.spot import NAMESPACE, NoticeBoard, board_name
-        head = NodeAffinitySchedulingStrategy(node_id=self.rc.ray_cluster.head_node.node_id, soft=False)
-        return NoticeBoard.options(name=board_name(self.ctl.job_id), namespace=NAMESPACE, get_if_exists=True,
-                                   scheduling_strategy=head).remote(self.ctl.job_id)
 
     def _watch_new_nodes(self) -> None:
         """A spot watcher of the job on every live node, polling that node's own metadata endpoint (a node that

@@ -43,8 +43,15 @@ class ProfileActor:
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else (platform.processor() or "cpu")
 
     def measure(self, spec: dict, device_type: str, tps: tuple, micro_batches: tuple, seq_len: int) -> dict:
+        import torch
+
         from autohet_ray.profile.measure import measure_profile
-        return measure_profile(model_from_dict(spec), device_type, tps, micro_batches, seq_len).to_dict()
+        from autohet_ray.runtime.update_rate import update_s_per_param
+        model = model_from_dict(spec)
+        db = measure_profile(model, device_type, tps, micro_batches, seq_len)
+        db.optimizer_s_per_param[device_type] = update_s_per_param(
+            model, "cuda" if torch.cuda.is_available() else "cpu")
+        return db.to_dict()
 
     def free_port(self) -> tuple[str, int]:
         import socket
@@ -53,27 +60,15 @@ class ProfileActor:
             s.bind((addr, 0))
             return addr, s.getsockname()[1]
 
-    def ping_pong(self, rank: int, addr: str, port: int, num_bytes: int, reps: int = 5) -> dict:
-        """Rank 0 sends, rank 1 echoes; bandwidth from `num_bytes` messages, latency from 4-byte ones."""
-        import torch
+    def ping_pong(self, rank: int, addr: str, port: int, num_bytes: int, reps: int = 20) -> dict:
+        """LinkProfile fields of the link between this actor and its peer (profile/link_probe.py)."""
         import torch.distributed as dist
+
+        from autohet_ray.profile.link_probe import probe_link
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
                                 timeout=datetime.timedelta(seconds=60))
         try:
-            def round_trip(n: int) -> float:
-                buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
-                best = float("inf")
-                for _ in range(reps):
-                    start = time.perf_counter()
-                    if rank == 0:
-                        dist.send(buf, 1), dist.recv(buf, 1)
-                    else:
-                        dist.recv(buf, 0), dist.send(buf, 0)
-                    best = min(best, time.perf_counter() - start)
-                return best / 2
-            latency = round_trip(4)
-            big = round_trip(num_bytes)
-            return {"bandwidth_Bps": num_bytes / max(big - latency, 1e-9), "latency_s": latency}
+            return probe_link(rank, num_bytes, reps)
         finally:
             dist.destroy_process_group()
 
@@ -177,6 +172,7 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
         info["seconds"] = time.perf_counter() - t0
         db.entries.update(part.entries)
         db.links.update(part.links)
+        db.optimizer_s_per_param.update(part.optimizer_s_per_param)
         db.meta["types"][device_type] = info
         dtype = part.meta.get("dtype")
         if dtype is not None:               # the dtype the cost model prices: every type's must agree

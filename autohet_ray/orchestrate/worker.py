@@ -202,6 +202,36 @@ class Worker:
             self.handles.pop(old)
         return None if result is None else result.records
 
+    def write_live_chunks(self, step: int, wanted: list[dict]) -> list[str]:
+        """After a loss, before this survivor is reset: write to this node's store each chunk of committed
+        `step` in `wanted` (the chunks no live store holds any more) that this rank holds live, a data-parallel
+        or TP copy of a lost rank's, while it is still at `step` and its bytes hash as the manifest recorded.
+        Returns the keys written."""
+        from autohet_ray.checkpoint.codec import digest, encode
+        from autohet_ray.layout import Chunk, overlap, to_local
+        if self.engine is None or self.snapshotter is None or self.engine.step != step:
+            return []
+        live = self.engine.live_state()
+        blobs = []
+        for want in wanted:
+            if want["name"] not in live:
+                continue
+            tensor, _shape, held = live[want["name"]]
+            region = Chunk(offsets=tuple(want["offsets"]), sizes=tuple(want["sizes"]))
+            if overlap(region, held) != region:                 # this rank holds only part of it, or none
+                continue
+            blob = bytes(encode(tensor.detach()[to_local(region, held)].cpu()))
+            if digest(blob) == want["digest"]:
+                blobs.append((want["key"], blob))
+        local = self.snapshotter.local
+        put_many = getattr(local, "put_chunks", None)     # keepers take batches; a directory store one by one
+        if put_many is not None:
+            put_many(blobs)
+        else:
+            for key, blob in blobs:
+                local.put_chunk(key, blob)
+        return [key for key, _ in blobs]
+
     def restore(self, *, manifest_json: bytes, tiers: list[dict], num_threads: int = 4) -> dict:
         """Fetch this rank's chunks of the manifest's step (tiers cheapest first), verify, load."""
         from autohet_ray.checkpoint import Manifest, restore

@@ -154,9 +154,10 @@ class WorkerGroup:
                 dead.append(rank)
         return dead, silent
 
-    def salvage(self, inflight: list, skip: set[int], timeout_s: float = 10.0) -> dict[str, list]:
+    def salvage(self, inflight: list, skip: set[int], timeout_s: float = 10.0, before_reset=None) -> dict[str, list]:
         """Reset the actors worth keeping (not in `skip`, their in-flight call settled within the timeout) for
-        the next plan: node name -> actors. Every other actor is killed. The group is empty afterwards."""
+        the next plan: node name -> actors. Every other actor is killed. The group is empty afterwards.
+        `before_reset(rank -> actor)` runs on those actors while their engines still hold their state."""
         # only the survivors' calls are awaited: a lost rank's call settles when Ray's health checks give up
         start = time.perf_counter()
         waiting = [ref for r, ref in enumerate(inflight) if r not in skip]
@@ -167,6 +168,8 @@ class WorkerGroup:
             ray.wait(aborts, num_returns=len(aborts), timeout=ABORT_WAIT_S)
         candidates = {r: a for r, a in enumerate(self.actors)
                       if r not in skip and (not inflight or inflight[r] in settled)}
+        if before_reset is not None and candidates:
+            before_reset(candidates)
         settled_at = time.perf_counter()
         resets = {r: a.reset.remote() for r, a in candidates.items()}
         done = set(ray.wait(list(resets.values()), num_returns=len(resets), timeout=timeout_s)[0]) if resets else set()

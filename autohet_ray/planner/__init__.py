@@ -13,14 +13,14 @@ def plan_with_baselines(*, cluster, model, profile, global_batch, seq_len, micro
                         schedules=PLAN_SCHEDULES, seed=True, recompute="none"):
     """The planner's plan and every baseline of BASELINES, all priced with the same cost model and schedules.
     With `seed` the baselines' plans seed the planner (so it is never worse than any of them); the time limit
-    covers the baselines too."""
+    covers the baselines too. The baselines may recompute activations as the planner may (`recompute`)."""
     import time
     start = time.perf_counter()
     check_request(model, profile, global_batch, seq_len, schedules)
     mbs = micro_batch_candidates(global_batch, profile, micro_batch)
     baselines = {name: best_baseline(rules, cluster=cluster, model=model, profile=profile,
                                      global_batch=global_batch, seq_len=seq_len, micro_batches=mbs,
-                                     subsets=subsets, schedules=schedules)
+                                     subsets=subsets, schedules=schedules, recompute=recompute)
                  for name, (rules, subsets) in BASELINES.items()}
     result = plan_training(cluster=cluster, model=model, profile=profile, global_batch=global_batch,
                            seq_len=seq_len, micro_batch=micro_batch,

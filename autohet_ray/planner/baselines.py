@@ -26,6 +26,7 @@ from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.planner.batch import allocate_microbatches
 from autohet_ray.planner.floor import INFEASIBLE, pipeline_floor_s, stage_floors, with_sync_floor
+from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute
 from autohet_ray.planner.split import best_split
 from autohet_ray.profile.db import ProfileDB
 
@@ -88,12 +89,13 @@ def _grid(nodes, tp: int, pp: int, dp: int) -> list[list[tuple[str, str, tuple[i
     return grid
 
 
-def _plan(model, cluster, grid, counts, micro, *, global_batch, micro_batch, seq_len) -> Plan:
+def _plan(model, cluster, grid, counts, micro, *, global_batch, micro_batch, seq_len, recompute=False) -> Plan:
     pipelines = []
     for replica, m in zip(grid, micro):
         stages, start = [], 0
         for (node, device, gpus), n in zip(replica, counts):
-            stages.append(Stage(layers=(start, start + n), tp=len(gpus), device_type=device, node=node, devices=gpus))
+            stages.append(Stage(layers=(start, start + n), tp=len(gpus), device_type=device, node=node, devices=gpus,
+                                recompute=recompute))
             start += n
         pipelines.append(Pipeline(num_microbatches=m, stages=tuple(stages)))
     return Plan(model=model.name, model_spec=model.to_dict(), cluster=cluster.name, global_batch=global_batch,
@@ -125,16 +127,23 @@ class _Candidate:
     dp: int
     counts: tuple[int, ...]      # layers per stage
     micro: tuple[int, ...]       # micro-batches per replica
+    recompute: bool = False      # every stage recomputes its activations in the backward
 
 
-def _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batches, subsets, schedules):
-    """Every layout within the baseline's rules, with its floor."""
+RECOMPUTE_OPTIONS = {"none": (False,), "full": (True,), "auto": (False, True)}
+
+
+def _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batches, subsets, schedules,
+                recompute="none"):
+    """Every layout within the baseline's rules, with its floor (under "auto" each with and without
+    recomputation on every stage)."""
     out = []
     layouts = [(nodes, tp, pp, dp, _replica_types(nodes, tp, pp, dp))
                for nodes, tp, pp, dp in _layouts(cluster, model, subsets)]
-    for mb in micro_batches:
+    for mb, flag in itertools.product(micro_batches, RECOMPUTE_OPTIONS[recompute]):
         total = global_batch // mb
-        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len)
+        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len,
+                               recompute=flag)
         floors: dict[tuple, float] = {}
         for nodes, tp, pp, dp, replicas in layouts:
             if dp > total:
@@ -155,18 +164,21 @@ def _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batc
                     groups = [table.get(d, tp) for d in r]
                     floors[key] = min(pipeline_floor_s(groups, counts, m, s) for s in schedules)
                 floor = max(floor, floors[key])
-            out.append(_Candidate(floor, mb, tuple(nodes), tp, pp, dp, counts, micro))
+            out.append(_Candidate(floor, mb, tuple(nodes), tp, pp, dp, counts, micro, flag))
     return out
 
 
 def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int,
                   seq_len: int, micro_batches: list[int], subsets: bool = False,
-                  schedules: tuple[str, ...] = PLAN_SCHEDULES) -> BaselineResult:
+                  schedules: tuple[str, ...] = PLAN_SCHEDULES, recompute: str = "none") -> BaselineResult:
     """The fastest plan within the baseline's rules. Layouts are priced in order of their floor, and the
-    search stops once the floor reaches the fastest priced plan (as fast as pricing every layout)."""
+    search stops once the floor reaches the fastest priced plan (as fast as pricing every layout).
+    `recompute` as the planner's: "none", "full" (every stage), or "auto" (every layout with and without it
+    on all stages; then, as the planner does, kept only on the stages that need it to fit)."""
     assert name in ("megatron", "whale")
+    check_recompute(recompute)
     candidates = _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batches, subsets,
-                             schedules)
+                             schedules, recompute)
     if not candidates:
         return BaselineResult(name=name, plan=None, evaluation=None,
                               reason=no_layout_reason(name, cluster, model, global_batch, micro_batches, subsets))
@@ -180,9 +192,9 @@ def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: Pro
         if best_ev is not None and c.floor_s >= best_ev.iteration_time_s:
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=c.micro_batch,
-                               seq_len=seq_len)
+                               seq_len=seq_len, recompute=c.recompute)
         plan = _plan(model, cluster, _grid(c.nodes, c.tp, c.pp, c.dp), c.counts, c.micro,
-                     global_batch=global_batch, micro_batch=c.micro_batch, seq_len=seq_len)
+                     global_batch=global_batch, micro_batch=c.micro_batch, seq_len=seq_len, recompute=c.recompute)
         layout = (tuple(n.name for n in c.nodes), c.tp, c.pp, c.dp, c.counts)
         if layout not in buckets:
             buckets[layout] = sync_buckets(plan, cluster, model, profile)
@@ -197,7 +209,10 @@ def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: Pro
         if best_ev is None or ev.iteration_time_s < best_ev.iteration_time_s:
             best_plan, best_ev = plan, ev
     if best_plan is None:
-        return BaselineResult(name=name, plan=None, evaluation=None, reason=reason)
+        hint = "" if recompute != "none" else "; activation recomputation may make it fit (--recompute auto)"
+        return BaselineResult(name=name, plan=None, evaluation=None, reason=reason + hint)
+    if recompute == "auto":
+        best_plan, best_ev = drop_unneeded_recompute(best_plan, best_ev, cluster, model, profile, schedules)
     return BaselineResult(name=name, plan=best_plan.with_predicted(best_ev.predicted()), evaluation=best_ev)
 
 

@@ -20,6 +20,11 @@ devices of type d, n_s layers, in pipeline k with m_k micro-batches of b_k sampl
    + ..., and summing over type d: m_d H_d + me_d F_d + mh_d G_d <= N_d * capacity_d (m_d: the least over
    TP degrees and micro-batch sizes). A (type, TP degree) whose device cannot hold even one layer (with the
    embedding or head, for a first or last stage) is no option at all.
+5. Recomputation (when the job allows it): a recomputing stage keeps only each layer's input per micro-batch
+   plus one layer's full activations while it is rebuilt, and runs one more forward per layer. Each
+   coefficient is then the least over both options as well: the compute ones come from stages that do not
+   recompute, the memory ones from stages that do (per layer without the one rebuilt layer, which a stage
+   holds once whatever its layer count), so every stage of every plan still obeys 1-4.
 Pipeline bubbles, links and gradient sync only add time, and are left out. The bound is the least T of this
 linear program; an interior-point solve is approximate, so the result is lowered by SOLVER_SLACK.
 """
@@ -34,6 +39,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import GroupCost, GroupCostTable
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schema import check_recompute
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.profile.db import ProfileDB
 
@@ -58,15 +64,21 @@ class TypeCoefficients:
     head_bytes: float
 
 
-def _group_costs(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int, device: str):
-    """(TP degree, GroupCost) for every profiled TP degree and micro-batch size of one device type."""
+RECOMPUTE_OPTIONS = {"none": (False,), "full": (True,), "auto": (False, True)}
+
+
+def _group_costs(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int, device: str,
+                 recompute: str = "none"):
+    """(TP degree, micro-batch size, GroupCost) for every profiled TP degree and micro-batch size of one device
+    type, and each recomputation option allowed."""
     largest_node = max(n.count for n in cluster.nodes if n.device == device)
     sizes = sorted({key[2] for key in profile.entries if key[0] == device})
     for mb in sizes:
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len)
         for tp in TP_DEGREES:
             if tp <= largest_node and model.valid_tp(tp) and profile.has(device, tp, mb):
-                yield tp, mb, table.get(device, tp)
+                for flag in RECOMPUTE_OPTIONS[recompute]:
+                    yield tp, mb, table.get(device, tp, flag)
 
 
 ROLES = {"layer": (1, False, False), "embed": (0, True, False), "head": (0, False, True)}   # (layers, first, last)
@@ -79,18 +91,20 @@ def _role_costs(gc: GroupCost, role: str, split: bool) -> tuple[float, float, in
     base = (0, False, False)
     work = sum(gc.stage_split(n, first, last, split)) - sum(gc.stage_split(*base, split))
     opt = gc.optimizer_s(n, first, last) - gc.optimizer_s(*base)
-    # stage_memory rounds down to whole bytes: 2 bytes less keeps the coefficient a lower bound
-    mem = gc.stage_memory(n, first, last, 1, 0) - gc.stage_memory(*base, 1, 0) - 2
+    # stage_memory rounds down to whole bytes: 2 bytes less keeps the coefficient a lower bound; a layer's
+    # share is the second layer's (the first also brings the one rebuilt layer of a recomputing stage)
+    mem = gc.stage_memory(n + 1, first, last, 1, 0) - gc.stage_memory(1, *base[1:], 1, 0) - 2 if n else \
+        gc.stage_memory(0, first, last, 1, 0) - gc.stage_memory(*base, 1, 0) - 2
     return work, opt, mem
 
 
 def type_coefficients(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int, device: str,
-                      schedules: tuple[str, ...]) -> TypeCoefficients | None:
+                      schedules: tuple[str, ...], recompute: str = "none") -> TypeCoefficients | None:
     """The least costs of one device type over its options; None when no option holds one layer. A role
     (embedding, head) no option can take on this type is math.inf."""
     best = {f"{r}_{k}": math.inf for r in ("layer", "embed", "head") for k in ("s", "opt_s", "bytes")}
     capacity = 0.0
-    for tp, mb, gc in _group_costs(cluster, model, profile, seq_len, device):
+    for tp, mb, gc in _group_costs(cluster, model, profile, seq_len, device, recompute):
         capacity = gc.capacity_bytes
         for role in ROLES:
             _, first, last = ROLES[role]
@@ -107,10 +121,12 @@ def type_coefficients(cluster: Cluster, model: ModelSpec, profile: ProfileDB, se
 
 
 def lower_bound_iteration_s(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int,
-                            seq_len: int, schedules: tuple[str, ...] = PLAN_SCHEDULES) -> float:
+                            seq_len: int, schedules: tuple[str, ...] = PLAN_SCHEDULES,
+                            recompute: str = "none") -> float:
     """Seconds per iteration that no plan of `cluster` reaches below, under the cost model with `profile`
-    (every micro-batch size in the profile, every TP degree, every schedule of `schedules`); math.inf when no
-    device type can hold a layer. See the module docstring for the proof. Takes about 0.1-0.5 s at 1024 GPUs
+    (every micro-batch size in the profile, every TP degree, every schedule of `schedules`, and with
+    `recompute` "auto" every stage with or without recomputation, with "full" every stage with it); math.inf
+    when no device type can hold a layer. See the module docstring for the proof. Takes about 0.1-0.5 s at 1024 GPUs
     (the program has six variables per device type; most of the time is building the per-type costs)."""
     if not schedules or any(s not in PLAN_SCHEDULES for s in schedules):
         raise ConfigError(f"schedules={schedules!r}; valid: {', '.join(PLAN_SCHEDULES)}")
@@ -118,8 +134,10 @@ def lower_bound_iteration_s(*, cluster: Cluster, model: ModelSpec, profile: Prof
         raise ConfigError(f"global batch {global_batch!r} must be a positive integer")
     if profile.seq_len != seq_len:
         raise ConfigError(f"the {profile.kind} profile was made for seq_len {profile.seq_len}, not {seq_len}")
+    check_recompute(recompute)
     coeffs = [c for d in cluster.device_types()
-              if (c := type_coefficients(cluster, model, profile, seq_len, d, tuple(schedules))) is not None]
+              if (c := type_coefficients(cluster, model, profile, seq_len, d, tuple(schedules), recompute))
+              is not None]
     if not coeffs:
         return math.inf
     return _solve(coeffs, global_batch, model.num_layers) * (1 - SOLVER_SLACK)

@@ -19,10 +19,11 @@ from functools import lru_cache
 
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import plan_tables
+from autohet_ray.cost.memory import stage_peak_memory
 from autohet_ray.cost.timeline import schedule_order
-from autohet_ray.cost.terms import OPTIMIZER_BYTES_PER_PARAM, GroupCost, GroupCostTable
+from autohet_ray.cost.terms import GroupCost, GroupCostTable
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.plan.schedule import BACKWARD, FORWARD, PLAN_SCHEDULES, SPLIT_BACKWARD, WGRAD, in_flight_bound
+from autohet_ray.plan.schedule import BACKWARD, FORWARD, PLAN_SCHEDULES, SPLIT_BACKWARD, WGRAD
 from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.db import ProfileDB
 
@@ -57,13 +58,13 @@ def stage_floors(groups: list[GroupCost], counts, num_microbatches: int,
     f, b, w, opt = [], [], [], []
     for j, (gc, n) in enumerate(zip(groups, counts)):
         first, last = j == 0, j == p - 1
-        if gc.stage_memory(n, first, last, in_flight_bound(schedule, p, j, num_microbatches)) > gc.capacity_bytes:
+        if peak_memory(gc, schedule, p, j, num_microbatches, n) > gc.capacity_bytes:
             return None
         fwd, bwd, wgrad = gc.stage_split(n, first, last, split)
         f.append(fwd)
         b.append(bwd if split else bwd + wgrad)
         w.append(wgrad if split else 0.0)
-        opt.append(gc.stage_params(n, first, last) * OPTIMIZER_BYTES_PER_PARAM / gc.hbm_Bps)
+        opt.append(gc.optimizer_s(n, first, last))        # as the evaluator prices it (dtype, measured rate)
     return _stage_floors(f, b, w, opt, schedule, num_microbatches)
 
 
@@ -82,6 +83,20 @@ def _stage_floors(f, b, w, opt, schedule: str, m: int) -> list[tuple[float, floa
 
 
 STEADY_FROM = 4               # x num_stages: from here on the schedules repeat one pattern per micro-batch
+
+
+def steady_microbatches(num_stages: int, num_microbatches: int) -> int:
+    """A micro-batch count whose schedule holds the same live activation counts as `num_microbatches`
+    (the repeating pattern adds none; tests/unit/test_planner_parts.py checks it): memory is priced on a
+    short schedule instead of a long one."""
+    return min(num_microbatches, STEADY_FROM * num_stages)
+
+
+def peak_memory(gc: GroupCost, schedule: str, num_stages: int, stage: int, num_microbatches: int,
+                num_layers: int) -> int:
+    """`cost.memory.stage_peak_memory`, on the short schedule of `steady_microbatches`."""
+    return stage_peak_memory(gc, schedule, num_stages, stage, steady_microbatches(num_stages, num_microbatches),
+                             num_layers)
 
 
 def _order_counts(schedule: str, stage: int, num_stages: int, num_microbatches: int) -> tuple[int, ...]:

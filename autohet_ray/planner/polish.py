@@ -3,6 +3,8 @@
 Templates are ranked by the closed-form 1F1B estimate, which can misjudge the best stage order by a few
 percent (the round trip through the pipeline, where the embedding and head sit). For the chosen plan, every
 stage order of each pipeline shape is re-split and priced with the full evaluator; improvements are kept.
+`polished` also returns the runners-up, for refine.py to move their layers: an order whose closed-form split
+prices slightly slower can be the fastest once its split is refined.
 """
 from __future__ import annotations
 
@@ -19,9 +21,19 @@ from autohet_ray.planner.split import best_split
 
 def polish(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: Cluster, exhaustive: bool,
            max_evaluations: int = 400, schedules: tuple[str, ...] = PLAN_SCHEDULES) -> tuple[Plan, Evaluation]:
+    """The fastest plan found (the given one if no order beats it)."""
+    return polished(plan, evaluation, table, cluster, exhaustive, max_evaluations, schedules)[0]
+
+
+def polished(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: Cluster, exhaustive: bool,
+             max_evaluations: int = 400, schedules: tuple[str, ...] = PLAN_SCHEDULES,
+             keep: int = 1) -> list[tuple[Plan, Evaluation]]:
+    """The `keep` fastest plans found (the given one included), fastest first: each pipeline shape is
+    re-ordered in turn, from the fastest plan so far."""
     choices = [PipelineChoice(tuple((s.device_type, s.tp) for s in p.stages), tuple(s.num_layers for s in p.stages),
                               p.num_microbatches) for p in plan.pipelines]
     budget = max_evaluations
+    top = [(plan, evaluation)]
     for shape in dict.fromkeys(c.kinds for c in choices):
         usage: dict = {}
         for kind in shape:
@@ -30,7 +42,7 @@ def polish(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: C
             if order == shape or budget <= 0:
                 continue
             budget -= 1
-            candidate = _reordered(choices, shape, order, table, cluster)
+            candidate = _reordered(choices, shape, order, table, cluster, schedules)
             if candidate is None:
                 continue
             try:
@@ -39,16 +51,19 @@ def polish(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: C
                                    micro_batch=plan.micro_batch, seq_len=plan.seq_len)
             except PlacementError:
                 continue
-            if iteration_floor_s(cplan, cluster, table.model, table.profile, table, schedules) >= \
-                    evaluation.iteration_time_s * (1 - 1e-9):
-                continue                   # cannot beat the plan in hand
+            bar = top[-1][1].iteration_time_s if len(top) >= keep else float("inf")
+            if iteration_floor_s(cplan, cluster, table.model, table.profile, table, schedules) >= bar * (1 - 1e-9):
+                continue                   # cannot beat the plans in hand
             cplan, ev = best_schedule(cplan, cluster, table.model, table.profile, table, schedules)
-            if ev.feasible and ev.iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):
+            if not ev.feasible or ev.iteration_time_s >= bar * (1 - 1e-9):
+                continue
+            top = sorted(top + [(cplan, ev)], key=lambda entry: entry[1].iteration_time_s)[:keep]
+            if top[0][0] is cplan:
                 plan, evaluation, choices, shape = cplan, ev, candidate, order
-    return plan, evaluation
+    return top
 
 
-def _reordered(choices, shape, order, table, cluster) -> list[PipelineChoice] | None:
+def _reordered(choices, shape, order, table, cluster, schedules) -> list[PipelineChoice] | None:
     groups = [table.get(*k) for k in order]
     links = template_links(order, cluster, table)
     out = []
@@ -56,7 +71,7 @@ def _reordered(choices, shape, order, table, cluster) -> list[PipelineChoice] | 
         if c.kinds != shape:
             out.append(c)
             continue
-        split = best_split(groups, table.model.num_layers, c.num_microbatches, links)
+        split = best_split(groups, table.model.num_layers, c.num_microbatches, links, schedules)
         if split is None:
             return None
         out.append(PipelineChoice(order, split.counts, c.num_microbatches))

@@ -16,9 +16,11 @@ from autohet_ray.cost.evaluate import best_schedule
 from autohet_ray.plan.schema import RECOMPUTE_MODES, check_recompute  # noqa: F401  (re-exported)
 
 
-def plan_auto_recompute(plan_once: Callable, time_limit_s: float, cluster, model, profile, schedules):
+def plan_auto_recompute(plan_once: Callable, time_limit_s: float, cluster, model, profile, schedules,
+                        improve: Callable | None = None):
     """`plan_once(recompute: bool, time_limit_s) -> PlanResult` without and with recomputation (half the time
-    limit each), the faster result, with recomputation kept only on the stages that need it to fit."""
+    limit each), the faster result, with recomputation kept only on the stages that need it to fit, then
+    `improve(plan, evaluation) -> (plan, evaluation)` if given."""
     from autohet_ray.planner.search import PlanResult
     start = time.perf_counter()
     results, errors = [], []
@@ -32,6 +34,8 @@ def plan_auto_recompute(plan_once: Callable, time_limit_s: float, cluster, model
         raise errors[-1]
     best = min(results, key=lambda r: r.evaluation.iteration_time_s)
     plan, ev = drop_unneeded_recompute(best.plan, best.evaluation, cluster, model, profile, schedules)
+    if improve is not None:
+        plan, ev = improve(plan, ev)
     return PlanResult(plan=plan.with_predicted(ev.predicted()), evaluation=ev,
                       solve_time_s=time.perf_counter() - start,
                       num_templates=sum(r.num_templates for r in results),

@@ -1,5 +1,7 @@
 """The planner: enumerate pipeline templates, group devices with SCIP, allocate micro-batches exactly,
-place on nodes, and keep the best plan by the full cost model (which also prices gradient sync exactly)."""
+place on nodes, and keep the best plan by the full cost model (which also prices gradient sync exactly).
+Small clusters then refine their best few plans in the full cost model (refine.py). Layer splits are
+bounded by the memory of the schedules allowed (only zb-h1: its activations and held weight-gradient inputs)."""
 from __future__ import annotations
 
 import time
@@ -19,7 +21,8 @@ from autohet_ray.planner.floor import iteration_floor_s
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
 from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
-from autohet_ray.planner.recompute import check_recompute, plan_auto_recompute
+from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
+from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
 from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first, zero_bubble_saving)
 from autohet_ray.planner.split import best_split
@@ -50,15 +53,23 @@ class _Best:
     plan: Plan | None = None
     evaluation: Evaluation | None = None
     templates: int = 0
+    keep: int = 1                # how many of the fastest plans `top` holds
+    top: list[tuple[Plan, Evaluation]] = field(default_factory=list)     # fastest first
 
     def beats(self, plan: Plan, cluster: Cluster, table: GroupCostTable, schedules: tuple[str, ...]) -> bool:
-        """Whether the best so far is no slower than `plan` can be (its floor): then pricing it is moot."""
-        return self.evaluation is not None and iteration_floor_s(
-            plan, cluster, table.model, table.profile, table, schedules) >= self.evaluation.iteration_time_s
+        """Whether the `keep` plans kept are all no slower than `plan` can be (its floor): then pricing it is
+        moot."""
+        return len(self.top) >= self.keep and iteration_floor_s(
+            plan, cluster, table.model, table.profile, table, schedules) >= self.top[-1][1].iteration_time_s
 
     def offer(self, plan: Plan, ev: Evaluation) -> None:
-        if ev.feasible and (self.evaluation is None or ev.iteration_time_s < self.evaluation.iteration_time_s):
+        if not ev.feasible or any(p == plan for p, _ in self.top):
+            return
+        if self.evaluation is None or ev.iteration_time_s < self.evaluation.iteration_time_s:
             self.plan, self.evaluation = plan, ev
+        self.top.append((plan, ev))
+        self.top.sort(key=lambda entry: entry[1].iteration_time_s)
+        del self.top[self.keep:]
 
 
 @dataclass
@@ -133,31 +144,46 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
                    micro_batch=micro_batch, incumbents=incumbents, schedules=schedules)
     if recompute != "auto":
         return _plan_training(**request, time_limit_s=time_limit_s, recompute=recompute == "full")
-    return plan_auto_recompute(lambda flag, limit_s: _plan_training(**request, time_limit_s=limit_s, recompute=flag),
-                               time_limit_s, cluster, model, profile, schedules)
+    small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
+
+    def plan_once(flag: bool, limit_s: float) -> PlanResult:
+        return _plan_training(**request, time_limit_s=limit_s, recompute=flag, mixed_recompute=small)
+
+    def improve(plan: Plan, ev: Evaluation) -> tuple[Plan, Evaluation]:
+        """Small clusters: once recomputation is off where it is not needed, the best split can move."""
+        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=plan.micro_batch,
+                               seq_len=seq_len)
+        return refine(plan, ev, table, cluster, schedules) if small else (plan, ev)
+    return plan_auto_recompute(plan_once, time_limit_s, cluster, model, profile, schedules, improve)
 
 
 def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                    micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
-                   schedules: tuple[str, ...], recompute: bool) -> PlanResult:
+                   schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False) -> PlanResult:
+    """One planning pass with recomputation on every stage or none. `mixed_recompute` (small clusters under
+    recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
+    that recomputes on one pipeline only is ranked as such."""
     clock = _Deadline(time.perf_counter(), time_limit_s)
     incumbents = tuple(plan.with_recompute(recompute) for plan in incumbents)
     best, per_size = _Best(), []
     for plan in incumbents:
         best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
     sizes = micro_batch_candidates(global_batch, profile, micro_batch)
+    small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
     for mb in sizes:
         if clock.over() and (best.plan is not None or per_size):      # past the limit: keep what was found
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len,
                                recompute=recompute)
-        local = _Best()
+        local = _Best(keep=REFINED_CANDIDATES if small else 1)
         _plan_for_micro_batch(table, cluster, global_batch, clock, local, schedules)
         best.templates += local.templates
         if local.plan is not None:
             # every size's best is polished: the estimate can misjudge the stage order by more than the sizes differ
-            per_size.append(polish(local.plan, local.evaluation, table, cluster,
-                                   exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules))
+            if mixed_recompute and recompute:
+                local.top = [drop_unneeded_recompute(plan, ev, cluster, model, profile, schedules)
+                             for plan, ev in local.top]
+            per_size.append(improve_best(local.top, table, cluster, small, schedules, clock.over))
             best.offer(*per_size[-1])
     if best.plan is None:
         hint = "" if recompute else "; activation recomputation may make it fit (recompute='auto', --recompute auto)"
@@ -183,7 +209,7 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
                           best: _Best, schedules: tuple[str, ...]) -> None:
     total = global_batch // table.micro_batch
     zero_bubble = any(s in SPLIT_BACKWARD for s in schedules)
-    templates = enumerate_templates(table, cluster, total, clock, zero_bubble)
+    templates = enumerate_templates(table, cluster, total, clock, zero_bubble, schedules)
     best.templates += len(templates)
     if not templates:
         return
@@ -197,13 +223,14 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
     # replicated groupings index `templates`, the program's index the shortlist
     memo: dict = {}
     for grouping, pool in [(g, templates) for g in replicated] + [(g, shortlist) for g in solved]:
-        plan = _realize(grouping, pool, table, cluster, global_batch, zero_bubble, memo)
+        plan = _realize(grouping, pool, table, cluster, global_batch, zero_bubble, memo, schedules)
         if plan is not None and not best.beats(plan, cluster, table, schedules):
             best.offer(*best_schedule(plan, cluster, table.model, table.profile, table, schedules))
 
 
 def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatches: int,
-                        clock: _Deadline, zero_bubble: bool = True) -> list[TemplateEval]:
+                        clock: _Deadline, zero_bubble: bool = True,
+                        schedules: tuple[str, ...] = PLAN_SCHEDULES) -> list[TemplateEval]:
     """Best stage order per GPU usage, for pipelines of up to `max_stages` stages (raised until one fits).
 
     Small clusters: every order of same-kind blocks (which kind holds the embedding and which the head), and
@@ -227,19 +254,19 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
             if not _fits_cluster(usage, cluster):
                 continue
             first = slow_first(usage, speed)
-            evals = [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble)
+            evals = [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble, schedules)
                      for o in orderings(usage, False)] if small else \
-                [evaluate_template(first, cluster, table, total_microbatches, links, zero_bubble)]
+                [evaluate_template(first, cluster, table, total_microbatches, links, zero_bubble, schedules)]
             if any(e is None or e.split.memory_bound for e in evals):
                 # the order can only change the split through memory: then try the other orders too
                 tried = {e.kinds for e in evals if e is not None} | {first}
-                evals += [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble)
+                evals += [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble, schedules)
                           for o in orderings(usage, exhaustive=small) if o not in tried]
             evals = [e for e in evals if e is not None]
             if evals:
                 found[tuple(sorted(usage.items()))] = min(evals, key=score)
         if small and found:
-            found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO), zero_bubble)
+            found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO), zero_bubble, schedules)
                      for k, t in found.items()}
         if found or max_stages >= model.num_layers:
             return list(found.values())
@@ -330,7 +357,8 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
 
 
 def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, cluster: Cluster,
-             global_batch: int, zero_bubble: bool, memo: dict | None = None) -> Plan | None:
+             global_batch: int, zero_bubble: bool, memo: dict | None = None,
+             schedules: tuple[str, ...] = PLAN_SCHEDULES) -> Plan | None:
     """Exact micro-batch allocation and per-pipeline split for a grouping, placed on nodes."""
     model, total = table.model, global_batch // table.micro_batch
     pipelines = [templates[i] for i, c in sorted(grouping.counts.items()) for _ in range(c)]
@@ -342,7 +370,7 @@ def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, clu
         key = (t.kinds, m)
         if key not in memo:
             groups = [table.get(*k) for k in t.kinds]
-            split = best_split(groups, model.num_layers, m, list(t.link_s))
+            split = best_split(groups, model.num_layers, m, list(t.link_s), schedules)
             saving = zero_bubble_saving(groups, split, m) if split and zero_bubble else 0.0
             memo[key] = (split, split.time_s - saving if split else float("inf"))
         return memo[key]
@@ -362,10 +390,10 @@ def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, clu
 
 
 def _no_fit_message(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int) -> str:
-    from autohet_ray.cost.terms import STATE_BYTES_PER_PARAM
     from autohet_ray.model.costs import layer_params
+    from autohet_ray.profile.precision import profile_precision
     need = sum(layer_params(model, k) * (model.num_layers if k == "layer" else 1)
-               for k in ("embedding", "layer", "head")) * STATE_BYTES_PER_PARAM
+               for k in ("embedding", "layer", "head")) * profile_precision(profile).state_bytes_per_param
     have = sum(cluster.device(n.device).memory_bytes * n.count for n in cluster.nodes)
     return (f"{model.name} fits nowhere on cluster {cluster.name!r}: its weights, gradients and optimizer state "
             f"alone need {need / 1e9:.1f} GB; the cluster's {cluster.num_gpus} GPUs hold {have / 1e9:.1f} GB "

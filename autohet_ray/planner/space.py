@@ -15,6 +15,8 @@ from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import (GRAD_SYNC_BYTES, GroupCostTable, activation_message_bytes, inter_link,
                                     intra_link, p2p_time)
 from autohet_ray.cost.pipeline import steady_period, zero_bubble_bubble_saving
+from autohet_ray.cost.memory import stage_peak_memory
+from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.planner.split import Split, best_split, best_splits
 
 Kind = tuple[str, int]           # (device type, TP degree)
@@ -62,13 +64,13 @@ class TemplateEval:
         return 0 if budget < 0 else int(budget / self.bottleneck_s + 1e-9) + 1
 
     def with_exact_times(self, table: GroupCostTable, max_microbatches: int,
-                         zero_bubble: bool = True) -> "TemplateEval":
+                         zero_bubble: bool = True, schedules: tuple[str, ...] = PLAN_SCHEDULES) -> "TemplateEval":
         """The same template with its exact time for every micro-batch count up to `max_microbatches`
         (a split that is best for many micro-batches can be poor for few)."""
         groups = [table.get(*k) for k in self.kinds]
         times, parts = [], {}
-        for m, split in enumerate(best_splits(groups, table.model.num_layers, max_microbatches, list(self.link_s)),
-                                  start=1):
+        for m, split in enumerate(best_splits(groups, table.model.num_layers, max_microbatches, list(self.link_s),
+                                              schedules), start=1):
             if split is None:
                 times.append(float("inf"))
                 continue
@@ -96,8 +98,8 @@ def zero_bubble_parts(groups: list, counts: tuple[int, ...]) -> tuple[float, flo
     """(bubble saving, extra seconds per micro-batch on the bottleneck) of zero-bubble H1 on a split, or None
     when its activations do not fit (neither depends on the number of micro-batches)."""
     p = len(groups)
-    for j, (g, n) in enumerate(zip(groups, counts)):
-        if g.stage_memory(n, j == 0, j == p - 1, p) > g.capacity_bytes:
+    for j, (g, n) in enumerate(zip(groups, counts)):     # the peak is the same for every count from p on
+        if stage_peak_memory(g, SPLIT_BACKWARD[0], p, j, p, n) > g.capacity_bytes:
             return None
     plain = [g.stage_split(n, j == 0, j == p - 1) for j, (g, n) in enumerate(zip(groups, counts))]
     parts = [g.stage_split(n, j == 0, j == p - 1, True) for j, (g, n) in enumerate(zip(groups, counts))]
@@ -184,11 +186,11 @@ def sync_estimate(kinds: tuple[Kind, ...], split: Split, link_s: list[float], ta
 
 def evaluate_template(kinds: tuple[Kind, ...], cluster: Cluster, table: GroupCostTable,
                       reference_microbatches: int, links: LinkCache | None = None,
-                      zero_bubble: bool = True) -> TemplateEval | None:
+                      zero_bubble: bool = True, schedules: tuple[str, ...] = PLAN_SCHEDULES) -> TemplateEval | None:
     links = links or LinkCache(cluster, table)
     groups = [table.get(d, t) for d, t in kinds]
     link_s = template_links(kinds, cluster, table, links)
-    split = best_split(groups, table.model.num_layers, reference_microbatches, link_s)
+    split = best_split(groups, table.model.num_layers, reference_microbatches, link_s, schedules)
     if split is None:
         return None
     return TemplateEval(kinds, split, tuple(link_s), sync_estimate(kinds, split, link_s, table, links, False),

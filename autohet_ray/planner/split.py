@@ -13,8 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autohet_ray.cost.memory import live_counts
 from autohet_ray.cost.pipeline import in_flight, steady_period
 from autohet_ray.cost.terms import GroupCost
+from autohet_ray.planner.floor import steady_microbatches
+
+ONE_F_ONE_B = ("1f1b",)
 
 
 @dataclass(frozen=True)
@@ -29,19 +33,27 @@ class Split:
         return max(self.stage_s)
 
 
-def memory_caps(groups: list[GroupCost], num_microbatches: int) -> list[int]:
+def memory_caps(groups: list[GroupCost], num_microbatches: int, schedules: tuple[str, ...] = ONE_F_ONE_B) -> list[int]:
+    """The most layers each stage holds under the loosest of `schedules` (a split is usable when one of them
+    fits; 1F1B keeps the fewest activations, so with it allowed its caps are the answer)."""
     p = len(groups)
-    return [g.max_layers_in_memory(j == 0, j == p - 1, in_flight(j, p, num_microbatches))
+    if "1f1b" in schedules:
+        return [g.max_layers_in_memory(j == 0, j == p - 1, in_flight(j, p, num_microbatches))
+                for j, g in enumerate(groups)]
+    m = steady_microbatches(p, num_microbatches)
+    return [max(min(g.max_layers_in_memory(j == 0, j == p - 1, acts, held)
+                    for acts, held in live_counts(s, p, j, m)) for s in schedules)
             for j, g in enumerate(groups)]
 
 
 def best_split(groups: list[GroupCost], num_layers: int, num_microbatches: int,
-               link_s: list[float]) -> Split | None:
-    """The optimal split for these stage groups in this order, or None if the model does not fit."""
+               link_s: list[float], schedules: tuple[str, ...] = ONE_F_ONE_B) -> Split | None:
+    """The optimal split for these stage groups in this order, or None if the model does not fit under any
+    of `schedules`."""
     p = len(groups)
     if p > num_layers:
         return None
-    caps = [min(c, num_layers - p + 1) for c in memory_caps(groups, num_microbatches)]
+    caps = [min(c, num_layers - p + 1) for c in memory_caps(groups, num_microbatches, schedules)]
     if min(caps) < 1 or sum(caps) < num_layers:
         return None
     fixed = [g.stage_time(0, j == 0, j == p - 1) for j, g in enumerate(groups)]
@@ -67,15 +79,15 @@ def best_split(groups: list[GroupCost], num_layers: int, num_microbatches: int,
 
 
 def best_splits(groups: list[GroupCost], num_layers: int, max_microbatches: int,
-                link_s: list[float]) -> list[Split | None]:
+                link_s: list[float], schedules: tuple[str, ...] = ONE_F_ONE_B) -> list[Split | None]:
     """[best_split(groups, num_layers, m, link_s) for m in 1..max_microbatches], faster: from p micro-batches
     on, the memory caps no longer change with m, so the candidate splits (one per bound) are the same for
     every m and only their ranking, (m - 1) * period + sum of stage times, moves with m."""
     p = len(groups)
-    out = [best_split(groups, num_layers, m, link_s) for m in range(1, min(p, max_microbatches + 1))]
+    out = [best_split(groups, num_layers, m, link_s, schedules) for m in range(1, min(p, max_microbatches + 1))]
     if max_microbatches < p:
         return out
-    candidates = _all_candidates(groups, num_layers, p, link_s)
+    candidates = _all_candidates(groups, num_layers, p, link_s, schedules)
     if not candidates:
         return out + [None] * (max_microbatches - p + 1)
     periods = np.array([c[1] for c in candidates])
@@ -88,12 +100,12 @@ def best_splits(groups: list[GroupCost], num_layers: int, max_microbatches: int,
     return out
 
 
-def _all_candidates(groups, num_layers, num_microbatches, link_s):
+def _all_candidates(groups, num_layers, num_microbatches, link_s, schedules):
     """(counts, period, sum of stage times, stage times, memory bound) for every bound best_split tries."""
     p = len(groups)
     if p > num_layers:
         return []
-    caps = [min(c, num_layers - p + 1) for c in memory_caps(groups, num_microbatches)]
+    caps = [min(c, num_layers - p + 1) for c in memory_caps(groups, num_microbatches, schedules)]
     if min(caps) < 1 or sum(caps) < num_layers:
         return []
     fixed = [g.stage_time(0, j == 0, j == p - 1) for j, g in enumerate(groups)]

@@ -27,6 +27,7 @@ class LayerProfile:
 class LinkProfile:
     bandwidth_Bps: float         # bytes/s, one direction
     latency_s: float
+    collective_overhead_s: float = 0.0   # fixed seconds a collective pays beyond its ring steps (profile/link_probe.py)
 
 
 @dataclass(kw_only=True)
@@ -36,6 +37,8 @@ class ProfileDB:
     seq_len: int
     entries: dict[tuple[str, int, int], dict[str, LayerProfile]] = field(default_factory=dict)
     links: dict[str, LinkProfile] = field(default_factory=dict)   # "intra:<device type>", "inter"
+    # device type -> seconds per parameter of the runtime's update (norm, clip, AdamW), where measured
+    optimizer_s_per_param: dict[str, float] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)   # software versions, host, date, ...
 
     def layer(self, device_type: str, tp: int, micro_batch: int, kind: str) -> LayerProfile:
@@ -60,6 +63,7 @@ class ProfileDB:
                          "layers": {k: asdict(v) for k, v in layers.items()}}
                         for (d, t, m), layers in sorted(self.entries.items())],
             "links": {k: asdict(v) for k, v in sorted(self.links.items())},
+            "optimizer_s_per_param": dict(sorted(self.optimizer_s_per_param.items())),
         }
 
     def save(self, path: str) -> None:
@@ -78,6 +82,7 @@ def profile_from_dict(raw) -> ProfileDB:
             db.entries[(e["device_type"], int(e["tp"]), int(e["micro_batch"]))] = {
                 k: LayerProfile(**v) for k, v in e["layers"].items()}
         db.links = {k: LinkProfile(**v) for k, v in raw.get("links", {}).items()}
+        db.optimizer_s_per_param = {str(k): float(v) for k, v in raw.get("optimizer_s_per_param", {}).items()}
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"profile: malformed entry ({exc})") from None
     return db

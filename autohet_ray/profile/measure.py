@@ -19,7 +19,7 @@ from torch import nn
 
 from autohet_ray import ConfigError
 from autohet_ray.model.costs import LAYER_KINDS
-from autohet_ray.model.spec import ModelSpec, load_model
+from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import Embedding, Head, materialize
 from autohet_ray.nn.layers import Block
 from autohet_ray.profile.db import LayerProfile, ProfileDB
@@ -174,17 +174,3 @@ def parse_ints(text: str, what: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise ConfigError(f"{what}={text!r} must be comma-separated positive integers, e.g. 1,2")
     return values
-
-
-def cmd_profile_local(args) -> int:
-    """`autohet profile --local --model M --out FILE [--tp 1,2] [--micro-batch 1,2] [--device-type NAME]`."""
-    spec = load_model(args.model)
-    seq_len = args.seq_len or spec.max_seq_len
-    db = measure_profile(spec, args.device_type, parse_ints(args.tp, "--tp"),
-                         parse_ints(args.micro_batch, "--micro-batch"), seq_len)
-    db.save(args.out)
-    for (dev, tp, mb), layers in sorted(db.entries.items()):
-        cells = "  ".join(f"{k} {v.fwd_s * 1e3:.3f}/{v.bwd_s * 1e3:.3f} ms" for k, v in layers.items())
-        print(f"{dev} tp={tp} mb={mb}: {cells}  (fwd/bwd, measured)")
-    print(f"wrote {args.out} ({len(db.entries)} entries, {db.meta['profile_time_s']:.1f} s)")
-    return 0

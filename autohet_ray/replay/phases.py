@@ -8,6 +8,7 @@ new plan. Every value carries its basis, which the replay prints.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field, replace
 
 from autohet_ray import ConfigError
@@ -76,3 +77,36 @@ def phases_from_recovery_bench(path: str, base: PhaseModel = DEFAULT_PHASES) -> 
                      "CPU ranks, which does not carry over to ~1000 GPU ranks",
     }
     return replace(base, detect_s=detect, basis=basis)
+
+
+def phases_from_emulated_replay(path: str, base: PhaseModel = DEFAULT_PHASES) -> PhaseModel:
+    """Detect and restart from an emulated replay's JSON line (benchmarks/spot_replay_emulated.py): detect is
+    the median over its unannounced losses; restart the largest of the per-kind medians (joins start new
+    workers, recoveries reuse the survivors': one restart figure serves both here, so the dearer one);
+    restore, re-plan and warm-up stay priced as in `base` (they scale with bytes, with the cluster's planner
+    time and with the plan)."""
+    try:
+        with open(path) as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
+        phases = json.loads(lines[-1])["phases"]
+        by_kind: dict[str, list[float]] = {}
+        for p in phases:
+            by_kind.setdefault(str(p["kind"]), []).append(float(p["restart_s"]))
+        detects = [float(p["detect_s"]) for p in phases if p["kind"] == "recovery"]
+    except (OSError, IndexError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{path}: not a spot_replay_emulated.py result with per-change phases ({err})") from None
+    if not by_kind:
+        raise ConfigError(f"{path}: the emulated replay recorded no changes")
+    medians = {kind: statistics.median(xs) for kind, xs in sorted(by_kind.items())}
+    kind = max(medians, key=medians.get)
+    basis = dict(base.basis)
+    basis["restart_s"] = (f"measured: the emulated replay's ({path}) median restart per kind of change "
+                          f"({', '.join(f'{k} {v:.2f} s over {len(by_kind[k])}' for k, v in medians.items())}), "
+                          f"the largest ({kind}); on emulated single-GPU nodes of one machine (CPU compute, gloo): "
+                          "process groups of ~1000 GPU ranks may take longer, see restart_s_for_goodput_0.90")
+    detect = base.detect_s
+    if detects:
+        detect = statistics.median(detects)
+        basis["detect_s"] = (f"measured: median over the {len(detects)} unannounced losses of the emulated replay "
+                             f"({path}): {detect:.2f} s")
+    return replace(base, detect_s=detect, restart_s=medians[kind], basis=basis)

@@ -117,6 +117,7 @@ def test_profiling_on_ray_once_per_gpu_type_cached_and_plannable(three_node_clus
     assert sorted(db.entries) == [("H20", 1, 1), ("H20", 1, 2), ("H20", 2, 1), ("H20", 2, 2), ("H800", 1, 1),
                                   ("H800", 1, 2)]
     assert db.links["intra:H20"].bandwidth_Bps > 0                 # two H20s on node c: a gloo ping-pong
+    assert db.links["intra:H20"].collective_overhead_s >= 0 and set(db.optimizer_s_per_param) == {"H800", "H20"}
     assert db.links["inter"].bandwidth_Bps > 0 and db.meta["inter_link"]["nodes"] == ["a", "b"]
     assert set(db.meta["types"]) == {"H800", "H20"} and not db.meta["types"]["H20"]["cached"]
     again = profile_cluster(found, SPEC, 16, micro_batches=(1, 2), cache_dir=str(tmp_path))
@@ -154,7 +155,7 @@ def test_cli_prints_a_plan_error_on_one_line(three_node_cluster, tmp_path, capsy
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(THREE_NODES))
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     code = main(["train", "--cluster", str(tmp_path / "cluster.yaml"), "--model", "tiny-gpt", "--global-batch", "4",
-                 "--steps", "1", "--plan", str(tmp_path / "plan.json")])
+                 "--steps", "1", "--plan", str(tmp_path / "plan.json"), "--storage", str(tmp_path / "job")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "node 'c'" in err and "only 2 H20" in err and "ray::" not in err
@@ -218,3 +219,22 @@ def test_cli_train_writes_speed_metrics_to_jsonl_and_tensorboard(three_node_clus
     for tag in ("loss", "lr", "tokens_per_s", "mfu/H20", "mfu/H800"):
         assert [e.step for e in events.Scalars(tag)] == [1, 2], tag
     assert [e.value for e in events.Scalars("loss")] == pytest.approx([m["loss"] for m in lines], rel=1e-6)
+
+
+def test_cli_train_without_storage_leaves_a_model_in_a_directory_it_names(three_node_cluster, tmp_path, capsys,
+                                                                         monkeypatch):
+    """No --storage: the run commits its final step under ./autohet-runs/<time>, says where, and `autohet
+    export` turns it into a Hugging Face directory."""
+    import yaml
+
+    from autohet_ray.cli import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(THREE_NODES))
+    (tmp_path / "plan.json").write_text(json.dumps(asymmetric_plan()))
+    assert main(["train", "--cluster", "cluster.yaml", "--model", "tiny-gpt", "--global-batch", "4", "--steps", "1",
+                 "--plan", "plan.json", "--emulate", "--time-scale", "1"]) == 0
+    out = capsys.readouterr().out
+    [run] = list((tmp_path / "autohet-runs").iterdir())
+    assert f"storage: {run}" in out and f"autohet export --storage {run}" in out
+    assert main(["export", "--storage", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "config.json").exists()

@@ -74,3 +74,46 @@ def test_bound_rejects_unknown_schedule_bad_batch_and_other_seq_len():
     with pytest.raises(ConfigError, match="batch"):
         lower_bound_iteration_s(cluster=cluster, model=model, profile=profile, global_batch=0,
                                 seq_len=model.max_seq_len)
+
+
+# (nodes, model, layers, seq_len, batch): memory-tight mixes where recomputation changes the optimum
+RECOMPUTE_CASES = [
+    ((("A100-40GB", 1), ("V100", 2)), "llama-7b", 8, 8192, 4),       # recomputing one stage is faster
+    ((("A10", 2), ("V100", 1)), "gpt3-2.7b", 6, 65536, 4),           # nothing fits without it
+    ((("A100-40GB", 1), ("V100", 2)), "llama-7b", 8, 32768, 4),      # nothing fits without it; the bound falls
+]
+
+
+@pytest.mark.parametrize("nodes, name, layers, seq, batch", RECOMPUTE_CASES)
+def test_bound_with_recomputation_never_above_exhaustive_optimum(nodes, name, layers, seq, batch):
+    cluster, model = _cluster(*nodes), replace(PRESETS[name], num_layers=layers, max_seq_len=seq)
+    profile = analytic_profile(model, cluster, seq, micro_batches=(1, 2))
+    bound = {rc: lower_bound_iteration_s(cluster=cluster, model=model, profile=profile, global_batch=batch,
+                                         seq_len=seq, schedules=("1f1b",), recompute=rc) for rc in ("none", "auto")}
+    best = {rc: exhaustive_best(cluster, model, profile, batch, seq, [1, 2], schedules=("1f1b",),
+                                mixed_micro_batches=True, recompute=rc) for rc in ("none", "auto")}
+    plan, ev = best["auto"]
+    assert any(s.recompute for p in plan.pipelines for s in p.stages)       # the case needs recomputation
+    assert best["none"] is None or best["none"][1].iteration_time_s > ev.iteration_time_s
+    assert 0 < bound["auto"] <= bound["none"] * (1 + 1e-6)       # more options: no higher bound (to LP precision)
+    assert bound["auto"] <= ev.iteration_time_s
+    assert ev.iteration_time_s / bound["auto"] < 2.0
+
+
+def test_plan_json_bounds_a_recomputing_plan_and_prices_its_gain(tmp_path, capsys):
+    """`autohet plan --recompute auto` on a mix that fits llama-13b only with recomputation: the JSON carries a
+    bound below the plan (it was null for recomputing plans), and Whale, recomputing too, is the reference."""
+    import json
+    from autohet_ray import cli
+    v100_16 = {"bf16_tflops": 125, "fp32_tflops": 15.7, "memory_gb": 16, "hbm_gbps": 900, "link_gbps": 300,
+               "link_kind": "nvlink", "nic_gbps": 100}
+    path = tmp_path / "mix.yaml"
+    path.write_text(json.dumps({"name": "mix", "devices": {"V100-16GB": v100_16}, "network": {"inter_node_gbps": 100},
+                                "nodes": [{"name": "v0", "device": "V100-16GB", "count": 8},
+                                          {"name": "a0", "device": "A100-40GB", "count": 4}]}))
+    assert cli.main(["plan", "--cluster", str(path), "--model", "llama-13b", "--global-batch", "64",
+                     "--recompute", "auto", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert any(s.get("recompute") for p in report["plan"]["pipelines"] for s in p["stages"])
+    assert 0 < report["lower_bound_iteration_s"] <= report["predicted"]["iteration_time_s"]
+    assert report["strongest_baseline"] == "whale" and report["gains"]["whale"] >= 1.0

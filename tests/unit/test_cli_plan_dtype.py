@@ -25,3 +25,18 @@ def test_fp32_and_bf16_plans_differ_as_the_catalog_says(capsys):
         max(bf16["predicted"]["peak_memory_bytes_per_device"].values())
     for report in (bf16, fp32):
         assert 0 < report["lower_bound_iteration_s"] <= report["predicted"]["iteration_time_s"]
+
+
+def test_evaluate_prices_the_dtype_the_plan_was_made_for(capsys, tmp_path):
+    fp32 = _plan(capsys, "fp32")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(fp32))
+    args = ["evaluate", "--plan", str(path), "--cluster", "jobs/clusters/paper-24.yaml", "--json"]
+    assert cli.main(args) == 0
+    recorded = json.loads(capsys.readouterr().out)
+    assert recorded["dtype"] == "float32"
+    assert abs(recorded["predicted"]["iteration_time_s"] / fp32["predicted"]["iteration_time_s"] - 1) < 1e-9
+    assert cli.main(args + ["--dtype", "bf16"]) == 0
+    as_bf16 = json.loads(capsys.readouterr().out)
+    assert as_bf16["dtype"] == "bfloat16"
+    assert as_bf16["predicted"]["iteration_time_s"] < recorded["predicted"]["iteration_time_s"]

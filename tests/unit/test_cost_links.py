@@ -65,3 +65,28 @@ def test_the_timeline_uses_each_direction():
     # plus 4 TP all-reduces per layer and one for the embedding on the TP2 stage
     stage0, stage1 = ev.stage_times_s[0]
     assert ev.pipeline_times_s[0] == pytest.approx(stage0 + fwd + stage1 + bwd)
+
+
+def test_a_collective_pays_its_fixed_overhead_once():
+    from autohet_ray.cost.terms import allreduce_time, inter_link
+    plain = LinkProfile(bandwidth_Bps=1e9, latency_s=1e-5)
+    slow = LinkProfile(bandwidth_Bps=1e9, latency_s=1e-5, collective_overhead_s=1e-3)
+    for members in (2, 4):
+        assert allreduce_time(1e6, members, slow) == pytest.approx(allreduce_time(1e6, members, plain) + 1e-3)
+    assert allreduce_time(1e6, 1, slow) == 0.0
+    profile = ProfileDB(kind="measured", model=MODEL.name, seq_len=16, links={"inter": slow})
+    two_nodes = _cluster((("a", 1), ("b", 1)))
+    assert inter_link(profile, two_nodes, "a", "b").collective_overhead_s == 1e-3
+
+
+def _probe(rank, world_size):
+    from autohet_ray.profile.link_probe import probe_link
+    return probe_link(rank, 1 << 20, reps=10)
+
+
+def test_the_link_probe_measures_a_real_gloo_link():
+    """Two spawned ranks on loopback: both report rank 0's figures, all positive and finite."""
+    from autohet_ray.runtime import run_world
+    a, b = run_world(_probe, 2, backend="gloo")
+    assert a == b
+    assert 1e6 < a["bandwidth_Bps"] < 1e12 and 0 < a["latency_s"] < 0.1 and 0 <= a["collective_overhead_s"] < 0.1

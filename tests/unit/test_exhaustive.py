@@ -43,7 +43,8 @@ def _splits(total, parts):
     return [c for c in itertools.product(range(1, total + 1), repeat=parts) if sum(c) == total]
 
 
-def naive_best(cluster, model, profile, batch, micro_batches, schedules):
+def naive_best(cluster, model, profile, batch, micro_batches, schedules, recompute=(False,)):
+    """The fastest plan's time; `recompute`: the flags each stage may take."""
     best = None
     for schedule, mb in itertools.product(schedules, micro_batches):
         if batch % mb:
@@ -65,22 +66,24 @@ def naive_best(cluster, model, profile, batch, micro_batches, schedules):
                     if any(len(o) > model.num_layers for o in chosen):
                         continue
                     layer_splits = [_splits(model.num_layers, len(o)) for o in chosen]
-                    for counts in itertools.product(*layer_splits):
+                    flag_sets = [list(itertools.product(recompute, repeat=len(o))) for o in chosen]
+                    for counts, flags in itertools.product(itertools.product(*layer_splits),
+                                                           itertools.product(*flag_sets)):
                         for alloc in _splits(batch // mb, len(part)):
-                            plan = _plan(model, batch, mb, schedule, chosen, counts, alloc)
+                            plan = _plan(model, batch, mb, schedule, chosen, counts, alloc, flags)
                             ev = evaluate_plan(plan, cluster, model, profile)
                             if ev.feasible and (best is None or ev.iteration_time_s < best):
                                 best = ev.iteration_time_s
     return best
 
 
-def _plan(model, batch, mb, schedule, orders, counts, alloc):
+def _plan(model, batch, mb, schedule, orders, counts, alloc, flags):
     pipelines = []
-    for order, split, m in zip(orders, counts, alloc):
+    for order, split, m, stage_flags in zip(orders, counts, alloc, flags):
         stages, start = [], 0
-        for (node, gpus), n in zip(order, split):
+        for (node, gpus), n, flag in zip(order, split, stage_flags):
             stages.append(Stage(layers=(start, start + n), tp=len(gpus), device_type=node.device, node=node.name,
-                                devices=gpus))
+                                devices=gpus, recompute=flag))
             start += n
         pipelines.append(Pipeline(num_microbatches=m, stages=tuple(stages)))
     return Plan(model=model.name, global_batch=batch, micro_batch=mb, seq_len=model.max_seq_len,
@@ -122,3 +125,18 @@ def test_mixed_micro_batches_never_lose_to_one_size():
     mixed = exhaustive_best(cluster, model, profile, 6, model.max_seq_len, [1, 2], mixed_micro_batches=True)
     assert mixed[1].iteration_time_s <= one[1].iteration_time_s
     assert sum(mixed[0].samples_of(k) for k in range(len(mixed[0].pipelines))) == 6
+
+
+def test_exhaustive_search_with_recomputation_matches_naive_brute_force():
+    """Each stage with or without recomputation: at 32k tokens the A100-40GB + 2 V100 mix fits llama-7b only
+    with it on some stage."""
+    cluster = _cluster(("A100-40GB", 1), ("V100", 2))
+    model = replace(PRESETS["llama-7b"], num_layers=8, max_seq_len=32768)
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=(1,))
+    assert naive_best(cluster, model, profile, 2, (1,), ("1f1b",)) is None
+    expected = naive_best(cluster, model, profile, 2, (1,), ("1f1b",), recompute=(False, True))
+    plan, ev = exhaustive_best(cluster, model, profile, 2, model.max_seq_len, [1], schedules=("1f1b",),
+                               recompute="auto")
+    assert expected is not None and ev.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    assert any(s.recompute for p in plan.pipelines for s in p.stages)
+    assert exhaustive_best(cluster, model, profile, 2, model.max_seq_len, [1], schedules=("1f1b",)) is None

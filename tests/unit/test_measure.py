@@ -34,7 +34,7 @@ def test_cli_profile_local_feeds_the_planner(tmp_path, capsys):
                  "--micro-batch", "1,2", "--device-type", "CPU"]) == 0
     assert "measured" in capsys.readouterr().out
     db = load_profile(str(out))
-    assert db.kind == "measured" and len(db.entries) == 4
+    assert db.kind == "measured" and len(db.entries) == 4 and db.optimizer_s_per_param["CPU"] > 0
     cluster = cluster_from_dict({"name": "local", "nodes": [{"name": "n0", "device": "CPU", "count": 2}],
                                  "devices": {"CPU": CPU_DEVICE}})
     result, baselines = plan_with_baselines(cluster=cluster, model=load_model("tiny-gpt"), profile=db,
@@ -48,3 +48,22 @@ def test_bad_lists_are_config_errors():
         parse_ints("1,x", "--tp")
     with pytest.raises(ConfigError, match="TP degree 3"):
         measure_profile(load_model("tiny-gpt"), "CPU", (3,), (1,), 16)
+
+
+def test_the_measured_optimizer_rate_prices_the_update(tmp_path):
+    """The update's rate (the engine's norm + clip + AdamW, timed on one layer) survives a profile's save and
+    load, the cost model prices a stage's update as its parameters times that rate, and `autohet profile
+    --local` records it."""
+    from autohet_ray.cost.terms import GroupCostTable
+    from autohet_ray.runtime.update_rate import update_s_per_param
+    spec = load_model("tiny-gpt")
+    db = measure_profile(spec, "CPU", (1,), (1,), 16)
+    rate = db.optimizer_s_per_param["CPU"] = update_s_per_param(spec, "cpu")
+    assert 1e-11 < rate < 1e-6                      # seconds per parameter on a CPU core
+    db.save(str(tmp_path / "p.json"))
+    assert load_profile(str(tmp_path / "p.json")).optimizer_s_per_param == {"CPU": rate}
+    cluster = cluster_from_dict({"name": "local", "nodes": [{"name": "n0", "device": "CPU", "count": 1}],
+                                 "devices": {"CPU": CPU_DEVICE}})
+    gc = GroupCostTable(cluster=cluster, model=spec, profile=db, micro_batch=1, seq_len=16).get("CPU", 1)
+    params = gc.stage_params(spec.num_layers, True, True)
+    assert gc.optimizer_s(spec.num_layers, True, True) == pytest.approx(params * rate)

@@ -1,6 +1,7 @@
 """The planner's exact sub-solvers against brute force."""
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -126,3 +127,64 @@ def test_best_splits_for_every_micro_batch_count_equal_one_split_at_a_time(seed)
             if one is not None:
                 assert split.time_s == pytest.approx(one.time_s, rel=1e-12)
                 assert split.memory_bound == one.memory_bound
+
+
+def test_split_under_zero_bubble_memory_fits_it_and_misses_nothing():
+    """With only zb-h1 allowed, the split's memory caps are zb-h1's (more activations and the held weight-
+    gradient inputs): every split it returns fits under zb-h1, and it returns one whenever one fits."""
+    from autohet_ray.cost.memory import stage_peak_memory
+    rng = random.Random(7)
+    one_f_one_b_misfits = 0
+    for _ in range(60):
+        p, layers, m = rng.randint(2, 4), rng.randint(4, 10), rng.randint(2, 8)
+        groups = [replace(_group(rng.uniform(0.1, 1.0), layer_params=100.0, act=200,
+                                 capacity=rng.choice([10**12, 6000 + rng.randint(0, 8000)])),
+                          layer_held_bytes=rng.randint(0, 300)) for _ in range(p)]
+        links = [rng.uniform(0, 0.3) for _ in range(p - 1)]
+
+        def fits(counts):
+            return all(stage_peak_memory(g, "zb-h1", p, j, m, n) <= g.capacity_bytes
+                       for j, (g, n) in enumerate(zip(groups, counts)))
+        got = best_split(groups, layers, m, links, ("zb-h1",))
+        assert (got is not None) == any(fits(c) for c in _compositions(layers, p))
+        if got is not None:
+            assert fits(got.counts)
+        plain = best_split(groups, layers, m, links)
+        one_f_one_b_misfits += plain is not None and not fits(plain.counts)
+    assert one_f_one_b_misfits > 0       # 1F1B's caps would have returned splits zb-h1 cannot run
+
+
+def test_refine_finds_the_split_the_closed_form_misjudges():
+    """The closed-form split leaves out each stage's optimizer step: on A100-40GB (TP2, first) + V100 (TP2)
+    with llama-13b it gives the V100 two layers, where the cost model prices one layer faster. Refine's layer
+    moves reach the best split of that stage order (checked against every split), never get slower, and stop
+    when told."""
+    from autohet_ray.cluster import cluster_from_dict
+    from autohet_ray.cost.evaluate import best_schedule
+    from autohet_ray.cost.terms import GroupCostTable
+    from autohet_ray.model import PRESETS
+    from autohet_ray.planner.assign import PipelineChoice, build_plan
+    from autohet_ray.planner.refine import refine
+    from autohet_ray.planner.space import template_links
+    from autohet_ray.profile import analytic_profile
+    cluster = cluster_from_dict({"name": "t", "network": {"inter_node_gbps": 200},
+                                 "nodes": [{"name": "a", "device": "A100-40GB", "count": 2},
+                                           {"name": "v", "device": "V100", "count": 2}]})
+    model = replace(PRESETS["llama-13b"], num_layers=8)
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=(1,))
+    table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=1, seq_len=model.max_seq_len)
+    order = (("A100-40GB", 2), ("V100", 2))
+
+    def priced(counts):
+        plan = build_plan([PipelineChoice(order, counts, 4)], cluster, model, global_batch=4, micro_batch=1,
+                          seq_len=model.max_seq_len)
+        return best_schedule(plan, cluster, model, profile, table, ("1f1b",))
+    closed = best_split([table.get(*k) for k in order], 8, 4, template_links(order, cluster, table))
+    start = priced(closed.counts)
+    every = {c: priced(c)[1] for c in _compositions(8, 2)}
+    best = min((ev.iteration_time_s for ev in every.values() if ev.feasible))
+    assert start[1].iteration_time_s > best * 1.01           # the closed form misses by more than 1%
+    plan, ev = refine(*start, table, cluster, ("1f1b",))
+    assert ev.iteration_time_s == pytest.approx(best, rel=1e-12)
+    assert sum(s.num_layers for s in plan.pipelines[0].stages) == 8
+    assert refine(*start, table, cluster, ("1f1b",), stop=lambda: True)[0] is start[0]

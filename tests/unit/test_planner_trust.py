@@ -148,3 +148,50 @@ def test_floor_order_counts_extrapolate_exactly():
             for j in range(p):
                 for m in (1, p, 4 * p + 1, 4 * p + 2, 4 * p + 9, 61):
                     assert _order_counts(schedule, j, p, m) == _counted(schedule, j, p, m), (schedule, j, p, m)
+
+
+def test_memory_on_the_short_schedule_equals_the_long_one():
+    from autohet_ray.cost.memory import live_counts
+    from autohet_ray.planner.floor import steady_microbatches
+    for schedule in ("1f1b", "zb-h1"):
+        for p in range(1, 7):
+            for j in range(p):
+                for m in (1, p, 4 * p, 4 * p + 1, 4 * p + 7, 64):
+                    assert live_counts(schedule, p, j, steady_microbatches(p, m)) == live_counts(schedule, p, j, m)
+
+
+def test_baselines_recompute_when_the_job_allows_it():
+    """Under --recompute auto the baselines may recompute as the planner may: Megatron-LM on all GPUs of this
+    V100-16GB + A100-40GB mix runs out of memory without it at 16k tokens, and fits with it, recomputing only
+    on the stages that need it."""
+    from dataclasses import replace
+    from autohet_ray.cost.evaluate import evaluate_plan
+    v100_16 = {"bf16_tflops": 125, "fp32_tflops": 15.7, "memory_gb": 16, "hbm_gbps": 900, "link_gbps": 300,
+               "link_kind": "nvlink", "nic_gbps": 100}
+    mix = cluster_from_dict({"name": "mix", "devices": {"V100-16GB": v100_16}, "network": {"inter_node_gbps": 100},
+                             "nodes": [{"name": "v0", "device": "V100-16GB", "count": 4},
+                                       {"name": "a0", "device": "A100-40GB", "count": 4}]})
+    spec = replace(PRESETS["gpt3-2.7b"], max_seq_len=16384)
+    profile = analytic_profile(spec, mix, 16384, micro_batches=(1,))
+    request = dict(cluster=mix, model=spec, profile=profile, global_batch=16, seq_len=16384, micro_batches=[1])
+    none = best_baseline("megatron", **request, recompute="none")
+    assert none.plan is None and "out of memory" in none.reason and "--recompute auto" in none.reason
+    auto = best_baseline("megatron", **request, recompute="auto")
+    assert auto.evaluation is not None and auto.evaluation.feasible
+    flags = auto.plan.recompute_flags()
+    assert any(any(f) for f in flags)
+    assert not evaluate_plan(auto.plan.with_recompute(False), mix, spec, profile).feasible
+    for k, stage_flags in enumerate(flags):
+        for j, on in enumerate(stage_flags):
+            if on:              # kept only where needed: off on this stage alone, it runs out of memory
+                off = [list(f) for f in flags]
+                off[k][j] = False
+                assert not evaluate_plan(auto.plan.with_recompute(off), mix, spec, profile).feasible
+    full = best_baseline("megatron", **request, recompute="full")
+    assert all(all(f) for f in full.plan.recompute_flags())
+    assert full.evaluation.iteration_time_s >= auto.evaluation.iteration_time_s * (1 - 1e-9)
+    # `autohet plan --recompute auto` prices its gain against it
+    result, baselines = plan_with_baselines(cluster=mix, model=spec, profile=profile, global_batch=16,
+                                            seq_len=16384, micro_batch=1, recompute="auto")
+    assert baselines["megatron"].evaluation.iteration_time_s == pytest.approx(auto.evaluation.iteration_time_s)
+    assert result.evaluation.iteration_time_s <= auto.evaluation.iteration_time_s * (1 + 1e-9)

@@ -162,3 +162,20 @@ def test_checkpoint_restart_can_ignore_joins():
     back = 300.7 + PHASES.detect_s + PLANNING_S + PHASES.restart_s + CLOUD_S + BATCH / slow
     assert losses_only["summary"]["checkpoint_restart"]["committed_samples"] == pytest.approx(
         saved * BATCH + slow * (1000 - back), abs=1)
+
+
+def test_phases_from_an_emulated_replay_take_its_medians(tmp_path):
+    import json
+
+    from autohet_ray import ConfigError
+    from autohet_ray.replay.phases import DEFAULT_PHASES, phases_from_emulated_replay
+    phases = [{"kind": "join", "detect_s": 0.0, "restart_s": 4.0}, {"kind": "recovery", "detect_s": 3.5, "restart_s": 9.0},
+              {"kind": "recovery", "detect_s": 2.5, "restart_s": 7.0}, {"kind": "notice", "detect_s": 0.0, "restart_s": 5.0}]
+    path = tmp_path / "emulated.json"
+    path.write_text("log line\n" + json.dumps({"phases": phases}) + "\n")
+    model = phases_from_emulated_replay(str(path))
+    assert (model.detect_s, model.restart_s) == (3.0, 8.0)          # recoveries' detect; the dearest kind's restart
+    assert model.local_Bps == DEFAULT_PHASES.local_Bps and "measured" in model.basis["restart_s"]
+    path.write_text(json.dumps({"goodput": 1.0}))
+    with pytest.raises(ConfigError, match="not a spot_replay_emulated.py result"):
+        phases_from_emulated_replay(str(path))
