@@ -97,13 +97,34 @@ class Committer:
         node); no records when the storage holds the step or no live store has its manifest."""
         if not self.committed or self.committed[-1] in self.cloud_committed or not self.keepers:
             return (self.committed[-1] if self.committed else -1), []
-        step = self.committed[-1]
+        step, reachable = self.committed[-1], self._answering_keepers()
         try:
-            manifest = find_manifest(list(self.keepers.values()), step)
+            manifest = find_manifest([self.keepers[node] for node in sorted(reachable)], step)
         except CheckpointError:
             return step, []
-        live = {self.keeper_specs[node]["name"] for node in self.keepers}
+        live = {self.keeper_specs[node]["name"] for node in reachable}
         return step, [r for r in manifest.records if not live & set(r.replicas)]
+
+    def _answering_keepers(self, timeout_s: float = 3.0) -> set[str]:
+        """The nodes whose keepers answer now: a node going down with the lost ones (not yet named lost, as two
+        nodes reclaimed together are not always detected together) holds no usable copy either."""
+        from autohet_ray.elastic.keeper import get_keeper
+        refs = {}
+        for node, spec in self.keeper_specs.items():
+            try:
+                refs[node] = get_keeper(spec["job_id"], spec["node_id"]).has.remote("liveness-probe")
+            except ValueError:                          # its actor is gone
+                continue
+        ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0]) if refs else set()
+        answering = set()
+        for node, ref in refs.items():
+            try:
+                if ref in ready:
+                    ray.get(ref)
+                    answering.add(node)
+            except ray.exceptions.RayError:
+                continue
+        return answering
 
     def rereplicate_newest(self, also_held: dict[str, set[str]] | None = None) -> int:
         """After a node loss: copy each chunk of the newest committed step that only one live node store still
