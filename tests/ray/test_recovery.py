@@ -47,12 +47,14 @@ def reference_losses(steps: int) -> list[float]:
                                            step=i))["loss"] for i in range(steps)]
 
 
-def node_handle(test_cluster, name: str):
+def node_handle(test_cluster, ctl: Controller, name: str):
+    """The cluster's handle of the node that the controller runs on as `name`. By node id, not by label: an
+    earlier test may leave a drained node of the same name alive beside its replacement."""
+    node_id = ctl.found.node_ids[name]
     for node in test_cluster.list_all_nodes():
-        raw = [n for n in ray.nodes() if n["NodeID"] == node.node_id and n["Alive"]]
-        if raw and raw[0]["Labels"].get("autohet.io/node") == name:
+        if node.node_id == node_id:
             return node
-    raise AssertionError(f"no live node {name}")
+    raise AssertionError(f"node {name} ({node_id}) is not in the test cluster")
 
 
 def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster, tmp_path):
@@ -60,7 +62,7 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
     try:
         ctl.start()
         before = [ctl.step()["loss"] for _ in range(3)]
-        victim = node_handle(cluster, "b")
+        victim = node_handle(cluster, ctl, "b")
 
         def lose_node_b(controller):
             controller.mark_fault()
@@ -253,8 +255,6 @@ def test_two_jobs_on_one_cluster_keep_their_own_stores(cluster, tmp_path):
     assert losses_b[3] == pytest.approx(ref[rec["restored_step"]], rel=1e-6)
 
 
-@pytest.mark.skip(reason="passes alone and with its module, failed twice in the full suite of a fresh clone "
-                         "(timing of the two removals against detection); to be made deterministic")
 def test_two_nodes_lost_at_once_chunks_held_only_there_are_rescued_from_a_live_replica(cluster, tmp_path):
     """Nodes b and c go at once. Pipeline 0 holds every layer on node a; pipeline 1 holds layers 0-1 on c and
     2-3 on b. Some chunks of layers 2-3 had their two stored copies on exactly b and c (place_copies: a holder,
@@ -278,19 +278,23 @@ def test_two_nodes_lost_at_once_chunks_held_only_there_are_rescued_from_a_live_r
     try:
         ctl.start()
         before = [ctl.step()["loss"] for _ in range(3)]
-        victims = [node_handle(cluster, "b"), node_handle(cluster, "c")]
+        victims = [node_handle(cluster, ctl, "b"), node_handle(cluster, ctl, "c")]
 
-        def remove_both():                      # at the same moment, as one trace event removes two nodes
+        def remove_both_once_step_3_is_committed():
+            deadline = time.monotonic() + 60
+            while 3 not in ctl.committer.committed:         # committed early in step 4 (paced to 3 s)
+                assert time.monotonic() < deadline, "step 3 was never committed"
+                time.sleep(0.01)
             removals = [threading.Thread(target=cluster.remove_node, args=(v,), kwargs={"allow_graceful": False})
-                        for v in victims]
+                        for v in victims]                   # at the same moment, as one trace event removes two
             for thread in removals:
                 thread.start()
             for thread in removals:
                 thread.join()
 
-        def lose_b_and_c(controller):           # mid-step 4, once step 3 is committed (early in step 4)
+        def lose_b_and_c(controller):                        # mid-step 4
             controller.mark_fault()
-            threading.Timer(1.5, remove_both).start()
+            threading.Thread(target=remove_both_once_step_3_is_committed, daemon=True).start()
 
         first = ctl.step(fault_hook=lose_b_and_c)
         rec = first["recovery"]
