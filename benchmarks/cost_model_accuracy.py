@@ -200,8 +200,8 @@ def main() -> None:
     raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
     (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
     cluster, model = cluster_from_dict(raw_cluster), model_from_dict(MODEL)
-    print(f"link: {link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.2f} GB/s, collective overhead "
-          f"{link.collective_overhead_s * 1e6:.0f} us; optimizer "
+    print(f"link: {link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.2f} GB/s, all-reduce "
+          f"{link.allreduce_bandwidth_Bps / 1e9:.2f} GB/s + {link.collective_overhead_s * 1e6:.0f} us; optimizer "
           f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; memory {hbm_gbps:.1f} GB/s; "
           f"matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
     load_before = os.getloadavg()[0]

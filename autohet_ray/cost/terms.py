@@ -105,7 +105,8 @@ def allreduce_time(num_bytes: float, members: int, link: LinkProfile) -> float:
     if members <= 1 or num_bytes <= 0:
         return 0.0
     steps = 2 * (members - 1)
-    return steps / members * num_bytes / link.bandwidth_Bps + steps * link.latency_s + link.collective_overhead_s
+    bandwidth = link.allreduce_bandwidth_Bps or link.bandwidth_Bps
+    return steps / members * num_bytes / bandwidth + steps * link.latency_s + link.collective_overhead_s
 
 
 def p2p_time(num_bytes: float, link: LinkProfile) -> float:
@@ -124,11 +125,13 @@ def inter_link(profile: ProfileDB, cluster: Cluster, node_a: str, node_b: str, s
     """Between two nodes: the slower NIC (and measured fabric), divided among `share` concurrent flows."""
     base = profile.link("inter")
     bw = min(cluster.nic_bytes_per_s(node_a), cluster.nic_bytes_per_s(node_b))
-    latency = 25e-6
+    latency, reduce_bw, overhead = 25e-6, None, 0.0
     if base is not None:
-        bw, latency = min(bw, base.bandwidth_Bps), base.latency_s
-    return LinkProfile(bandwidth_Bps=bw / max(1, share), latency_s=latency,
-                       collective_overhead_s=base.collective_overhead_s if base is not None else 0.0)
+        if base.allreduce_bandwidth_Bps:
+            reduce_bw = min(bw, base.allreduce_bandwidth_Bps) / max(1, share)
+        bw, latency, overhead = min(bw, base.bandwidth_Bps), base.latency_s, base.collective_overhead_s
+    return LinkProfile(bandwidth_Bps=bw / max(1, share), latency_s=latency, collective_overhead_s=overhead,
+                       allreduce_bandwidth_Bps=reduce_bw)
 
 
 def activation_message_bytes(model: ModelSpec, micro_batch: int, seq_len: int,

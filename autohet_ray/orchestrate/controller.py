@@ -21,9 +21,7 @@ from dataclasses import replace
 
 import ray
 
-from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import cluster_from_dict
-from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.elastic import recovery
 from autohet_ray.elastic.commit import Committer
 from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
@@ -31,12 +29,12 @@ from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate import job_storage
-from autohet_ray.orchestrate.step_metrics import peak_dtype, step_metrics
+from autohet_ray.orchestrate.step_metrics import step_metrics
 from autohet_ray.orchestrate.training_data import TrainingData
-from autohet_ray.orchestrate.discovery import check_plan_fits, describe, discover
-from autohet_ray.orchestrate.job import TrainJob, compute_dtype
+from autohet_ray.orchestrate.discovery import describe, discover
+from autohet_ray.orchestrate.job import TrainJob
+from autohet_ray.orchestrate.job_plan import choose_plan, job_profile
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
-from autohet_ray.plan.schema import plan_from_dict
 
 
 def new_job_id() -> str:
@@ -82,7 +80,8 @@ class Controller:
         self.draining = set(draining_nodes())
         self.found = self.discover(confirm=True)
         if self.profile is None:
-            self.profile = self._make_profile()
+            self.profile = job_profile(self.job, found=self.found, priced_model=self.priced_model,
+                                       cluster=self.base_cluster, seq_len=self.priced_seq_len)
         self.data = TrainingData(data=self.job.data, model=self.model, global_batch=self.job.global_batch,
                                  seq_len=self.seq_len, seed=self.job.seed,
                                  endpoint_url=(self.job.storage or {}).get("endpoint_url"))
@@ -112,21 +111,6 @@ class Controller:
         cluster = recovery.without_nodes(self.base_cluster, missing)
         found = discover(cluster, usable)
         return describe(cluster, confirm_nodes(list(found.nodes))) if confirm else found
-
-    def _make_profile(self):
-        from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
-        plan = plan_from_dict(self.job.plan) if self.job.plan else None
-        plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
-        sizes = with_micro_batches(self.job.micro_batch, *plan_sizes)
-        if self.job.profile == "analytic":        # priced in the dtype the workers compute in (fp64 as fp32)
-            dtype = peak_dtype(compute_dtype(self.job.dtype, cuda=not self.found.emulated))
-            return analytic_profile(self.priced_model, self.base_cluster, self.priced_seq_len, sizes, dtype=dtype)
-        if self.job.profile == "measured":
-            from autohet_ray.orchestrate.profiling import profile_cluster
-            return profile_cluster(self.found, self.priced_model, self.priced_seq_len, micro_batches=sizes,
-                                   cache_dir=self.job.profile_cache)
-        from autohet_ray.profile.db import load_profile
-        return load_profile(self.job.profile)
 
     def _record_job(self) -> None:
         """The job id, its config and its profile, in the storage (for resume and every re-plan)."""
@@ -186,33 +170,12 @@ class Controller:
         return report
 
     def _choose_plan(self, plan: dict | None):
-        """`plan`, else the job's plan at the first launch, else the planner's on the live nodes; priced."""
-        from autohet_ray.planner import plan_training, plan_with_baselines
-        if plan is None and self.job.plan is not None and self.plan is None:
-            plan = self.job.plan
-        state = json.dumps(self.found.cluster.to_dict(), sort_keys=True)   # the GPUs alive, by node
-        if plan is None and state in self.plan_cache:
-            plan = self.plan_cache[state]      # this availability state was planned before: reuse its plan
-        if plan is not None:                   # rather than pay the planner again (it is deterministic)
-            chosen = plan_from_dict(plan)
-        else:
-            request = dict(cluster=self.found.cluster, model=self.priced_model, profile=self.profile,
-                           global_batch=self.job.global_batch, seq_len=self.priced_seq_len,
-                           micro_batch=self.job.micro_batch, time_limit_s=self.job.plan_time_limit_s,
-                           schedules=self.job.schedules(), recompute=self.job.recompute)
-            if self.job.baselines and self.plan is None:
-                result, found = plan_with_baselines(**request)
-                self.baselines = {n: b.evaluation.iteration_time_s for n, b in found.items()
-                                  if b.evaluation is not None}
-            else:
-                result = plan_training(**request)
-            chosen = result.plan
-            self.plan_cache[state] = chosen.to_dict()
-        check_plan_fits(chosen, self.found)
-        self.evaluation = evaluate_plan(chosen, self.found.cluster, self.priced_model, self.profile)
-        if not self.evaluation.feasible:
-            raise ConfigError(f"the plan does not fit: {self.evaluation.reason}")
-        return chosen.with_predicted(self.evaluation.predicted())
+        chosen, self.evaluation, baselines = choose_plan(
+            self.job, found=self.found, profile=self.profile, priced_model=self.priced_model,
+            seq_len=self.priced_seq_len, plan=plan, first=self.plan is None, cache=self.plan_cache)
+        if baselines is not None:
+            self.baselines = baselines
+        return chosen
 
     def executed_plan(self):
         """The plan the workers execute: the priced plan on the model (and sequence length) that runs."""

@@ -208,6 +208,7 @@ class Worker:
         or TP copy of a lost rank's, while it is still at `step` and its bytes hash as the manifest recorded.
         Returns the keys written."""
         from autohet_ray.checkpoint.codec import digest, encode
+        from autohet_ray.checkpoint.tiers.base import put_all
         from autohet_ray.layout import Chunk, overlap, to_local
         if self.engine is None or self.snapshotter is None or self.engine.step != step:
             return []
@@ -223,13 +224,7 @@ class Worker:
             blob = bytes(encode(tensor.detach()[to_local(region, held)].cpu()))
             if digest(blob) == want["digest"]:
                 blobs.append((want["key"], blob))
-        local = self.snapshotter.local
-        put_many = getattr(local, "put_chunks", None)     # keepers take batches; a directory store one by one
-        if put_many is not None:
-            put_many(blobs)
-        else:
-            for key, blob in blobs:
-                local.put_chunk(key, blob)
+        put_all(self.snapshotter.local, blobs)
         return [key for key, _ in blobs]
 
     def restore(self, *, manifest_json: bytes, tiers: list[dict], num_threads: int = 4) -> dict:

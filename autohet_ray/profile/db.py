@@ -28,6 +28,9 @@ class LinkProfile:
     bandwidth_Bps: float         # bytes/s, one direction
     latency_s: float
     collective_overhead_s: float = 0.0   # fixed seconds a collective pays beyond its ring steps (profile/link_probe.py)
+    # bytes/s of an all-reduce's ring steps where measured: gloo reduces on the host CPU, well below the p2p
+    # rate; NCCL's stays near it. None: bandwidth_Bps
+    allreduce_bandwidth_Bps: float | None = None
 
 
 @dataclass(kw_only=True)

@@ -79,6 +79,22 @@ def test_a_collective_pays_its_fixed_overhead_once():
     assert inter_link(profile, two_nodes, "a", "b").collective_overhead_s == 1e-3
 
 
+def test_an_all_reduce_moves_its_bytes_at_its_own_measured_rate():
+    """gloo reduces on the host CPU: a link with a measured all-reduce rate prices all-reduces at it (and the
+    NIC still bounds it between nodes); p2p messages keep the p2p rate."""
+    from autohet_ray.cost.terms import allreduce_time, inter_link, p2p_time
+    p2p = LinkProfile(bandwidth_Bps=4e9, latency_s=1e-5)
+    reducing = LinkProfile(bandwidth_Bps=4e9, latency_s=1e-5, allreduce_bandwidth_Bps=1e9)
+    assert allreduce_time(8e6, 2, reducing) == pytest.approx(8e6 / 1e9 + 2e-5)
+    assert allreduce_time(8e6, 2, p2p) == pytest.approx(8e6 / 4e9 + 2e-5)
+    assert p2p_time(8e6, reducing) == p2p_time(8e6, p2p)
+    profile = ProfileDB(kind="measured", model=MODEL.name, seq_len=16, links={"inter": reducing})
+    two_nodes = _cluster((("a", 1), ("b", 1)))
+    between = inter_link(profile, two_nodes, "a", "b", share=2)
+    nic = min(two_nodes.nic_bytes_per_s("a"), two_nodes.nic_bytes_per_s("b"))
+    assert between.allreduce_bandwidth_Bps == pytest.approx(min(nic, 1e9) / 2)
+
+
 def _probe(rank, world_size):
     from autohet_ray.profile.link_probe import probe_link
     return probe_link(rank, 1 << 20, reps=10)
@@ -90,3 +106,4 @@ def test_the_link_probe_measures_a_real_gloo_link():
     a, b = run_world(_probe, 2, backend="gloo")
     assert a == b
     assert 1e6 < a["bandwidth_Bps"] < 1e12 and 0 < a["latency_s"] < 0.1 and 0 <= a["collective_overhead_s"] < 0.1
+    assert 1e6 < a["allreduce_bandwidth_Bps"] < 1e12

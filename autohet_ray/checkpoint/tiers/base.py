@@ -27,6 +27,17 @@ class Tier(Protocol):
     def delete_manifest(self, step: int) -> None: ...    # idempotent
 
 
+def put_all(tier: Tier, items: list[tuple[str, bytes]]) -> None:
+    """Write (key, blob) pairs: one batch where the tier takes batches (a keeper: one actor call), else one by
+    one."""
+    batch = getattr(tier, "put_chunks", None)
+    if batch is not None:
+        batch(items)
+        return
+    for key, blob in items:
+        tier.put_chunk(key, blob)
+
+
 def resolve_existing_manifest(tier_name: str, step: int, existing: bytes, body: bytes) -> None:
     """Conditional create lost the race: fine when the stored manifest is ours, a conflict otherwise."""
     if existing != body:
