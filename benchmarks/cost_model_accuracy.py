@@ -10,7 +10,8 @@
 3. Price each plan with `evaluate_plan` (measured profile, fp32) and run it with the real runtime (Engine,
    gloo, one spawned process per rank, no pacer), and compare the measured iteration time with the
    prediction: the fastest of the timed steps over --passes runs of the plan list (the one least disturbed
-   by other load on the machine), max over ranks. The profile likewise keeps each layer's fastest rep. The
+   by other load on the machine), max over ranks. The link is probed again before every pass and priced at
+   the probes' mean: on a VM a woken rank's delay drifts over minutes, and TP pays it ~136 times a step. The profile likewise keeps each layer's fastest rep. The
    figures need an otherwise idle machine: the load average is printed before and after, and on a machine
    busy with other work (load above the cores) the errors are the other work's, not the cost model's;
    `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler and the ranks) so that
@@ -114,6 +115,17 @@ def measure_link() -> LinkProfile:
     return LinkProfile(**run_world(_probe, 2, 4 << 20, 100)[0])
 
 
+def mean_link(probes: list[LinkProfile]) -> LinkProfile:
+    """Each figure's mean over the probes."""
+    fields = ("bandwidth_Bps", "latency_s", "collective_overhead_s", "allreduce_bandwidth_Bps")
+    return LinkProfile(**{f: sum(getattr(p, f) for p in probes) / len(probes) for f in fields})
+
+
+def link_line(link: LinkProfile) -> str:
+    return (f"{link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.2f} GB/s, all-reduce "
+            f"{link.allreduce_bandwidth_Bps / 1e9:.2f} GB/s + {link.collective_overhead_s * 1e6:.0f} us")
+
+
 def measure_memory_and_flops() -> tuple[float, float]:
     """(memory bandwidth GB/s of c = a + b, fp32 matmul TFLOPS), one thread, best of a few."""
     threads = torch.get_num_threads()
@@ -200,8 +212,7 @@ def main() -> None:
     raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
     (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
     cluster, model = cluster_from_dict(raw_cluster), model_from_dict(MODEL)
-    print(f"link: {link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.2f} GB/s, all-reduce "
-          f"{link.allreduce_bandwidth_Bps / 1e9:.2f} GB/s + {link.collective_overhead_s * 1e6:.0f} us; optimizer "
+    print(f"link: {link_line(link)}; optimizer "
           f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; memory {hbm_gbps:.1f} GB/s; "
           f"matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
     load_before = os.getloadavg()[0]
@@ -209,11 +220,18 @@ def main() -> None:
     if args.plans:
         shapes = {n: p for n, p in shapes.items() if n in args.plans.split(",")}
     measured: dict[str, float] = {}
-    for _ in range(args.passes):
+    probes = [link]
+    for pass_index in range(args.passes):
+        if pass_index:                      # the VM's wake-up tail drifts over minutes: probe it every pass
+            probes.append(measure_link())
         for name, plan in shapes.items():
             seconds, ops = measure_plan(plan, args.steps)
             print(f"{name}: {seconds:.3f} s; per rank, ms: {_ops_line(ops)}", flush=True)
             measured[name] = min(measured.get(name, float("inf")), seconds)
+    link = mean_link(probes)
+    profile.links[f"intra:{DEVICE}"] = link
+    profile.save(str(workdir / "cpu-profile.json"))
+    print(f"link, the mean of {len(probes)} probes (one per pass): {link_line(link)}", flush=True)
     numel = MICRO_BATCH * MODEL["max_seq_len"] * MODEL["hidden"]
     fastest, median, mean = all_reduce_seconds(numel)
     priced = allreduce_time(numel * 4, 2, link)

@@ -199,13 +199,17 @@ class GroupCostTable:
     def _build_plain(self, device_type: str, tp: int) -> GroupCost:
         prof = lambda kind: self.profile.layer(device_type, tp, self.micro_batch, kind)  # noqa: E731
         layer, embed, head = prof("layer"), prof("embedding"), prof("head")
-        ar = allreduce_time(self.message_bytes, tp, intra_link(self.profile, self.cluster, device_type))
+        link = intra_link(self.profile, self.cluster, device_type)
+        ar = allreduce_time(self.message_bytes, tp, link)
         device = self.cluster.device(device_type)
         tokens, elem = self.micro_batch * self.seq_len, self.precision.activation_bytes
+        # the vocabulary-parallel cross-entropy's two (fp32) all-reduces per micro-batch: the logits' max, then
+        # the target logit and the sum of exponentials (runtime/vocab_ce.py)
+        cross_entropy = allreduce_time(tokens * 4, tp, link) + allreduce_time(2 * tokens * 4, tp, link)
         return GroupCost(
             device_type=device_type, tp=tp,
             layer_s=layer.fwd_s + layer.bwd_s + 4 * ar, embed_s=embed.fwd_s + embed.bwd_s + ar,
-            head_s=head.fwd_s + head.bwd_s + ar,
+            head_s=head.fwd_s + head.bwd_s + ar + cross_entropy,
             layer_fwd_fraction=(layer.fwd_s + 2 * ar) / (layer.fwd_s + layer.bwd_s + 4 * ar),
             # measured profiles time the backward whole: split it by the FLOP shares
             layer_wgrad_s=layer.bwd_s * weight_grad_share(self.model, "layer", self.seq_len),
