@@ -240,7 +240,7 @@ def cmd_profile_local(args) -> int:
     seq_len = args.seq_len or spec.max_seq_len
     db = measure_profile(spec, args.device_type, parse_ints(args.tp, "--tp"),
                          parse_ints(args.micro_batch, "--micro-batch"), seq_len)
-    db.optimizer_s_per_param[args.device_type] = update_s_per_param(spec, _local_device())
+    db.optimizer_s_per_param[args.device_type] = update_s_per_param(spec)
     db.save(args.out)
     for (dev, tp, mb), layers in sorted(db.entries.items()):
         cells = "  ".join(f"{k} {v.fwd_s * 1e3:.3f}/{v.bwd_s * 1e3:.3f} ms" for k, v in layers.items())
@@ -249,9 +249,4 @@ def cmd_profile_local(args) -> int:
           f"{db.optimizer_s_per_param[args.device_type] * 1e9:.2f} ns/parameter (measured)")
     print(f"wrote {args.out} ({len(db.entries)} entries, {db.meta['profile_time_s']:.1f} s)")
     return 0
-
-
-def _local_device() -> str:
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
 

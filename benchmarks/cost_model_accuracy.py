@@ -25,6 +25,7 @@ Run: .venv/bin/python benchmarks/cost_model_accuracy.py [--steps 4] [--passes 2]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -117,8 +118,8 @@ def measure_link() -> LinkProfile:
 
 def mean_link(probes: list[LinkProfile]) -> LinkProfile:
     """Each figure's mean over the probes."""
-    fields = ("bandwidth_Bps", "latency_s", "collective_overhead_s", "allreduce_bandwidth_Bps")
-    return LinkProfile(**{f: sum(getattr(p, f) for p in probes) / len(probes) for f in fields})
+    names = [f.name for f in dataclasses.fields(LinkProfile)]
+    return LinkProfile(**{n: sum(getattr(p, n) for p in probes) / len(probes) for n in names})
 
 
 def link_line(link: LinkProfile) -> str:

@@ -43,14 +43,11 @@ class ProfileActor:
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else (platform.processor() or "cpu")
 
     def measure(self, spec: dict, device_type: str, tps: tuple, micro_batches: tuple, seq_len: int) -> dict:
-        import torch
-
         from autohet_ray.profile.measure import measure_profile
         from autohet_ray.runtime.update_rate import update_s_per_param
         model = model_from_dict(spec)
         db = measure_profile(model, device_type, tps, micro_batches, seq_len)
-        db.optimizer_s_per_param[device_type] = update_s_per_param(
-            model, "cuda" if torch.cuda.is_available() else "cpu")
+        db.optimizer_s_per_param[device_type] = update_s_per_param(model)
         return db.to_dict()
 
     def free_port(self) -> tuple[str, int]:

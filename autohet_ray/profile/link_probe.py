@@ -30,27 +30,18 @@ def _round_trip(rank: int, buf: torch.Tensor) -> None:
         dist.send(buf, 0)
 
 
-def _seconds(op, reps: int) -> list[float]:
-    """Each of `reps` back-to-back runs of `op`, in seconds (after a warm-up)."""
+def _seconds(op, reps: int, burst=None) -> list[float]:
+    """Each of `reps` runs of `op` in seconds, after a warm-up: back to back, or each right after this rank's
+    own `burst` of compute (timed without it)."""
     for _ in range(3):                                          # warm-up: connections, allocations
+        if burst is not None:
+            burst()
         op()
     dist.barrier()
     times = []
     for _ in range(reps):
-        start = time.perf_counter()
-        op()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _after_compute_s(op, burst, reps: int) -> list[float]:
-    """Each of `reps` runs of `op`, timed alone, each right after this rank's own `burst` of compute."""
-    for _ in range(3):
-        burst()
-        op()
-    times = []
-    for _ in range(reps):
-        burst()
+        if burst is not None:
+            burst()
         start = time.perf_counter()
         op()
         times.append(time.perf_counter() - start)
@@ -75,8 +66,8 @@ def probe_link(rank: int, num_bytes: int, reps: int = 20, device: str = "cpu",
     latency = sum(small_s) / reps
     a, b = (torch.rand(burst_dim, burst_dim, device=device) for _ in range(2))
     # a heavy tail (a woken rank can wait milliseconds on a VM) needs many samples for a steady mean
-    hidden_s = _mean(_after_compute_s(lambda: dist.all_reduce(hidden), lambda: a @ b, 4 * reps))
-    bucket_s = _mean(_after_compute_s(lambda: dist.all_reduce(bucket), lambda: a @ b, reps))
+    hidden_s = _mean(_seconds(lambda: dist.all_reduce(hidden), 4 * reps, burst=lambda: a @ b))
+    bucket_s = _mean(_seconds(lambda: dist.all_reduce(bucket), reps, burst=lambda: a @ b))
     # two members: two ring steps, each moving half the bytes
     reduce_bw = (allreduce_bytes - collective_bytes) / max(bucket_s - hidden_s, 1e-9)
     overhead = max(0.0, hidden_s - collective_bytes / reduce_bw - 2 * latency)

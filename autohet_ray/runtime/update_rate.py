@@ -20,9 +20,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def update_s_per_param(spec: ModelSpec, device: torch.device | str) -> float:
-    """Timed on one transformer layer's weights (the fastest of the timed reps, as the layer profile)."""
-    device = torch.device(device)
+def update_s_per_param(spec: ModelSpec, device: torch.device | str | None = None) -> float:
+    """Timed on one transformer layer's weights (the fastest of the timed reps, as the layer profile), on
+    `device` (default: this process's GPU where it has one, else the CPU, as measure_profile)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     with torch.device("meta"):
         block = Block(spec)
     materialize(block, seed=0, num_layers=spec.num_layers, device=device, dtype=torch.float32)
