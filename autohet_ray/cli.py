@@ -69,7 +69,7 @@ def _schedule_option(parser) -> None:
 
 
 def _train_parser(sub) -> None:
-    from autohet_ray.orchestrate.job import TrainJob
+    from autohet_ray.job.config import TrainJob
     t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train")
     t.add_argument("--cluster", required=True, help="cluster file (nodes, GPU types, links)")
     t.add_argument("--model", required=True, help="preset name, model YAML, or hf:DIR (a Hugging Face config.json)")

@@ -39,10 +39,11 @@ def parse_size(text: str) -> int:
 
 
 def _job_record(storage: dict) -> dict:
-    from autohet_ray.orchestrate import job_storage
-    text = job_storage.read_text(storage, job_storage.JOB_FILE)
+    from autohet_ray.storage import job_files
+    from autohet_ray.storage.spec import location
+    text = job_files.read_text(storage, job_files.JOB_FILE)
     if text is None:
-        raise ConfigError(f"{job_storage.location(storage, job_storage.JOB_FILE)} does not exist: --storage holds "
+        raise ConfigError(f"{location(storage, job_files.JOB_FILE)} does not exist: --storage holds "
                           "no autohet job")
     return json.loads(text)["job"]
 
@@ -51,12 +52,12 @@ def _tokenizer(job: dict, storage: dict) -> tuple[str | None, int | None]:
     """(tokenizer.json text, end-of-document id) of the job's dataset; Nones for synthetic data. A dataset that
     is gone is reported, and the model exported without them."""
     from autohet_ray.data.index import INDEX_FILE, TOKENIZER_FILE
-    from autohet_ray.elastic.tiers import storage_spec
-    from autohet_ray.orchestrate import job_storage
+    from autohet_ray.storage.spec import storage_spec
+    from autohet_ray.storage import job_files
     if not job.get("data"):
         return None, None
     data = storage_spec(job["data"], endpoint_url=storage.get("endpoint_url"))
-    text, index = job_storage.read_text(data, TOKENIZER_FILE), job_storage.read_text(data, INDEX_FILE)
+    text, index = job_files.read_text(data, TOKENIZER_FILE), job_files.read_text(data, INDEX_FILE)
     if text is None:
         print(f"autohet export: warning: the job's dataset {job['data']!r} has no {TOKENIZER_FILE} (moved?); "
               "exporting the model without a tokenizer", file=sys.stderr)
@@ -65,7 +66,8 @@ def _tokenizer(job: dict, storage: dict) -> tuple[str | None, int | None]:
 
 def cmd_export(args) -> int:
     from autohet_ray.checkpoint.hf_export import export_step
-    from autohet_ray.elastic.tiers import build_tier, check_storage, storage_spec
+    from autohet_ray.elastic.tiers import build_tier
+    from autohet_ray.storage.spec import check_storage, storage_spec
     from autohet_ray.model.spec import model_from_dict
     max_shard = parse_size(args.max_shard_size)
     storage = storage_spec(args.storage, endpoint_url=args.endpoint_url)

@@ -17,19 +17,20 @@ from autohet_ray import ConfigError
 def resume_job(storage_url: str, *, endpoint_url: str | None = None):
     """(TrainJob, job id, profile, newest step in the storage) of the job that wrote `storage_url`."""
     from autohet_ray.checkpoint import scan_manifests
-    from autohet_ray.elastic.tiers import build_tier, check_storage, storage_spec
-    from autohet_ray.orchestrate import job_storage
-    from autohet_ray.orchestrate.job import job_from_dict
+    from autohet_ray.elastic.tiers import build_tier
+    from autohet_ray.storage.spec import check_storage, storage_spec
+    from autohet_ray.storage import job_files
+    from autohet_ray.job.config import job_from_dict
     from autohet_ray.profile.db import profile_from_dict
     spec = storage_spec(storage_url, endpoint_url=endpoint_url)
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         raise ConfigError(f"storage {storage_url!r} is not a directory; give the --storage the job wrote to")
     check_storage(spec, create=False)
-    recorded = job_storage.read_text(spec, job_storage.JOB_FILE)
+    recorded = job_files.read_text(spec, job_files.JOB_FILE)
     if recorded is None:
-        raise ConfigError(f"storage {storage_url!r} holds no {job_storage.JOB_FILE}: no autohet job wrote there")
+        raise ConfigError(f"storage {storage_url!r} holds no {job_files.JOB_FILE}: no autohet job wrote there")
     saved = json.loads(recorded)
-    profile = job_storage.read_text(spec, job_storage.PROFILE_FILE)
+    profile = job_files.read_text(spec, job_files.PROFILE_FILE)
     job = job_from_dict(saved["job"] | {"storage": spec, "plan": None})   # the nodes may have changed: plan afresh
     newest = max(scan_manifests([build_tier(spec)]).steps, default=None)
     return job, saved["job_id"], profile_from_dict(json.loads(profile)) if profile else None, newest

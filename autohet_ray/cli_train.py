@@ -32,8 +32,8 @@ def _bar(done: int, total: int) -> str:
 
 def job_fields(args) -> dict:
     """TrainJob fields from the `autohet train` arguments (checked before any cluster starts)."""
-    from autohet_ray.elastic.notices import check_provider
-    from autohet_ray.elastic.tiers import check_storage, storage_spec
+    from autohet_ray.cloud.notices import check_provider
+    from autohet_ray.storage.spec import check_storage, storage_spec
     if args.spot_watch:
         check_provider(args.spot_provider)
     if args.elastic and not args.storage:
@@ -78,7 +78,7 @@ def _tensorboard_dir(args) -> str | None:
     """--tensorboard as an absolute directory, checked before any cluster starts."""
     if not args.tensorboard:
         return None
-    from autohet_ray.orchestrate.tensorboard_log import check_available
+    from autohet_ray.metrics.tensorboard import check_available
     check_available(args.tensorboard)
     return os.path.abspath(args.tensorboard)
 
@@ -197,7 +197,7 @@ def _starting(cluster) -> None:
 
 def cmd_train(args) -> int:
     from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.orchestrate.job import job_from_dict
+    from autohet_ray.job.config import job_from_dict
     from autohet_ray.orchestrate.session import ray_session
     job = job_from_dict(job_fields(args))          # bad values fail here, before a cluster starts
     with ray_session(load_cluster(args.cluster), address=args.address, emulate=args.emulate,

@@ -41,7 +41,7 @@ from autohet_ray.cluster.spec import load_cluster  # noqa: E402
 from autohet_ray.data import Dataset  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.orchestrate.session import ray_session  # noqa: E402
 
 MICRO_BATCH = 2

@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
 from autohet_ray.data.tokenize import tokenizer_from_json, train_byte_level_bpe  # noqa: E402
-from autohet_ray.orchestrate.data_prepare import Source, group_into_parts, prepare_dataset  # noqa: E402
+from autohet_ray.data.parts import Source, group_into_parts  # noqa: E402
+from autohet_ray.orchestrate.data_prepare import prepare_dataset  # noqa: E402
 
 SPEEDUP_BAR, VS_LIBRARY_BAR = 1.6, 0.8
 

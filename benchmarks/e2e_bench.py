@@ -33,7 +33,7 @@ from autohet_ray.cluster.spec import load_cluster  # noqa: E402
 from autohet_ray.cost.evaluate import evaluate_plan  # noqa: E402
 from autohet_ray.model.spec import PRESETS, ModelSpec  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.orchestrate.session import ray_session  # noqa: E402
 from autohet_ray.planner import plan_with_baselines  # noqa: E402
 from autohet_ray.profile.analytic import analytic_profile  # noqa: E402

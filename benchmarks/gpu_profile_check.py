@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from autohet_ray.model.spec import load_model
-from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.emulate.pacer import PACED_OPS, EmulationPacer
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.profile.measure import measure_profile

@@ -176,10 +176,10 @@ def main(argv=None) -> int:
 
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.model.spec import model_from_dict
-    from autohet_ray.elastic.tiers import storage_spec
+    from autohet_ray.storage.spec import storage_spec
     from autohet_ray.emulate.cluster import emulated_cluster, node_args
     from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.orchestrate.job import TrainJob
+    from autohet_ray.job.config import TrainJob
 
     model = model_from_dict({"name": "bench-gpt", "family": "gpt", "num_layers": args.layers, "hidden": args.hidden,
                              "num_heads": 4, "num_kv_heads": 4, "ffn_hidden": 4 * args.hidden,

@@ -74,7 +74,7 @@ def load_inputs(args):
 def build_schedule(cluster, traces: list[str], start_s: float, events: int, tail_s: float, notice_s: float):
     """The pools' timeline from `start_s`, cut after `events` events (+ tail); the start nodes and actions."""
     from autohet_ray import ConfigError
-    from autohet_ray.emulate.replay import node_actions, pool_node_names
+    from autohet_ray.replay.emulated import node_actions, pool_node_names
     from autohet_ray.replay.timeline import build_timeline
     from autohet_ray.replay.traces import PoolTrace, load_trace
     pools = []
@@ -111,8 +111,8 @@ def prepare_data(out_dir: str) -> str:
 
 
 def make_job(args, cluster, model, priced, data: str, storage: str):
-    from autohet_ray.elastic.tiers import storage_spec
-    from autohet_ray.orchestrate.job import TrainJob
+    from autohet_ray.storage.spec import storage_spec
+    from autohet_ray.job.config import TrainJob
     return TrainJob(model=model.to_dict(), priced_as=priced.to_dict(), priced_seq_len=priced.max_seq_len,
                     cluster=cluster.to_dict(), global_batch=args.global_batch, data=data,
                     storage=storage_spec(storage), elastic=True, dtype="float64", checkpoint_every=10,
@@ -168,8 +168,8 @@ def stop_watchers(job_id: str) -> None:
 
 
 def summarize(args, ctl, log, timeline, cluster, model, priced, data, launch, secured) -> dict:
-    from autohet_ray.emulate.replay_report import (change_phases, committed_lost, emulated_goodput, phase_medians,
-                                                   reference_check, step_record)
+    from autohet_ray.emulate.reference import reference_check
+    from autohet_ray.replay.emulated import change_phases, committed_lost, emulated_goodput, phase_medians, step_record
     from autohet_ray.replay.planning import real_planner
     phases = [change_phases(c) for c in log.changes]
     removals = [a for a in log.applied if a["kind"] == "remove"]

@@ -62,7 +62,7 @@ def train_loop(config: dict) -> list:
     import torch
 
     from autohet_ray.model.spec import model_from_dict
-    from autohet_ray.orchestrate.data import synthetic_batch
+    from autohet_ray.data.synthetic import synthetic_batch
     from autohet_ray.orchestrate.train_api import engine_for_worker, report_step, restore_from_train_checkpoint
     from autohet_ray.plan.schema import plan_from_dict
     plan, model = plan_from_dict(config["plan"]), model_from_dict(config["model"])

@@ -1,6 +1,6 @@
 """Writing a dataset: shards in stream order, then tokenizer.json, then index.json last, so that a
 preparation stopped half-way leaves no index and is never mistaken for a dataset. Where the files go is the
-caller's `put(name, data)`: a local directory here (`directory_put`), S3 in orchestrate/data_prepare.py."""
+caller's `put(name, data)`: a local directory here (`directory_put`), S3 in storage/datasets.py."""
 from __future__ import annotations
 
 import os

@@ -15,6 +15,7 @@ import ray
 from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.orchestrate.actor_calls import settled_ok
 
 
 class Committer:
@@ -108,23 +109,14 @@ class Committer:
     def _answering_keepers(self, timeout_s: float = 3.0) -> set[str]:
         """The nodes whose keepers answer now: a node going down with the lost ones (not yet named lost, as two
         nodes reclaimed together are not always detected together) holds no usable copy either."""
-        from autohet_ray.elastic.keeper import get_keeper
         refs = {}
-        for node, spec in self.keeper_specs.items():
+        for node in self.keeper_specs:
             try:
-                refs[node] = get_keeper(spec["job_id"], spec["node_id"]).has.remote("liveness-probe")
+                refs[node] = self._keeper(node).has.remote("liveness-probe")
             except ValueError:                          # its actor is gone
                 continue
         ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0]) if refs else set()
-        answering = set()
-        for node, ref in refs.items():
-            try:
-                if ref in ready:
-                    ray.get(ref)
-                    answering.add(node)
-            except ray.exceptions.RayError:
-                continue
-        return answering
+        return {node for node, ref in refs.items() if ref in ready and settled_ok(ref)}
 
     def rereplicate_newest(self, also_held: dict[str, set[str]] | None = None) -> int:
         """After a node loss: copy each chunk of the newest committed step that only one live node store still
@@ -132,7 +124,7 @@ class Committer:
         re-plans), so that another loss before the next commit cannot take the step's last copy. A step already
         in the storage needs no copy. `also_held`: key -> nodes whose stores hold that chunk beyond what the
         manifest records (written since, from live state). Returns the number of chunks being copied."""
-        from autohet_ray.elastic.keeper import get_keeper, keeper_name
+        from autohet_ray.elastic.keeper import keeper_name
         if not self.committed or self.committed[-1] in self.cloud_committed or len(self.keepers) < 2:
             return 0
         try:
@@ -150,16 +142,14 @@ class Committer:
                 others = [n for n in live if n != holders[0]]
                 copies.setdefault((holders[0], others[i % len(others)]), []).append(record.key)
         for (source, target), keys in copies.items():
-            src, dst = self.keeper_specs[source], self.keeper_specs[target]
-            self.copies.append(get_keeper(src["job_id"], src["node_id"]).replicate.remote(
-                keys, keeper_name(dst["job_id"], dst["node_id"])))
+            dst = self.keeper_specs[target]
+            self.copies.append(self._keeper(source).replicate.remote(keys, keeper_name(dst["job_id"], dst["node_id"])))
         return sum(len(keys) for keys in copies.values())
 
     def promote(self, step: int, timeout_s: float = 600.0) -> int:
         """Copy committed node-store step `step` to the storage and commit it there: every chunk is uploaded
         by one keeper holding it (spread over the holders, in parallel), then the manifest. Returns the bytes
         uploaded; CheckpointError when some chunk has no live holder."""
-        from autohet_ray.elastic.keeper import get_keeper
         manifest = find_manifest(list(self.keepers.values()), step)
         node_of = {self.keeper_specs[node]["name"]: node for node in self.keepers}
         todo = list(manifest.records)
@@ -169,8 +159,8 @@ class Committer:
             if batches is None:
                 raise CheckpointError(f"step {step}: chunk {todo[0].key!r} has no live node store to upload it "
                                       f"from (held by {list(todo[0].replicas)}; lost: {sorted(dead)})")
-            refs = {node: get_keeper(self.keeper_specs[node]["job_id"], self.keeper_specs[node]["node_id"])
-                    .upload.remote([r.key for r in records], self.cloud_spec) for node, records in batches.items()}
+            refs = {node: self._keeper(node).upload.remote([r.key for r in records], self.cloud_spec)
+                    for node, records in batches.items()}
             todo = []
             for node, ref in refs.items():
                 try:
@@ -209,6 +199,12 @@ class Committer:
         if self._gc is not None:
             self._gc.result()
         self._gc_pool.shutdown(wait=True)
+
+    def _keeper(self, node: str):
+        """The keeper actor of `node` (ValueError when it is gone)."""
+        from autohet_ray.elastic.keeper import get_keeper
+        spec = self.keeper_specs[node]
+        return get_keeper(spec["job_id"], spec["node_id"])
 
     def manifest_tiers(self, mode: str) -> list:
         return [self.cloud] if mode == "cloud_only" else [*self.keepers.values(), self.cloud]

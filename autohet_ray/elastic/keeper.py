@@ -32,8 +32,6 @@ from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
 
 KEEPER_NAMESPACE = "autohet-keepers"
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)   # died, unreachable, too slow
-
-
 STORE_ENV = "AUTOHET_NODE_STORE"
 
 

@@ -15,7 +15,7 @@ import ray
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.elastic.liveness import detect_failure, probe_all
+from autohet_ray.elastic.liveness import detect_failure, probe_all, raylet_addresses, refused_raylets
 
 MAX_RECOVERIES_IN_A_ROW = 5
 
@@ -46,7 +46,6 @@ def plan_summary(plan) -> list[list[str]]:
 def usable_nodes(ctl) -> list[dict]:
     """The `ray.nodes()` entries of live nodes the job may use: alive, raylet not refusing, not draining and not
     already found lost (a replacement may join under the name of a node that is still draining)."""
-    from autohet_ray.elastic.liveness import refused_raylets
     alive = [n for n in ray.nodes() if n["Alive"] and n["NodeID"] not in ctl.draining | ctl.gone]
     refused = refused_raylets(alive)
     return [n for n in alive if n["NodeID"] not in refused]
@@ -152,12 +151,8 @@ def _healthy(ctl, checks: int = 3, every_s: float = 0.3) -> bool:
     """Every plan node's raylet answers and every worker answers a ping, `checks` times in a row."""
     nodes = sorted({s["node"] for s in ctl.group.slots})
     for i in range(checks):
-        raw = {n["NodeID"]: n for n in ray.nodes()}
-        entries = [raw.get(ctl.found.node_ids[node], {}) for node in nodes]
-        if not all(e.get("Alive") for e in entries):
-            return False
-        verdicts = probe_all({i: (e["NodeManagerAddress"], int(e["NodeManagerPort"])) for i, e in enumerate(entries)})
-        if any(v != "ok" for v in verdicts.values()):
+        addresses = raylet_addresses(ctl.found.node_ids[node] for node in nodes)
+        if None in addresses.values() or any(v != "ok" for v in probe_all(addresses).values()):
             return False
         dead, silent = ctl.group.ping(timeout_s=1.0)
         if dead or silent:

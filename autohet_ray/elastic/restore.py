@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint import find_manifest
-from autohet_ray.elastic.tiers import object_location
+from autohet_ray.storage.spec import location
 
 RESTORE_MODES = ("local_first", "cloud_only")
 
@@ -44,7 +44,8 @@ def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dic
         outs = group.gather(refs, timeout_s)         # a lost worker raises GroupFailure: recovery's business
         missing = [out["unavailable"] for out in outs if out.get("unavailable")]
         if missing:
-            skipped += [_skipped_chunk(m, specs) for m in _unique(missing)]
+            unique = {m["key"]: m for m in missing}.values()
+            skipped += [_skipped_chunk(m, specs) for m in unique]
             continue
         return {"restored_step": step, "mode": mode, "skipped_chunks": skipped, "recorded": manifest.extra,
                 **merge_restores(outs)}
@@ -52,14 +53,10 @@ def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dic
                            "; ".join(describe_skipped(s) for s in skipped))
 
 
-def _unique(missing: list[dict]) -> list[dict]:
-    return list({m["key"]: m for m in missing}.values())
-
-
 def _skipped_chunk(missing: dict, specs: dict[str, dict]) -> dict:
     """One chunk a restore could not use: its step, tensor, and per tier the object and why."""
     key = missing["key"]
-    tiers = [{"tier": name, "object": object_location(specs[name], key) if name in specs else key,
+    tiers = [{"tier": name, "object": location(specs[name], key) if name in specs else key,
               "reason": reason} for name, reason in missing["attempts"]]
     return {"step": missing["step"], "tensor": key.split("/")[1], "chunk": key, "tiers": tiers}
 

@@ -8,7 +8,7 @@ On a notice the watcher
      checkpoint (the controller polls `board.pending` between steps and calls `board.ack(node_id)`),
   2. drains its node through Ray (`GcsClient.drain_node`, DRAIN_NODE_REASON_PREEMPTION, deadline = the
      notice's deadline), so Ray schedules nothing new there and reports the node as preempted.
-Reading the notice endpoints of AWS (IMDSv2), GCP and Azure, and provider="auto": `elastic/notices.py`.
+Reading the notice endpoints of AWS (IMDSv2), GCP and Azure, and provider="auto": `cloud/notices.py`.
 
 Ray's drain state. Ray 2.60 has no public API that says a node is draining: `ray.util.state.list_nodes`
 reports `NodeState.state` as only ALIVE or DEAD (its `state_message` is the death reason), `ray.nodes()`
@@ -31,10 +31,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
-from autohet_ray.elastic.notices import METADATA_URL, check_provider, detect_provider, poll_notice
-from autohet_ray.elastic.notices import parse_aws as parse_notice  # noqa: F401  (the AWS parser, as before)
+from autohet_ray.cloud.notices import METADATA_URL, check_provider, detect_provider, poll_notice
 
-IMDS_URL = METADATA_URL
 NAMESPACE = "autohet-spot"
 
 

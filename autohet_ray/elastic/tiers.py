@@ -6,62 +6,18 @@
     {"kind": "keeper_push", "name": "keeper-c", "node_id": "<c>", "job_id": "...", "via_node_id": "<a>"}
                                  write-only peer tier: keeper a pushes chunks it already holds to keeper c
                                  (the writing rank sends its bytes once, to its own node's keeper)
-    {"kind": "dir", "name": "cloud", "path": "/ckpt/run-7"}         a local directory ("cloud" default)
-    {"kind": "s3", "name": "cloud", "bucket": "b", "prefix": "run-7/", "endpoint_url": None}
+    {"kind": "dir", ...} or {"kind": "s3", ...}: the durable storage (storage/spec.py: storage_spec)
 Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic cloud link).
-`storage_spec("s3://bucket/prefix")` or `storage_spec("/dir")` turns a storage URL into a spec.
 Every built tier is wrapped in a TimedTier that records how long reads from it took (wall span and bytes).
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 from autohet_ray import ConfigError
 
 KINDS = ("keeper", "keeper_push", "dir", "s3")
-
-
-def storage_spec(url: str, *, name: str = "cloud", endpoint_url: str | None = None,
-                 rate_bytes_per_s: float | None = None) -> dict:
-    """The tier spec of a storage URL: `s3://bucket[/prefix]` or a local directory path."""
-    if not url:
-        raise ConfigError("storage must be a directory or s3://bucket/prefix, got an empty string")
-    if url.startswith("s3://"):
-        bucket, _, prefix = url[len("s3://"):].partition("/")
-        if not bucket:
-            raise ConfigError(f"storage {url!r} names no bucket; use s3://bucket/prefix")
-        prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-        spec = {"kind": "s3", "name": name, "bucket": bucket, "prefix": prefix, "endpoint_url": endpoint_url}
-    elif "://" in url:
-        raise ConfigError(f"storage {url!r}: unknown scheme; use a directory path or s3://bucket/prefix")
-    else:
-        spec = {"kind": "dir", "name": name, "path": url}
-    if rate_bytes_per_s is not None:
-        spec["rate_bytes_per_s"] = float(rate_bytes_per_s)
-    return spec
-
-
-def check_storage(spec: dict, *, create: bool = True) -> None:
-    """ConfigError unless the storage of `spec` (a `storage_spec`) can be used: a directory that exists or
-    (with `create`) can be made and is writable; an S3 bucket that answers these credentials."""
-    if spec["kind"] == "s3":
-        from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket
-        check_bucket(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),
-                              endpoint_url=spec.get("endpoint_url")))
-        return
-    assert spec["kind"] == "dir", spec
-    path = spec["path"]
-    if create and not os.path.exists(path):
-        try:
-            os.makedirs(path)
-        except OSError as err:
-            raise ConfigError(f"storage directory {path!r} cannot be created: {err.strerror}") from None
-    if not os.path.isdir(path):
-        raise ConfigError(f"storage {path!r} is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"storage directory {path!r} is not writable")
 
 
 def push_spec(peer: dict, local: dict) -> dict:
@@ -174,12 +130,3 @@ class TimedTier:
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
-
-
-def object_location(spec: dict, key: str) -> str:
-    """Where the object `key` of the tier of `spec` lives, for messages (a path or an s3:// URL)."""
-    if spec["kind"] == "s3":
-        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}{key}"
-    if spec["kind"] == "dir":
-        return os.path.join(spec["path"], key)
-    return os.path.join(spec.get("dir") or f"<node store of {spec['name']}>", key)

@@ -6,7 +6,7 @@ traces say (one trace per GPU-type pool, scaled to the pool's nodes, on a compre
 
 A node leaves by being removed from Ray (`remove_node(allow_graceful=False)`: its raylet, workers and node store
 die with it), mid-step, at the first step boundary after its trace time. With a notice lead S (trace seconds),
-the node's fake instance-metadata endpoint (emulate/imds.py) announces the termination S before (S / C wall
+the node's fake instance-metadata endpoint (cloud/fake_imds.py) announces the termination S before (S / C wall
 seconds before the removal, also where handling earlier events made the replay lag the trace): the node's
 SpotWatcher reads it as on AWS, the controller flushes and re-plans without the node between steps, the
 watcher drains it, and the removal later takes nothing the job still uses. A node joins by being added (a
@@ -24,47 +24,8 @@ from ray.cluster_utils import Cluster as RayTestCluster
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.emulate.cluster import EMULATED_OBJECT_STORE_BYTES, node_args
 from autohet_ray.elastic.spot import start_board
-from autohet_ray.emulate.imds import FakeImds
-from autohet_ray.replay.timeline import Timeline
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeAction:
-    time_s: float          # trace seconds from the replay's start
-    kind: str              # "notice", "remove" or "add"
-    node: str              # cluster-file node name
-    event: int             # index of the timeline event it belongs to
-    deadline_s: float = 0.0  # a notice: the trace time of the removal it announces
-
-
-def pool_node_names(cluster: Cluster, pools: tuple[str, ...]) -> list[list[str]]:
-    """Per pool (GPU type), its node names in cluster-file order."""
-    return [[n.name for n in cluster.nodes if n.device == pool] for pool in pools]
-
-
-def node_actions(timeline: Timeline, names: list[list[str]], notice_s: float = 0.0) -> tuple[list[str], list[NodeAction]]:
-    """The nodes alive at the start and the actions in time order. A pool shrinking loses its last alive nodes
-    (file order), a growing pool gets its first missing ones back. A notice precedes each removal by
-    `notice_s`, or comes when the node joined if it lives less than that (0: no notices)."""
-    alive = [set(pool[:k]) for pool, k in zip(names, timeline.initial)]
-    joined_at = {n: 0.0 for pool in alive for n in pool}
-    actions: list[NodeAction] = []
-    for event in timeline.events:
-        for p, (pool, before, after) in enumerate(zip(names, event.before, event.after)):
-            ordered = [n for n in pool if n in alive[p]]
-            for name in ordered[after:] if after < before else []:
-                if notice_s > 0:
-                    actions.append(NodeAction(time_s=max(joined_at[name], event.time_s - notice_s), kind="notice",
-                                              node=name, event=event.index, deadline_s=event.time_s))
-                actions.append(NodeAction(time_s=event.time_s, kind="remove", node=name, event=event.index))
-                alive[p].discard(name)
-            for name in [n for n in pool if n not in alive[p]][:max(0, after - before)]:
-                actions.append(NodeAction(time_s=event.time_s, kind="add", node=name, event=event.index))
-                alive[p].add(name)
-                joined_at[name] = event.time_s
-    order = {"remove": 0, "add": 1, "notice": 2}      # a node joins before a notice of its own can reach it
-    start = [n for pool, k in zip(names, timeline.initial) for n in pool[:k]]
-    return start, sorted(actions, key=lambda a: (a.time_s, order[a.kind], a.node))
+from autohet_ray.cloud.fake_imds import FakeImds
+from autohet_ray.replay.emulated import NodeAction
 
 
 class ReplayCluster:

@@ -1,2 +1,2 @@
 """Ray glue: discovery, profiling on Ray, the worker actors, the one controller, sessions and Ray Train glue.
-Import the submodules (`orchestrate.controller`, `orchestrate.job`, ...) directly."""
+Import the submodules (`orchestrate.controller`, `orchestrate.worker`, ...) directly."""

@@ -28,33 +28,30 @@ from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.model.spec import model_from_dict
-from autohet_ray.orchestrate import job_storage
-from autohet_ray.orchestrate.step_metrics import step_metrics
-from autohet_ray.orchestrate.training_data import TrainingData
+from autohet_ray.storage import job_files
+from autohet_ray.storage.spec import location
+from autohet_ray.metrics.step import step_metrics
+from autohet_ray.data.training import TrainingData
+from autohet_ray.orchestrate.data_prepare import local_dataset
 from autohet_ray.orchestrate.discovery import describe, discover
-from autohet_ray.orchestrate.job import TrainJob
+from autohet_ray.job.config import TrainJob
 from autohet_ray.orchestrate.job_plan import choose_plan, job_profile
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
-
-
-def new_job_id() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 class Controller:
     def __init__(self, job: TrainJob, *, job_id: str | None = None, profile=None):
         """`job_id`/`profile`: those of a job resumed from its storage (default: a new job, profiled anew)."""
-        self.job, self.job_id, self.profile = job, job_id or new_job_id(), profile
+        self.job, self.job_id, self.profile = job, job_id or uuid.uuid4().hex[:12], profile
         self.model = model_from_dict(job.model)
         self.priced_model = model_from_dict(job.priced_as) if job.priced_as else self.model
         self.seq_len = job.seq_len or self.model.max_seq_len
         self.priced_seq_len = job.priced_seq_len or self.seq_len
         self.base_cluster = cluster_from_dict(job.cluster)
         self.state = "new"
-        self.found = self.plan = self.evaluation = self.group = self.committer = self.metrics_log = None
-        self.tensorboard_log = None
-        self.data = None
-        self.board, self.watching = None, False
+        self.found = self.plan = self.evaluation = self.group = self.committer = None
+        self.data = self.metrics_log = self.tensorboard_log = self.board = None
+        self.watching = False
         self.baselines: dict[str, float] = {}
         self.keeper_specs: dict[str, dict] = {}
         self.lost: list[str] = []
@@ -82,9 +79,9 @@ class Controller:
         if self.profile is None:
             self.profile = job_profile(self.job, found=self.found, priced_model=self.priced_model,
                                        cluster=self.base_cluster, seq_len=self.priced_seq_len)
-        self.data = TrainingData(data=self.job.data, model=self.model, global_batch=self.job.global_batch,
-                                 seq_len=self.seq_len, seed=self.job.seed,
-                                 endpoint_url=(self.job.storage or {}).get("endpoint_url"))
+        data = local_dataset(self.job.data, endpoint_url=(self.job.storage or {}).get("endpoint_url"))
+        self.data = TrainingData(data=data, model=self.model, global_batch=self.job.global_batch,
+                                 seq_len=self.seq_len, seed=self.job.seed)
         if self.job.storage:
             self._record_job()
             if self.job.elastic:
@@ -92,9 +89,9 @@ class Controller:
             self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
                                        extra={"job_id": self.job_id}, gc_every=self.job.gc_every)
             self.committer.step_extra = self.data.state
-            self.metrics_log = job_storage.LineLog(self.job.storage, job_storage.METRICS_FILE)
+            self.metrics_log = job_files.LineLog(self.job.storage, job_files.METRICS_FILE)
         if self.job.tensorboard:
-            from autohet_ray.orchestrate.tensorboard_log import TensorBoardLog
+            from autohet_ray.metrics.tensorboard import TensorBoardLog
             self.tensorboard_log = TensorBoardLog(self.job.tensorboard)
         report = self.launch(restore)
         self.state = "running"
@@ -115,9 +112,9 @@ class Controller:
     def _record_job(self) -> None:
         """The job id, its config and its profile, in the storage (for resume and every re-plan)."""
         storage = self.job.storage
-        job_storage.write_text(storage, job_storage.JOB_FILE,
+        job_files.write_text(storage, job_files.JOB_FILE,
                                json.dumps({"job_id": self.job_id, "job": self.job.to_dict()}, indent=1))
-        job_storage.write_text(storage, job_storage.PROFILE_FILE, json.dumps(self.profile.to_dict()))
+        job_files.write_text(storage, job_files.PROFILE_FILE, json.dumps(self.profile.to_dict()))
 
     def start_keepers(self) -> None:
         """A node store (and its keeper) of this job on every live node that has none yet."""
@@ -166,7 +163,7 @@ class Controller:
             start = time.perf_counter()
             self.configure_snapshots()
             report["configure_snapshots_s"] = time.perf_counter() - start
-            job_storage.write_text(self.job.storage, job_storage.PLAN_FILE, self.plan.to_json())
+            job_files.write_text(self.job.storage, job_files.PLAN_FILE, self.plan.to_json())
         return report
 
     def _choose_plan(self, plan: dict | None):
@@ -245,20 +242,22 @@ class Controller:
         return sum(losses) / len(losses)
 
     def _snapshot_due(self, step: int) -> bool:
-        if self.job.elastic:
-            return self.snapshots
-        return bool(self.job.checkpoint_every) and step % self.job.checkpoint_every == 0
+        return self.snapshots if self.job.elastic else self._is_cloud_step(step)
 
     def _commit_previous(self, step: int) -> None:
         """Commit the snapshot of `step` (taken after it) while the next step computes."""
         if step not in self.snapped or step in self.committer.committed:
             return
-        self.committer.commit_fast(step, self.group.gather([a.fast_records.remote(step)
-                                                            for a in self.group.actors], 120))
-        if self.job.elastic and self._is_cloud_step(step):
-            self.committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
+        self._commit(step, self.group.call("fast_records", step, timeout_s=120))
         self.committer.poll_cloud()
         self.committer.maybe_collect(step)
+
+    def _commit(self, step: int, records: list[list]) -> None:
+        """The node-store commit of `step` (plain jobs: the storage commit); an elastic job's storage step also
+        starts its uploads."""
+        self.committer.commit_fast(step, records)
+        if self.job.elastic and self._is_cloud_step(step):
+            self.committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
 
     def _is_cloud_step(self, step: int) -> bool:
         return bool(self.job.checkpoint_every) and step % self.job.checkpoint_every == 0
@@ -293,9 +292,7 @@ class Controller:
             self.group.call("snapshot_now", timeout_s=timeout_s)
             self.snapped.add(step)
         if step in self.snapped:
-            committer.commit_fast(step, self.group.call("fast_records", step, timeout_s=timeout_s))
-            if self.job.elastic and self._is_cloud_step(step):
-                committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
+            self._commit(step, self.group.call("fast_records", step, timeout_s=timeout_s))
         committer.poll_cloud(wait=True, timeout_s=timeout_s)
         return self._flushed()
 
@@ -316,7 +313,7 @@ class Controller:
         newest = max(self.committer.committed, default=None)
         if newest is not None and newest not in self.committer.cloud_committed:
             self.committer.promote(newest, timeout_s)
-        return {"step": newest, "where": job_storage.location(self.job.storage, "")}
+        return {"step": newest, "where": location(self.job.storage, "")}
 
     def close(self) -> dict:
         """End the job (on every exit path): the newest committed step reaches the storage before any node
@@ -356,7 +353,7 @@ class Controller:
         dirs = ", ".join(f"{node}: {spec['dir']}" for node, spec in sorted(self.keeper_specs.items()))
         return (f"autohet: the newest committed step could not be copied to the storage ({error}). The node "
                 f"stores of job {self.job_id} are kept ({dirs}); while their nodes live, "
-                f"`autohet resume --storage {job_storage.location(self.job.storage, '')}` continues from them.")
+                f"`autohet resume --storage {location(self.job.storage, '')}` continues from them.")
 
     # -- events between steps ----------------------------------------------------------------------------------
     def watch_spot(self, **watcher_options):

@@ -87,10 +87,6 @@ def _label_names(device: str) -> set[str]:
     return {device, label_value(device), *RAY_ALIASES.get(device, ())}
 
 
-def _catalog_label(label: str) -> bool:
-    return any(label in _label_names(d) for d in CATALOG)
-
-
 def _mismatch(node: LiveNode, report: DeviceReport, why: str) -> ConfigError:
     seen = f"{report.name!r}" + (" (emulated)" if report.emulated else "")
     return ConfigError(f"device check: node {node.name} (node id {node.node_id[:8]}) is labelled "
@@ -102,7 +98,7 @@ def _real_type(node: LiveNode, report: DeviceReport) -> str:
     if report.name is None or report.count < 1:
         raise ConfigError(f"device check: node {node.name} (node id {node.node_id[:8]}) offers {node.num_gpus} "
                           f"GPUs to Ray but the probe task given one of them sees no CUDA device")
-    if not _catalog_label(node.device_type):
+    if not any(node.device_type in _label_names(d) for d in CATALOG):     # a custom device of the cluster file
         if set(name_tokens(node.device_type)) <= set(name_tokens(report.name)):
             return node.device_type
         raise _mismatch(node, report, "a custom device label must name the model as CUDA reports it")

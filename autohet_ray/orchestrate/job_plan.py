@@ -7,8 +7,8 @@ import json
 from autohet_ray import ConfigError
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.orchestrate.discovery import check_plan_fits
-from autohet_ray.orchestrate.job import TrainJob, compute_dtype
-from autohet_ray.orchestrate.step_metrics import peak_dtype
+from autohet_ray.job.config import TrainJob, compute_dtype
+from autohet_ray.metrics.step import peak_dtype
 from autohet_ray.plan.schema import plan_from_dict
 
 

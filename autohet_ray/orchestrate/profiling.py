@@ -7,6 +7,7 @@ device type, model, sequence length, the TP degrees and micro-batches, and softw
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -14,6 +15,8 @@ import os
 import time
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from autohet_ray.model.spec import ModelSpec, model_from_dict
 from autohet_ray.orchestrate.discovery import Discovered, LiveNode
@@ -75,21 +78,22 @@ class ProfileActor:
 
 
 def _remote(group, index: int):
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     cls = ray.remote(num_cpus=0, num_gpus=1)(ProfileActor)
     return cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, index)).remote()
 
 
-def _group(node: LiveNode, size: int, timeout_s: float):
-    from ray.util.placement_group import placement_group, remove_placement_group
-    selector = {ACCELERATOR_LABEL: label_value(node.device_type), NODE_ID_LABEL: node.node_id}
-    group = placement_group([{"GPU": 1}] * size, strategy="STRICT_PACK", bundle_label_selector=[selector] * size)
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-    if not ready:
+@contextlib.contextmanager
+def _placed(selectors: list[dict], strategy: str, what: str, timeout_s: float):
+    """A placement group of one GPU per label selector (removed on exit); PlacementError when `what` cannot be
+    scheduled within the timeout."""
+    group = placement_group([{"GPU": 1}] * len(selectors), strategy=strategy, bundle_label_selector=selectors)
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if not ready:
+            raise PlacementError(f"profiling: {what} could not be scheduled in {timeout_s:.0f} s (GPUs busy?)")
+        yield group
+    finally:
         remove_placement_group(group)
-        raise PlacementError(f"profiling: {size}x {node.device_type} on node {node.name} could not be scheduled in "
-                             f"{timeout_s:.0f} s (GPUs busy?)")
-    return group
 
 
 def _link(a, b) -> LinkProfile:
@@ -100,24 +104,16 @@ def _link(a, b) -> LinkProfile:
 
 def _inter_link(found: Discovered, timeout_s: float) -> LinkProfile | None:
     """A gloo ping-pong between GPUs on the first two nodes (None on a one-node cluster)."""
-    from ray.util.placement_group import placement_group, remove_placement_group
     if len(found.nodes) < 2:
         return None
     a, b = found.nodes[:2]
-    selectors = [{NODE_ID_LABEL: n.node_id} for n in (a, b)]
-    group = placement_group([{"GPU": 1}, {"GPU": 1}], strategy="STRICT_SPREAD", bundle_label_selector=selectors)
-    try:
-        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-        if not ready:
-            raise PlacementError(f"profiling: one GPU on each of nodes {a.name} and {b.name} could not be scheduled "
-                                 f"in {timeout_s:.0f} s (GPUs busy?)")
+    with _placed([{NODE_ID_LABEL: n.node_id} for n in (a, b)], "STRICT_SPREAD",
+                 f"one GPU on each of nodes {a.name} and {b.name}", timeout_s) as group:
         actors = [_remote(group, i) for i in range(2)]
         link = _link(*actors)
         for actor in actors:
             ray.kill(actor)
         return link
-    finally:
-        remove_placement_group(group)
 
 
 def cache_key(device_type: str, spec: ModelSpec, seq_len: int, tps, micro_batches) -> str:
@@ -126,21 +122,20 @@ def cache_key(device_type: str, spec: ModelSpec, seq_len: int, tps, micro_batche
     return f"{label_value(device_type)}-{spec.name}-{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
 
-def _profile_type(node: LiveNode, spec: ModelSpec, seq_len: int, micro_batches, timeout_s: float) -> tuple[dict, dict]:
+def _profile_type(node: LiveNode, spec: ModelSpec, seq_len: int, tps: tuple, micro_batches,
+                  timeout_s: float) -> tuple[dict, dict]:
     """(profile dict of this type's entries, {"intra": LinkProfile or None, "device_name": ...})."""
-    tps = tuple(t for t in TP_DEGREES if t <= node.num_gpus and spec.valid_tp(t))
-    group = _group(node, min(2, node.num_gpus), timeout_s)
-    try:
-        actors = [_remote(group, i) for i in range(min(2, node.num_gpus))]
+    size = min(2, node.num_gpus)
+    selector = {ACCELERATOR_LABEL: label_value(node.device_type), NODE_ID_LABEL: node.node_id}
+    with _placed([selector] * size, "STRICT_PACK", f"{size}x {node.device_type} on node {node.name}",
+                 timeout_s) as group:
+        actors = [_remote(group, i) for i in range(size)]
         name = ray.get(actors[0].device_name.remote())
         raw = ray.get(actors[0].measure.remote(spec.to_dict(), node.device_type, tps, tuple(micro_batches), seq_len))
         intra = _link(*actors) if len(actors) == 2 else None
         for a in actors:
             ray.kill(a)
         return raw, {"intra": intra, "device_name": name}
-    finally:
-        from ray.util.placement_group import remove_placement_group
-        remove_placement_group(group)
 
 
 def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_batches=MICRO_BATCHES,
@@ -161,7 +156,7 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
             part, info = profile_from_dict(cached["profile"]), cached["info"]
             info["cached"] = True
         else:
-            raw, links = _profile_type(node, spec, seq_len, micro_batches, timeout_s)
+            raw, links = _profile_type(node, spec, seq_len, tps, micro_batches, timeout_s)
             part = profile_from_dict(raw)
             if links["intra"] is not None:
                 part.links[f"intra:{device_type}"] = links["intra"]

@@ -24,8 +24,7 @@ from autohet_ray import ConfigError
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_NAME_LABEL, label_value
 from autohet_ray.orchestrate import train_checkpoint
-from autohet_ray.orchestrate.step_metrics import (NO_PEAK_SOURCE, CUDA_PEAK_SOURCE, rank_measurements,
-                                                  stage_flops_per_sample, start_peak_memory)
+from autohet_ray.metrics.step import worker_step_metrics
 from autohet_ray.orchestrate.train_checkpoint import restore_from_train_checkpoint
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan
@@ -132,34 +131,6 @@ def engine_for_worker(plan: Plan, model_spec: ModelSpec, *, seed: int = 0, lr: f
         optimizer = OptimizerConfig.from_dict(optimizer)
     return Engine(plan=plan, model_spec=model_spec, rank=plan_rank, seed=seed, optimizer=optimizer, lr=lr,
                   dtype=dtype, pacer=pacer)
-
-
-def worker_step_metrics(engine, out: dict, *, cluster=None) -> dict:
-    """One worker's figures of the step `out` (engine.train_step's result), on the wall clock of its step:
-    lr, grad norm, tokens/s of the global batch, model TFLOPS and MFU of this worker's GPU (its stage's
-    layers x its pipeline's samples, split over the stage's TP ranks, vs the catalog peak for the compute
-    dtype; `cluster` resolves custom device types), and its peak allocated bytes since the last report (CUDA
-    only; left out on CPU). Resets the CUDA peak for the next step."""
-    from autohet_ray.cluster.catalog import lookup
-    from autohet_ray.orchestrate.step_metrics import peak_dtype
-    from autohet_ray.profile.precision import precision
-    plan, info, step_s = engine.plan, engine.info, out["timings"]["step"]
-    pipeline = plan.pipelines[info.pipeline]
-    stage = pipeline.stages[info.stage]
-    flops = plan.samples_of(info.pipeline) * stage_flops_per_sample(
-        engine.spec, stage, plan.seq_len, last=info.stage == len(pipeline.stages) - 1) / stage.tp
-    device = cluster.device(stage.device_type) if cluster is not None else lookup(stage.device_type)
-    measured = rank_measurements(engine)
-    start_peak_memory(engine)
-    tflops = flops / step_s / 1e12
-    m = {"lr": float(out["lr"]), "grad_norm": float(out["grad_norm"]), "step_s": step_s, "clock": "wall",
-         "tokens_per_s": sum(plan.samples_of(k) for k in range(len(plan.pipelines))) * plan.seq_len / step_s,
-         "device_type": stage.device_type, "model_tflops": tflops,
-         "mfu": tflops / precision(peak_dtype(measured["dtype"])).peak_tflops(device),
-         "peak_memory_source": NO_PEAK_SOURCE if measured["peak_memory_bytes"] is None else CUDA_PEAK_SOURCE}
-    if measured["peak_memory_bytes"] is not None:
-        m["peak_memory_bytes"] = measured["peak_memory_bytes"]
-    return m
 
 
 def report_step(engine, out: dict, *, checkpoint_every: int = 1, metrics: dict | None = None, cluster=None) -> bool:

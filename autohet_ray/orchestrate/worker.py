@@ -14,10 +14,11 @@ import time
 
 import ray
 import torch
+import torch.distributed as dist
 
 from autohet_ray.layout import Chunk
 from autohet_ray.elastic.tiers import build_tier
-from autohet_ray.orchestrate.step_metrics import rank_measurements, start_peak_memory
+from autohet_ray.metrics.step import rank_measurements, start_peak_memory
 from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.optim import ADAM_KEYS, STEP_KEY
 
@@ -58,7 +59,6 @@ class Worker:
         """Start the rendezvous store here (as rank 0) before any rank joins: a rank whose client connects
         before the store listens backs off for ~0.3 s (measured), which a recovery would wait for. Its address:
         loopback when every rank is on this host, else this node's IP."""
-        import torch.distributed as dist
         addr = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
         self._store = dist.TCPStore(addr, 0, world_size, is_master=True, wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=timeout_s))
@@ -72,18 +72,16 @@ class Worker:
         when given) and build this rank's Engine (as `rank` when a reused actor takes a new place).
         `dtype`: a TrainJob dtype ("auto": bf16 on this actor's GPU, fp32 on CPU); `optimizer`: OptimizerConfig
         fields (`lr`, when given, replaces its rate)."""
-        import torch.distributed as dist
-        if rank is not None:
-            self.rank = rank
-
+        from autohet_ray.emulate.pacer import EmulationPacer
+        from autohet_ray.job.config import compute_dtype
         from autohet_ray.model.spec import model_from_dict
         from autohet_ray.plan.schema import plan_from_dict
-        from autohet_ray.orchestrate.job import compute_dtype
+        from autohet_ray.runtime.device import default_backend
         from autohet_ray.runtime.engine import Engine
         from autohet_ray.runtime.lr_schedule import OptimizerConfig
-
         started_at, start = time.time(), time.perf_counter()
-        from autohet_ray.runtime.device import default_backend
+        if rank is not None:
+            self.rank = rank
         backend = default_backend()
         os.environ["LOCAL_RANK"] = "0"                 # the store is passed explicitly
         if socket_ifname:
@@ -98,7 +96,6 @@ class Worker:
             store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=world_size, timeout=timeout)
         joined = time.perf_counter()
-        from autohet_ray.emulate.pacer import EmulationPacer
         self.pacer = EmulationPacer(**pacer) if pacer else None
         self.engine = Engine(plan=plan_from_dict(plan), model_spec=model_from_dict(model_spec), rank=self.rank,
                              seed=seed, optimizer=OptimizerConfig.from_dict(optimizer or {}), lr=lr,
@@ -180,6 +177,10 @@ class Worker:
             self.handles[self.engine.step] = handle
         return out
 
+    def _as_text(self, err: Exception, what: str) -> RuntimeError:
+        """`err` as plain text: checkpoint errors do not survive Ray's pickling."""
+        return RuntimeError(f"rank {self.rank}: {what} failed: {type(err).__name__}: {err}")
+
     def _await_copy(self) -> None:
         """The engine's before_update: the previous snapshot's copy must be done before its tensors change."""
         if self.snapshotter is not None:
@@ -189,15 +190,14 @@ class Worker:
         """The node+peer records of `step` once its fast lane has written them."""
         try:
             return self.handles[step].fast_result(timeout_s).records
-        except Exception as err:             # checkpoint errors do not survive Ray's pickling: plain text
-            raise RuntimeError(f"rank {self.rank}: snapshot of step {step} failed: "
-                               f"{type(err).__name__}: {err}") from None
+        except Exception as err:
+            raise self._as_text(err, f"snapshot of step {step}") from None
 
     def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
         try:
             result = self.handles[step].cloud_result(timeout_s)
         except Exception as err:
-            raise RuntimeError(f"rank {self.rank}: upload of step {step} failed: {type(err).__name__}: {err}") from None
+            raise self._as_text(err, f"upload of step {step}") from None
         for old in [s for s in self.handles if s < step]:
             self.handles.pop(old)
         return None if result is None else result.records
@@ -241,9 +241,8 @@ class Worker:
             attempts = [tuple(a.split(": ", 1)) if ": " in a else (a, "") for a in err.attempts]
             return {"rank": self.rank, "step": manifest.step,
                     "unavailable": {"key": err.key, "step": err.step, "attempts": attempts}}
-        except Exception as err:             # anything else: as text (checkpoint errors do not pickle well)
-            raise RuntimeError(f"rank {self.rank}: restore of step {manifest.step} failed: "
-                               f"{type(err).__name__}: {err}") from None
+        except Exception as err:
+            raise self._as_text(err, f"restore of step {manifest.step}") from None
         fetch_s = time.perf_counter() - start
         start = time.perf_counter()
         self.engine.load_state_dict(state)
@@ -255,7 +254,6 @@ class Worker:
     def reset(self) -> int:
         """Leave the (possibly broken) process group and drop the engine, keeping the process and its imports
         for the next plan. Returns this process id."""
-        import torch.distributed as dist
         self.close_snapshots(wait=False)          # a snapshot in flight is abandoned, not awaited
         self.engine, self.handles = None, {}
         if dist.is_initialized():
@@ -271,7 +269,6 @@ class Worker:
             self.snapshotter = None
 
     def close(self) -> None:
-        import torch.distributed as dist
         self.close_snapshots()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -13,13 +13,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
 from autohet_ray.elastic.liveness import LOSS_GRACE_S, NodeWatch, raylet_addresses
-from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
+from autohet_ray.orchestrate.actor_calls import gather_in_rank_order, settled_ok
 from autohet_ray.orchestrate.worker import Worker
 from autohet_ray.plan.schema import Plan
 
 ABORT_WAIT_S = 2.0
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -111,32 +109,23 @@ class WorkerGroup:
         (concurrently: init blocks until all ranks join). Returns the seconds, and the slowest rank's parts."""
         start, submitted = time.perf_counter(), time.time()
         single = len({a[0] for a in self.raylets.values() if a is not None}) <= 1
+        plan, world_size = self.plan.to_dict(), len(self.actors)
         try:
-            addr, port = self.gather([self.actors[0].host_store.remote(len(self.actors), collective_timeout_s,
-                                                                        single)], timeout_s)[0]
-        except GetTimeoutError:
-            dead, silent = self.ping(timeout_s=2.0)
-            raise self._not_started(sorted(dead + silent), timeout_s) from None
-        plan = self.plan.to_dict()
-        refs = [actor.setup.remote(master_addr=addr, master_port=port, world_size=len(self.actors), plan=plan,
-                                   model_spec=model_spec, seed=seed, lr=lr, optimizer=optimizer, dtype=dtype, rank=rank,
-                                   collective_timeout_s=collective_timeout_s,
-                                   socket_ifname="lo" if single else os.environ.get("GLOO_SOCKET_IFNAME"),
-                                   pacer=pacers[rank] if pacers else None)
-                for rank, actor in enumerate(self.actors)]
-        try:
-            ranks = self.gather(refs, timeout_s)
+            addr, port = self.gather([self.actors[0].host_store.remote(world_size, collective_timeout_s, single)],
+                                     timeout_s)[0]
+            ranks = self.gather([actor.setup.remote(
+                master_addr=addr, master_port=port, world_size=world_size, plan=plan, model_spec=model_spec,
+                seed=seed, lr=lr, optimizer=optimizer, dtype=dtype, rank=rank, collective_timeout_s=collective_timeout_s,
+                socket_ifname="lo" if single else os.environ.get("GLOO_SOCKET_IFNAME"),
+                pacer=pacers[rank] if pacers else None) for rank, actor in enumerate(self.actors)], timeout_s)
         except GetTimeoutError:
             dead, silent = self.ping(timeout_s=2.0)        # started workers answer (they wait for the others)
-            raise self._not_started(sorted(dead + silent), timeout_s) from None
+            named = "; ".join(self.describe(r) for r in sorted(dead + silent))
+            raise ConfigError(f"workers did not start within {timeout_s:g} s: {named}. Ray could not place them: "
+                              f"are those GPUs taken by another job, or the nodes gone?") from None
         return {"setup_s": time.perf_counter() - start,       # slowest rank: queued before setup ran, the
                 "queued_s_max": max(r["started_at"] for r in ranks) - submitted,   # rendezvous, the Engine
                 "join_s_max": max(r["join_s"] for r in ranks), "engine_s_max": max(r["engine_s"] for r in ranks)}
-
-    def _not_started(self, ranks: list[int], timeout_s: float) -> ConfigError:
-        named = "; ".join(self.describe(r) for r in ranks)
-        return ConfigError(f"workers did not start within {timeout_s:g} s: {named}. Ray could not place them: "
-                           f"are those GPUs taken by another job, or the nodes gone?")
 
     def ping(self, timeout_s: float = 1.0) -> tuple[list[int], list[int]]:
         """(dead, silent): ranks whose actor Ray reports dead when pinged, and ranks that did not answer within
@@ -176,13 +165,7 @@ class WorkerGroup:
         self.salvage_phases = {"settle_s": settled_at - start, "reset_s": time.perf_counter() - settled_at}
         keep: dict[str, list] = {}
         for rank, actor in enumerate(self.actors):
-            ok = rank in resets and resets[rank] in done
-            if ok:
-                try:
-                    ray.get(resets[rank])
-                except RayError:
-                    ok = False
-            if ok:
+            if rank in resets and resets[rank] in done and settled_ok(resets[rank]):
                 keep.setdefault(self.slots[rank]["node"], []).append(actor)
             else:
                 ray.kill(actor, no_restart=True)

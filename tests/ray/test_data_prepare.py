@@ -19,8 +19,9 @@ from autohet_ray.data import Dataset
 from autohet_ray.data.tokenize import special_ids, tokenizer_from_json
 from autohet_ray.elastic.keeper import STORE_ENV
 from autohet_ray.model import PRESETS
-from autohet_ray.orchestrate.data_prepare import download_dataset
-from autohet_ray.orchestrate.training_data import TrainingData, dataset_cache_dir
+from autohet_ray.data.training import TrainingData
+from autohet_ray.orchestrate.data_prepare import dataset_cache_dir, local_dataset
+from autohet_ray.storage.datasets import download_dataset
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from s3_server import CREDENTIALS, client, moto_endpoint, new_bucket  # noqa: E402
@@ -121,14 +122,14 @@ def _trains_from_the_node_store_cache(url, endpoint, s3, bucket, tmp_path, monke
     (here the shards are gone from S3, and the second job still trains on the same batches)."""
     monkeypatch.setenv(STORE_ENV, str(tmp_path / "store"))
     model = replace(PRESETS["tiny-gpt"], vocab_size=1024)
-    first = TrainingData(data=url, model=model, global_batch=2, seq_len=16, seed=0, endpoint_url=endpoint)
+    first = TrainingData(data=local_dataset(url, endpoint), model=model, global_batch=2, seq_len=16, seed=0)
     cache = pathlib.Path(dataset_cache_dir(url, str(tmp_path / "store")))
     assert pathlib.Path(first.dataset.directory) == cache and (cache / "shard-00001.bin").is_file()
     batch = first.batch(0)
     first.close()
     for obj in s3.list_objects_v2(Bucket=bucket, Prefix="datasets/one/shard-")["Contents"]:
         s3.delete_object(Bucket=bucket, Key=obj["Key"])
-    again = TrainingData(data=url, model=model, global_batch=2, seq_len=16, seed=0, endpoint_url=endpoint)
+    again = TrainingData(data=local_dataset(url, endpoint), model=model, global_batch=2, seq_len=16, seed=0)
     assert all((again.batch(0)[k] == batch[k]).all() for k in batch if hasattr(batch[k], "all"))
     again.close()
 

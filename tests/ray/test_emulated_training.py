@@ -11,12 +11,12 @@ import ray
 
 from autohet_ray import ConfigError
 from autohet_ray.elastic.recovery import RecoveryFailed
-from autohet_ray.elastic.tiers import storage_spec
+from autohet_ray.storage.spec import storage_spec
 from autohet_ray.model.spec import load_model
 from autohet_ray.orchestrate.controller import Controller
-from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.orchestrate.discovery import discover
-from autohet_ray.orchestrate.job import TrainJob
+from autohet_ray.job.config import TrainJob
 from autohet_ray.runtime.reference import Reference
 
 from ray_helpers import THREE_NODES, asymmetric_plan

@@ -20,11 +20,11 @@ ray = pytest.importorskip("ray")
 
 from autohet_ray.cli import main  # noqa: E402
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
-from autohet_ray.elastic.tiers import storage_spec  # noqa: E402
+from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.orchestrate.data import synthetic_batch  # noqa: E402
-from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.data.synthetic import synthetic_batch  # noqa: E402
+from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
 

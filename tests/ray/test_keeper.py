@@ -111,7 +111,7 @@ def test_after_a_loss_chunks_left_with_one_copy_get_a_second_one(cluster, tmp_pa
     bit-exactly (no storage)."""
     from autohet_ray.elastic.commit import Committer
     from autohet_ray.elastic.keeper import keeper_spec
-    from autohet_ray.elastic.tiers import storage_spec
+    from autohet_ray.storage.spec import storage_spec
     cluster_obj, nodes, node_ids = cluster
     job = "rereplicate-test-job"
     where = {"h": cluster_obj.head_node.node_id, "b": node_ids["b"], "c": node_ids["c"]}

@@ -12,10 +12,10 @@ ray = pytest.importorskip("ray")
 from autohet_ray.cli import main  # noqa: E402
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.elastic.recovery import plan_summary  # noqa: E402
-from autohet_ray.elastic.tiers import storage_spec  # noqa: E402
+from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.runtime.lr_schedule import OptimizerConfig  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES  # noqa: E402
 

@@ -12,7 +12,8 @@ from autohet_ray.layout import Chunk
 from autohet_ray.elastic.recovery import without_nodes
 from autohet_ray.elastic.restore import merge_restores, tier_order
 from autohet_ray.elastic.snapshots import tiling_holdings
-from autohet_ray.elastic.tiers import build_tier, storage_spec
+from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.storage.spec import storage_spec
 
 
 def test_storage_spec_parses_dirs_and_s3_and_rejects_others(tmp_path):
@@ -74,7 +75,7 @@ def _live_state_vs_state_dict(rank: int, world_size: int) -> bool:
     import torch
 
     from autohet_ray.model.spec import load_model
-    from autohet_ray.orchestrate.data import synthetic_batch
+    from autohet_ray.data.synthetic import synthetic_batch
     from autohet_ray.orchestrate.worker import needs_of_layout
     from autohet_ray.plan.schema import plan_from_dict
     from autohet_ray.runtime.engine import Engine

@@ -15,10 +15,10 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from autohet_ray import ConfigError  # noqa: E402
-from autohet_ray.elastic.notices import MetadataUnavailable, detect_provider, parse_azure  # noqa: E402
-from autohet_ray.elastic.spot import (board_name, drain_node, draining_nodes, job_watchers, parse_notice,  # noqa: E402
-                                      poll_notice, start_watchers, stop_watching, watch_nodes)
-from fake_metadata import azure_event, fake_metadata, notice_in, start_imds  # noqa: E402,F401  (test_recovery)
+from autohet_ray.cloud.notices import MetadataUnavailable, detect_provider, parse_aws, parse_azure, poll_notice  # noqa: E402
+from autohet_ray.elastic.spot import (board_name, drain_node, draining_nodes, job_watchers,  # noqa: E402
+                                      start_watchers, stop_watching, watch_nodes)
+from fake_metadata import azure_event, fake_metadata, notice_in  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,7 +51,7 @@ def test_aws_poll_uses_imdsv2_token_and_parses():
     assert notice == {"action": "terminate", "time": "2026-11-29T18:45:00Z", "provider": "aws",
                       "deadline_s": datetime(2026, 11, 29, 18, 45, tzinfo=timezone.utc).timestamp()}
     with pytest.raises(ConfigError, match="action must be one of terminate, stop, hibernate"):
-        parse_notice(b'{"action": "explode", "time": "2026-11-29T18:45:00Z"}')
+        parse_aws(b'{"action": "explode", "time": "2026-11-29T18:45:00Z"}')
 
 
 def test_gcp_poll_sends_metadata_flavor_and_reads_preempted():
@@ -198,7 +198,7 @@ def test_aws_watcher_waits_for_flush_then_drains_node_as_preemption(cluster):
             assert events(watcher) == ["notice"]
             ray.get(board.ack.remote(node_id))                                 # the controller flushed
             deadline_ms = wait_for(lambda: draining_nodes().get(node_id), "node not drained")
-            assert abs(deadline_ms / 1000 - parse_notice(json.dumps(imds.notice).encode())
+            assert abs(deadline_ms / 1000 - parse_aws(json.dumps(imds.notice).encode())
                        ["deadline_s"]) < 1.0                                   # Ray knows when the node goes away
             wait_for(lambda: events(watcher) == ["notice", "flushed", "drained"], "watcher did not finish")
         finally:

@@ -13,12 +13,13 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
-from autohet_ray.elastic.tiers import storage_spec  # noqa: E402
-from autohet_ray.emulate.replay import Replay, ReplayCluster, node_actions, pool_node_names  # noqa: E402
-from autohet_ray.emulate.replay_report import change_phases, committed_lost, reference_check  # noqa: E402
+from autohet_ray.storage.spec import storage_spec  # noqa: E402
+from autohet_ray.emulate.reference import reference_check  # noqa: E402
+from autohet_ray.emulate.replay import Replay, ReplayCluster  # noqa: E402
+from autohet_ray.replay.emulated import change_phases, committed_lost, node_actions, pool_node_names  # noqa: E402
 from autohet_ray.model.spec import model_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.replay.timeline import build_timeline  # noqa: E402
 from autohet_ray.replay.traces import PoolTrace, trace_from_rows  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.model.spec import load_model
-from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.plan.schema import plan_from_dict
 from ray_helpers import THREE_NODES, asymmetric_plan, stage
 

@@ -22,10 +22,10 @@ ray = pytest.importorskip("ray")
 from autohet_ray.cli import main  # noqa: E402
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.data import Dataset  # noqa: E402
-from autohet_ray.elastic.tiers import storage_spec  # noqa: E402
+from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import model_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.orchestrate.job import TrainJob  # noqa: E402
+from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
 

@@ -10,9 +10,9 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from autohet_ray import ConfigError  # noqa: E402
-from autohet_ray.elastic.tiers import check_storage, storage_spec  # noqa: E402
-from autohet_ray.orchestrate.job import job_from_dict  # noqa: E402
-from autohet_ray.orchestrate.job_storage import LineLog, read_text, write_text  # noqa: E402
+from autohet_ray.storage.spec import check_storage, storage_spec  # noqa: E402
+from autohet_ray.job.config import job_from_dict  # noqa: E402
+from autohet_ray.storage.job_files import LineLog, read_text, write_text  # noqa: E402
 from s3_server import CREDENTIALS, moto_endpoint  # noqa: E402
 
 

@@ -19,6 +19,12 @@ FORBIDDEN = {
     "data": {"cluster", "model", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "orchestrate",
              "elastic", "emulate", "cli"},
     "checkpoint": {"cost", "planner", "runtime", "orchestrate", "elastic", "emulate", "cli"},
+    # plain data and files of a job, step figures, cloud metadata: below the Ray layers
+    "job": {"orchestrate", "elastic", "emulate", "cli"},
+    "storage": {"cost", "planner", "runtime", "orchestrate", "elastic", "emulate", "cli"},
+    "metrics": {"planner", "checkpoint", "orchestrate", "elastic", "emulate", "cli"},
+    "cloud": {"cluster", "model", "profile", "cost", "planner", "plan", "nn", "runtime", "checkpoint", "data",
+              "orchestrate", "elastic", "emulate", "cli"},
     # the simulated spot replay: cost model + planner only, no Ray, no training code
     "replay": {"nn", "runtime", "checkpoint", "data", "orchestrate", "elastic", "emulate", "cli"},
 }

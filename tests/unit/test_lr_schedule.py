@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autohet_ray import ConfigError
-from autohet_ray.orchestrate.job import compute_dtype, job_from_dict
+from autohet_ray.job.config import compute_dtype, job_from_dict
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import build_adamw, decays
 

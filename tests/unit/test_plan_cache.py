@@ -7,7 +7,7 @@ from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.model.spec import load_model
 from autohet_ray.orchestrate.controller import Controller
 from autohet_ray.orchestrate.discovery import Discovered, LiveNode
-from autohet_ray.orchestrate.job import TrainJob
+from autohet_ray.job.config import TrainJob
 from autohet_ray.profile.analytic import analytic_profile
 
 NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},

@@ -10,7 +10,7 @@ import pytest
 from autohet_ray import ConfigError
 from autohet_ray.cluster.catalog import lookup
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.orchestrate.step_metrics import peak_memory, step_metrics, throughput
+from autohet_ray.metrics.step import peak_memory, step_metrics, throughput
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 
 # llama, h=8, 2 heads of 4 (1 KV head: kv_hidden 4), f=16, V=32, 4 layers; seq 10
@@ -82,7 +82,7 @@ def test_cuda_peak_memory_is_reported_per_device():
 
 def test_tensorboard_events_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from autohet_ray.orchestrate.tensorboard_log import TensorBoardLog
+    from autohet_ray.metrics.tensorboard import TensorBoardLog
     log = TensorBoardLog(str(tmp_path))
     base = {"loss": 3.0, "lr": 1e-3, "tokens_per_s": 100.0, "mfu": 0.25, "mfu_by_device_type": {"H100": 0.3},
             "peak_memory_bytes_per_device": {"a:0": None, "a:1": 4096}}
@@ -98,7 +98,7 @@ def test_tensorboard_events_read_back(tmp_path):
 
 
 def test_tensorboard_without_the_package_is_a_clear_error(monkeypatch):
-    from autohet_ray.orchestrate.tensorboard_log import check_available
+    from autohet_ray.metrics.tensorboard import check_available
     monkeypatch.setitem(sys.modules, "tensorboard", None)          # import tensorboard -> ImportError
     with pytest.raises(ConfigError, match=r"pip install 'autohet_ray\[tensorboard\]'"):
         check_available("runs/x")

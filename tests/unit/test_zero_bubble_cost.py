@@ -7,7 +7,7 @@ from autohet_ray.cost.terms import SPLIT_BACKWARD_OVERHEAD, GroupCostTable
 from autohet_ray.cost.timeline import simulate
 from autohet_ray.model.costs import weight_grad_share
 from autohet_ray.plan import Pipeline
-from test_cost import MODEL, MS, _cluster, _plan, _profile, _stage
+from test_cost import MODEL, _cluster, _plan, _profile, _stage
 
 
 def _makespan(slots):

@@ -1,8 +1,54 @@
-"""Figures of an emulated spot replay: per-change phases, the exactly-once and loss checks against an
-uninterrupted single-process run on the same sample order, and goodput on the emulated clock."""
+"""The emulated spot replay as pure data (no Ray; emulate/replay.py drives the cluster): the node actions a
+timeline asks for, and the replay's figures: per-change phases, committed steps lost, goodput on the emulated
+clock."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
+
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.replay.accounting import ideal_rate
+from autohet_ray.replay.planning import PlanCache
+from autohet_ray.replay.timeline import Timeline
+
+@dataclass(frozen=True, kw_only=True)
+class NodeAction:
+    time_s: float          # trace seconds from the replay's start
+    kind: str              # "notice", "remove" or "add"
+    node: str              # cluster-file node name
+    event: int             # index of the timeline event it belongs to
+    deadline_s: float = 0.0  # a notice: the trace time of the removal it announces
+
+
+def pool_node_names(cluster: Cluster, pools: tuple[str, ...]) -> list[list[str]]:
+    """Per pool (GPU type), its node names in cluster-file order."""
+    return [[n.name for n in cluster.nodes if n.device == pool] for pool in pools]
+
+
+def node_actions(timeline: Timeline, names: list[list[str]], notice_s: float = 0.0) -> tuple[list[str], list[NodeAction]]:
+    """The nodes alive at the start and the actions in time order. A pool shrinking loses its last alive nodes
+    (file order), a growing pool gets its first missing ones back. A notice precedes each removal by
+    `notice_s`, or comes when the node joined if it lives less than that (0: no notices)."""
+    alive = [set(pool[:k]) for pool, k in zip(names, timeline.initial)]
+    joined_at = {n: 0.0 for pool in alive for n in pool}
+    actions: list[NodeAction] = []
+    for event in timeline.events:
+        for p, (pool, before, after) in enumerate(zip(names, event.before, event.after)):
+            ordered = [n for n in pool if n in alive[p]]
+            for name in ordered[after:] if after < before else []:
+                if notice_s > 0:
+                    actions.append(NodeAction(time_s=max(joined_at[name], event.time_s - notice_s), kind="notice",
+                                              node=name, event=event.index, deadline_s=event.time_s))
+                actions.append(NodeAction(time_s=event.time_s, kind="remove", node=name, event=event.index))
+                alive[p].discard(name)
+            for name in [n for n in pool if n not in alive[p]][:max(0, after - before)]:
+                actions.append(NodeAction(time_s=event.time_s, kind="add", node=name, event=event.index))
+                alive[p].add(name)
+                joined_at[name] = event.time_s
+    order = {"remove": 0, "add": 1, "notice": 2}      # a node joins before a notice of its own can reach it
+    start = [n for pool, k in zip(names, timeline.initial) for n in pool[:k]]
+    return start, sorted(actions, key=lambda a: (a.time_s, order[a.kind], a.node))
+
 
 PHASES = ("detect_s", "replan_s", "restart_s", "restore_s", "first_step_s")
 
@@ -43,52 +89,11 @@ def step_record(history: list[dict]) -> dict[int, dict]:
     return {m["step"]: m for m in history}
 
 
-def reference_check(history: list[dict], *, data_dir: str, model, global_batch: int, seq_len: int, seed: int,
-                    optimizer, rel: float = 1e-5) -> dict:
-    """The final record against a single-process run of the same steps on the same sample order (float64):
-    every step present once, its sample ids equal (exactly once), its loss within `rel`."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)             # a tiny model: more threads only contend for the shared cores
-    try:
-        return _reference_check(history, data_dir, model, global_batch, seq_len, seed, optimizer, rel)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _reference_check(history, data_dir, model, global_batch, seq_len, seed, optimizer, rel) -> dict:
-    import torch
-
-    from autohet_ray.data import Dataset
-    from autohet_ray.runtime.reference import Reference
-    record = step_record(history)
-    steps = max(record)
-    data = Dataset.open(data_dir)
-    ref = Reference(model_spec=model, seed=seed, optimizer=optimizer, dtype=torch.float64)
-    ids_equal, worst, ref_losses = True, 0.0, []
-    for i in range(steps):
-        expected_ids = sorted(int(x) for x in data.sample_ids(i, global_batch, seq_len, seed))
-        got = record.get(i + 1)
-        ids_equal &= got is not None and got.get("sample_ids") == expected_ids
-        loss = ref.train_step(data.global_batch(i, global_batch, seq_len, seed))["loss"]
-        ref_losses.append(loss)
-        if got is not None:
-            worst = max(worst, abs(got["loss"] - loss) / abs(loss))
-    all_ids = [i for s in sorted(record) for i in record[s].get("sample_ids", [])]
-    return {"steps": steps, "steps_present": sorted(record) == list(range(1, steps + 1)),
-            "sample_ids_equal": bool(ids_equal), "samples_once": len(all_ids) == len(set(all_ids)),
-            "max_rel_loss_diff": worst, "losses_equal": worst <= rel, "rel_tolerance": rel,
-            "final_loss": record[steps]["loss"], "reference_final_loss": ref_losses[-1],
-            "steps_trained_again": len(history) - len(record)}
-
-
 def emulated_goodput(segments: list[dict], *, cluster, pools: tuple[str, ...], steps_committed: int,
                      global_batch: int, time_scale: float, planner) -> dict:
     """Committed samples ÷ the ideal on the emulated clock (1 emulated s = 1 predicted GPU s = time_scale wall
     s): the ideal integrates, over the replay's wall-clock pieces, the predicted samples/s of the best plan for
     the nodes alive (the real planner, the same cost model) times the piece's emulated seconds."""
-    from autohet_ray.replay.accounting import ideal_rate
-    from autohet_ray.replay.planning import PlanCache
     plans = PlanCache(planner)
     device_of = {n.name: n.device for n in cluster.nodes}
     ideal, pieces = 0.0, []

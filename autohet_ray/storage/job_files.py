@@ -1,9 +1,11 @@
-"""The job's files beside its checkpoints in its storage (a directory or s3://bucket/prefix, as a tier spec):
-job.json (the job id and config), profile.json (the profile every plan is priced with), plan.json (the plan
-running now) and metrics.jsonl (one line per step, appended as each step completes)."""
+"""The job's files beside its checkpoints in its storage (a tier spec, storage/spec.py): job.json (the job id and
+config), profile.json (the profile every plan is priced with), plan.json (the plan running now) and
+metrics.jsonl (one line per step, appended as each step completes)."""
 from __future__ import annotations
 
 import os
+
+from autohet_ray.storage.spec import location
 
 JOB_FILE, PROFILE_FILE, PLAN_FILE, METRICS_FILE = "job.json", "profile.json", "plan.json", "metrics.jsonl"
 
@@ -12,12 +14,6 @@ def _s3(spec: dict):
     from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
     endpoint_url = spec.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
     return make_client(S3Config(bucket=spec["bucket"], endpoint_url=endpoint_url))
-
-
-def location(spec: dict, name: str) -> str:
-    if spec["kind"] == "dir":
-        return os.path.join(spec["path"], name)
-    return f"s3://{spec['bucket']}/{spec.get('prefix', '')}{name}"
 
 
 def write_text(spec: dict, name: str, text: str) -> str:

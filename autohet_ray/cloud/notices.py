@@ -54,7 +54,7 @@ AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 AZURE_NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 
 # Metadata services are link-local: never send them through an HTTP(S)_PROXY from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class MetadataUnavailable(OSError):
@@ -70,11 +70,11 @@ def check_provider(provider: str) -> str:
 def _request(url: str, *, method: str = "GET", headers: dict | None = None, timeout_s: float = 2.0):
     """(body, response headers); urllib's HTTPError (an OSError) on a non-2xx answer."""
     req = urllib.request.Request(url, method=method, headers=headers or {})
-    with _OPENER.open(req, timeout=timeout_s) as resp:
+    with NO_PROXY_OPENER.open(req, timeout=timeout_s) as resp:
         return resp.read(), resp.headers
 
 
-def _iso(epoch_s: float) -> str:
+def iso_utc(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -127,7 +127,7 @@ def parse_gcp(raw: bytes, *, now_s: float | None = None) -> dict | None:
     if answer != b"TRUE":
         raise ConfigError(f"GCP instance/preempted answered {raw[:80]!r}: expected TRUE or FALSE")
     deadline_s = (time.time() if now_s is None else now_s) + GCP_NOTICE_S
-    return _notice("gcp", "preempt", _iso(deadline_s), deadline_s)
+    return _notice("gcp", "preempt", iso_utc(deadline_s), deadline_s)
 
 
 # -- Azure -----------------------------------------------------------------------------------------------------
@@ -153,13 +153,13 @@ def _azure_notice(event: dict, now_s: float | None) -> dict:
     not_before = event.get("NotBefore")
     if not not_before:                        # "" once the event has started: the VM goes now
         deadline_s = time.time() if now_s is None else now_s
-        return _notice("azure", "preempt", _iso(deadline_s), deadline_s)
+        return _notice("azure", "preempt", iso_utc(deadline_s), deadline_s)
     try:
         deadline_s = email.utils.parsedate_to_datetime(not_before).timestamp()
     except (TypeError, ValueError):
         raise ConfigError(f"Azure Preempt event {event.get('EventId')!r}: NotBefore {not_before!r} is not an "
                           f"RFC 1123 date like 'Mon, 19 Sep 2016 18:29:47 GMT'") from None
-    return _notice("azure", "preempt", _iso(deadline_s), deadline_s)
+    return _notice("azure", "preempt", iso_utc(deadline_s), deadline_s)
 
 
 def _json(raw: bytes, what: str):

@@ -2,6 +2,8 @@
 torch.utils.tensorboard.SummaryWriter, which needs the optional `tensorboard` package."""
 from __future__ import annotations
 
+import importlib
+
 from autohet_ray import ConfigError
 
 INSTALL_HINT = "pip install 'autohet_ray[tensorboard]'"
@@ -13,7 +15,7 @@ PER_KEY = {"mfu_by_device_type": "mfu", "model_tflops_per_gpu_by_device_type": "
 def check_available(logdir: str) -> None:
     """ConfigError (naming the install command) when TensorBoard events cannot be written."""
     try:
-        import tensorboard  # noqa: F401
+        importlib.import_module("tensorboard")
     except ImportError:
         raise ConfigError(f"tensorboard={logdir!r} needs the tensorboard package: {INSTALL_HINT}") from None
 

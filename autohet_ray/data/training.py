@@ -1,25 +1,24 @@
-"""What a job trains on: a prepared dataset (`--data DIR|s3://...`, see autohet_ray/data), or synthetic random
-tokens when none is given (and the run says so). Global batch i is batch i of the dataset's plan-independent
-order, so a resumed or re-planned job reads exactly the samples the uninterrupted run would have read; every
-committed step records the data position, and a resume refuses a dataset or tokenizer other than the one the
-checkpoint trained on."""
+"""What a job trains on: a prepared dataset (a local directory; orchestrate/data_prepare.py fetches an s3:// one),
+or synthetic random tokens when none is given (and the run says so). Global batch i is batch i of the dataset's
+plan-independent order, so a resumed or re-planned job reads exactly the samples the uninterrupted run would
+have read; every committed step records the data position, and a resume refuses a dataset or tokenizer other
+than the one the checkpoint trained on."""
 from __future__ import annotations
 
-import hashlib
-import os
-
-from autohet_ray.orchestrate.data import synthetic_batch
+from autohet_ray import ConfigError
+from autohet_ray.data.dataset import Dataset, check_corpus_size, check_fits_model
+from autohet_ray.data.mlm import mask_tokens
+from autohet_ray.data.prefetch import Prefetcher
+from autohet_ray.data.synthetic import synthetic_batch
 
 
 class TrainingData:
-    def __init__(self, *, data: str | None, model, global_batch: int, seq_len: int, seed: int,
-                 endpoint_url: str | None = None):
+    def __init__(self, *, data: str | None, model, global_batch: int, seq_len: int, seed: int):
         self.model, self.global_batch, self.seq_len, self.seed = model, global_batch, seq_len, seed
         self.dataset = self.prefetcher = self._validation = None
         if data is None:
             return
-        from autohet_ray.data import Dataset, Prefetcher, check_corpus_size, check_fits_model
-        self.dataset = Dataset.open(_local_copy(data, endpoint_url))
+        self.dataset = Dataset.open(data)
         check_fits_model(self.dataset.index, model)
         check_corpus_size(self.dataset, global_batch=global_batch, seq_len=seq_len)
         self.prefetcher = Prefetcher(self._build)
@@ -41,7 +40,6 @@ class TrainingData:
     def _build(self, step: int) -> dict:
         batch = self.dataset.global_batch(step, self.global_batch, self.seq_len, self.seed)
         if self.model.family == "bert":          # bidirectional: masked-language modelling, not next token
-            from autohet_ray.data import mask_tokens
             index = self.dataset.index
             batch = mask_tokens(batch, mask_id=index.mask_id, vocab_size=index.vocab_size, seed=self.seed,
                                 step=step, special_ids=(index.eos_id,))
@@ -64,7 +62,6 @@ class TrainingData:
         state = recorded.get("data")
         if self.dataset is None or state is None or state.get("synthetic"):
             if self.dataset is not None and state is not None:
-                from autohet_ray import ConfigError
                 raise ConfigError("the checkpoint trained on synthetic tokens; resume it without --data")
             return
         resumed_at = self.dataset.check_state(state, seq_len=self.seq_len, global_batch=self.global_batch,
@@ -79,17 +76,3 @@ class TrainingData:
         if self.prefetcher is not None:
             self.prefetcher.close()
 
-
-def _local_copy(data: str, endpoint_url: str | None) -> str:
-    """A local directory of the dataset: the path itself, or the node store's cache of an s3:// dataset (beside
-    the node stores, shared by the jobs and resumes on this node; shards whose hash matches are not fetched
-    again)."""
-    if not data.startswith("s3://"):
-        return data
-    from autohet_ray.elastic.keeper import default_store_root
-    from autohet_ray.orchestrate.data_prepare import download_dataset
-    return download_dataset(data, dataset_cache_dir(data, default_store_root()), endpoint_url=endpoint_url)
-
-
-def dataset_cache_dir(url: str, store_root: str) -> str:
-    return os.path.join(store_root, "datasets", hashlib.sha256(url.encode()).hexdigest()[:16])

@@ -24,7 +24,6 @@ def compute_dtype(dtype: str, *, cuda: bool) -> str:
     on CPU). The cost model prices this one."""
     name = DTYPE_NAMES[dtype]
     return name if name != "auto" else ("bfloat16" if cuda else "float32")
-RESTORE_MODES = ("local_first", "cloud_only")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +41,7 @@ class TrainJob:
     eval_batches: int = 1
     """Global batches of the dataset's validation split each evaluation averages."""
     storage: dict | None = None
-    """Durable tier spec (elastic.tiers.storage_spec): a directory or S3. Holds the plan, the profile, the job
+    """Durable tier spec (storage/spec.py: storage_spec): a directory or S3. Holds the plan, the profile, the job
     id, metrics.jsonl and the checkpoints. None: nothing is kept (plain runs only)."""
     elastic: bool = False
     """Snapshot every step into two nodes' stores and recover from a lost node local-first. False: no node
@@ -107,20 +106,15 @@ class TrainJob:
     many seconds of silence; a shorter stall (a network blip, a paused process) costs no recovery."""
 
     def __post_init__(self):
-        for name in ("global_batch",):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
+            raise ConfigError(f"global_batch={self.global_batch!r} must be a positive integer")
         if self.micro_batch is not None:
             check_micro_batch(self.global_batch, self.micro_batch)
         if self.eval_every and self.data is None:
             raise ConfigError(f"eval_every={self.eval_every} needs data (a dataset with a validation split)")
         if self.eval_batches < 1:
             raise ConfigError(f"eval_batches={self.eval_batches!r} must be >= 1")
-        for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
-        for name in ("time_scale",):
+        for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s"):
@@ -145,7 +139,7 @@ class TrainJob:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
         if self.tensorboard is not None:
-            from autohet_ray.orchestrate.tensorboard_log import check_available
+            from autohet_ray.metrics.tensorboard import check_available
             check_available(self.tensorboard)
 
     @property

@@ -1,6 +1,6 @@
 """A per-node fake of the AWS instance metadata service (IMDSv2) on 127.0.0.1, for emulated spot nodes.
 
-It answers the two requests `elastic/notices.poll_aws` makes, as AWS does: PUT /latest/api/token (needs the
+It answers the two requests `cloud/notices.poll_aws` makes, as AWS does: PUT /latest/api/token (needs the
 X-aws-ec2-metadata-token-ttl-seconds header) gives a token; GET /latest/meta-data/spot/instance-action with
 that token answers 404 until a notice is posted, then {"action": "terminate", "time": "<ISO 8601 UTC>"}.
 Requests without the token are refused (401), as IMDSv2 refuses them. The emulation posts a notice with
@@ -16,30 +16,27 @@ import secrets
 import subprocess
 import sys
 import urllib.request
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-TOKEN_PATH = "/latest/api/token"
-ACTION_PATH = "/latest/meta-data/spot/instance-action"
+from autohet_ray.cloud.notices import AWS_ACTION_PATH, AWS_TOKEN_PATH, NO_PROXY_OPENER, iso_utc
+
 CONTROL_PATH = "/_emulate/notice"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class FakeImds:
     """One node's metadata endpoint in its own process; `post_notice(deadline_s)` posts a spot notice."""
 
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", "autohet_ray.emulate.imds"], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "autohet_ray.cloud.fake_imds"], stdout=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True)
         port = int(self.proc.stdout.readline())
         self.url = f"http://127.0.0.1:{port}"
 
     def post_notice(self, deadline_s: float, action: str = "terminate") -> None:
         """From now on the endpoint announces `action` at `deadline_s` (epoch seconds; AWS rounds to seconds)."""
-        when = datetime.fromtimestamp(deadline_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = json.dumps({"action": action, "time": when}).encode()
+        body = json.dumps({"action": action, "time": iso_utc(deadline_s)}).encode()
         req = urllib.request.Request(self.url + CONTROL_PATH, data=body, method="PUT")
-        with _OPENER.open(req, timeout=30) as resp:
+        with NO_PROXY_OPENER.open(req, timeout=30) as resp:
             assert resp.status == 200, resp.status
 
     def close(self) -> None:
@@ -71,14 +68,14 @@ def _handler(state: _State):
             if self.path == CONTROL_PATH:
                 state.notice = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 return self._send(200)
-            if self.path != TOKEN_PATH or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            if self.path != AWS_TOKEN_PATH or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
                 return self._send(400)
             self._send(200, state.token.encode())
 
         def do_GET(self):
             if self.headers.get("X-aws-ec2-metadata-token") != state.token:
                 return self._send(401)
-            if self.path != ACTION_PATH or state.notice is None:
+            if self.path != AWS_ACTION_PATH or state.notice is None:
                 return self._send(404)
             self._send(200, state.notice)
     return Handler

@@ -1,0 +1,1 @@
+"""Training-step figures (loss, speed, MFU, peak memory) and where they are written (TensorBoard)."""
