@@ -231,20 +231,32 @@ def cmd_profile_ray(args) -> int:
     return 0
 
 
+def _collectives_cell(layers: dict) -> str:
+    layer = layers["layer"]
+    if layer.tp_comm_fwd_s is None:
+        return ""
+    return f"; a layer's TP collectives add {layer.tp_comm_fwd_s * 1e3:.3f}/{layer.tp_comm_bwd_s * 1e3:.3f} ms"
+
+
 def cmd_profile_local(args) -> int:
     """`autohet profile --local --model M --out FILE [--tp 1,2] [--micro-batch 1,2] [--device-type NAME]`:
-    the layers (profile/measure.py) and the update's rate (runtime/update_rate.py) on this device."""
+    the layers (profile/measure.py), the TP collectives in a real group where this host can run one
+    (runtime/tp_comm_cost.py) and the update's rate (runtime/update_rate.py) on this device."""
     from autohet_ray.profile.measure import measure_profile, parse_ints
+    from autohet_ray.runtime.tp_comm_cost import add_measured_tp_collectives
     from autohet_ray.runtime.update_rate import update_s_per_param
     spec = load_model(args.model)
     seq_len = args.seq_len or spec.max_seq_len
     db = measure_profile(spec, args.device_type, parse_ints(args.tp, "--tp"),
                          parse_ints(args.micro_batch, "--micro-batch"), seq_len)
+    add_measured_tp_collectives(db, spec)
     db.optimizer_s_per_param[args.device_type] = update_s_per_param(spec)
     db.save(args.out)
     for (dev, tp, mb), layers in sorted(db.entries.items()):
         cells = "  ".join(f"{k} {v.fwd_s * 1e3:.3f}/{v.bwd_s * 1e3:.3f} ms" for k, v in layers.items())
-        print(f"{dev} tp={tp} mb={mb}: {cells}  (fwd/bwd, measured)")
+        print(f"{dev} tp={tp} mb={mb}: {cells}  (fwd/bwd, measured){_collectives_cell(layers)}")
+    for tp, how in db.meta.get("tp_collectives", {}).items():
+        print(f"tp={tp} collectives: {how}")
     print(f"{args.device_type} update (norm, clip, AdamW): "
           f"{db.optimizer_s_per_param[args.device_type] * 1e9:.2f} ns/parameter (measured)")
     print(f"wrote {args.out} ({len(db.entries)} entries, {db.meta['profile_time_s']:.1f} s)")

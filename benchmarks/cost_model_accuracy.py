@@ -1,9 +1,11 @@
 """Cost-model accuracy on this CPU, not circular: a measured CPU profile, real unpaced runs.
 
-1. Profile the CPU with `autohet profile --local` (one thread, as each rank runs), and measure what the cost
-   model needs beside it: the gloo loopback link as the profiler measures it (mean one-way p2p latency and
-   bandwidth, and a collective's fixed overhead; profile/link_probe.py) and, for the catalog entry only, the
-   memory bandwidth and the fp32 matmul rate. The profile holds the optimizer's measured rate (s/param).
+1. Profile the CPU with `autohet profile --local` (one thread, as each rank runs); it times the TP2 entry's
+   collectives in a real 2-rank gloo group (runtime/tp_comm_cost.py), so TP is priced with what its
+   all-reduces cost on this host, not from the link. Measure what the cost model needs beside it: the gloo
+   loopback link as the profiler measures it (mean one-way p2p latency and bandwidth, and a collective's
+   fixed overhead; profile/link_probe.py) and, for the catalog entry only, the memory bandwidth and the fp32
+   matmul rate. The profile holds the optimizer's measured rate (s/param).
 2. Describe the machine as a cluster of CPU "devices": one node with one device per core. Ranks are never
    more than cores: a second rank on a core would halve both ranks' speed, which the profile (measured one
    rank per core) does not describe, so the error would be the oversubscription's, not the cost model's.
@@ -11,9 +13,10 @@
    gloo, one spawned process per rank, no pacer), and compare the measured iteration time with the
    prediction: the fastest of the timed steps over --passes runs of the plan list (the one least disturbed
    by other load on the machine), max over ranks. The link is probed again before every pass and priced at
-   the probes' mean: on a VM a woken rank's delay drifts over minutes, and TP pays it ~136 times a step. The profile likewise keeps each layer's fastest rep. The
-   figures need an otherwise idle machine: the load average is printed before and after, and on a machine
-   busy with other work (load above the cores) the errors are the other work's, not the cost model's;
+   the probes' mean: on a VM a woken rank's delay drifts over minutes. The profile keeps each layer's
+   fastest rep, and the median rep of its TP collectives (a step pays their typical wake-up). The figures
+   need an otherwise idle machine: the load average is printed before and after, and on a machine busy with
+   other work (load above the cores) the errors are the other work's, not the cost model's;
    `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler and the ranks) so that
    it gets its cores on a shared machine, at the other work's expense for the few minutes it runs.
 Plan shapes on 2 cores: PP2 (even split), PP2 with other stage boundaries (uneven split), TP2, DP2. Two
@@ -239,6 +242,11 @@ def main() -> None:
     print(f"TP all-reduce of one micro-batch's hidden states ({numel * 4 / 1e3:.0f} kB): priced {priced * 1e6:.0f} us, "
           f"measured {fastest * 1e6:.0f} us fastest, {median * 1e6:.0f} us median, {mean * 1e6:.0f} us mean",
           flush=True)
+    tp_layer = profile.layer(DEVICE, 2, MICRO_BATCH, "layer")
+    if tp_layer.tp_comm_fwd_s is not None:
+        print(f"TP2 collectives of one layer and micro-batch, measured in a 2-rank group: forward "
+              f"{tp_layer.tp_comm_fwd_s * 1e3:.2f} ms, backward {tp_layer.tp_comm_bwd_s * 1e3:.2f} ms "
+              f"(from the link: {2 * priced * 1e3:.2f} ms each)", flush=True)
     plans = {}
     for name, plan in shapes.items():
         predicted = evaluate_plan(plan, cluster, model, profile).iteration_time_s
@@ -250,6 +258,7 @@ def main() -> None:
     load = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
     print(f"load average (1 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cores")
     print(json.dumps({"max_abs_error": round(worst, 4), "cores": args.cores, "profile": "measured (this CPU, fp32)",
+                      "tp_collectives": profile.meta.get("tp_collectives", {}),
                       "steps": args.steps, "passes": args.passes,
                       "tp_all_reduce_us": {"priced": round(priced * 1e6), "fastest": round(fastest * 1e6),
                                            "median": round(median * 1e6), "mean": round(mean * 1e6)}, "nice": os.nice(0), "load_average": load,

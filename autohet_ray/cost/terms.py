@@ -11,7 +11,7 @@ from autohet_ray.cluster.spec import Cluster
 from autohet_ray.profile.precision import PRECISIONS, Precision, profile_precision
 from autohet_ray.model.costs import layer_params, recompute_activation_bytes_per_token, weight_grad_share
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.profile.db import LinkProfile, ProfileDB
+from autohet_ray.profile.db import LayerProfile, LinkProfile, ProfileDB
 
 _BF16 = PRECISIONS["bfloat16"]
 STATE_BYTES_PER_PARAM = _BF16.state_bytes_per_param
@@ -206,11 +206,17 @@ class GroupCostTable:
         # the vocabulary-parallel cross-entropy's two (fp32) all-reduces per micro-batch: the logits' max, then
         # the target logit and the sum of exponentials (runtime/vocab_ce.py)
         cross_entropy = allreduce_time(tokens * 4, tp, link) + allreduce_time(2 * tokens * 4, tp, link)
+        # (forward, backward) collectives per kind: a block's 2 + 2 all-reduces (row-parallel outputs, then the
+        # column-parallel inputs' gradients), the embedding's one, the head's input gradient and cross-entropy
+        layer_comm = tp_comm(layer, 2 * ar, 2 * ar)
+        embed_comm, head_comm = tp_comm(embed, ar, 0.0), tp_comm(head, cross_entropy, ar)
+        layer_fwd_s = layer.fwd_s + layer_comm[0]
+        layer_s = layer_fwd_s + layer.bwd_s + layer_comm[1]
         return GroupCost(
             device_type=device_type, tp=tp,
-            layer_s=layer.fwd_s + layer.bwd_s + 4 * ar, embed_s=embed.fwd_s + embed.bwd_s + ar,
-            head_s=head.fwd_s + head.bwd_s + ar + cross_entropy,
-            layer_fwd_fraction=(layer.fwd_s + 2 * ar) / (layer.fwd_s + layer.bwd_s + 4 * ar),
+            layer_s=layer_s, embed_s=embed.fwd_s + embed.bwd_s + sum(embed_comm),
+            head_s=head.fwd_s + head.bwd_s + sum(head_comm),
+            layer_fwd_fraction=layer_fwd_s / layer_s,
             # measured profiles time the backward whole: split it by the FLOP shares
             layer_wgrad_s=layer.bwd_s * weight_grad_share(self.model, "layer", self.seq_len),
             head_wgrad_s=head.bwd_s * weight_grad_share(self.model, "head", self.seq_len),
@@ -225,6 +231,14 @@ class GroupCostTable:
             optimizer_s_per_param=self.profile.optimizer_s_per_param.get(device_type),
             layer_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "layer", tp) * elem),
             head_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "head", tp) * elem))
+
+
+def tp_comm(layer: LayerProfile, priced_fwd_s: float, priced_bwd_s: float) -> tuple[float, float]:
+    """The TP collectives' (forward, backward) seconds of a layer kind: measured in a TP group where the
+    profile has them (profile/tp_collectives.py), else priced from the link."""
+    if layer.tp_comm_fwd_s is None:
+        return priced_fwd_s, priced_bwd_s
+    return layer.tp_comm_fwd_s, layer.tp_comm_bwd_s
 
 
 def wgrad_held_elements_per_token(model: ModelSpec, kind: str, tp: int) -> float:

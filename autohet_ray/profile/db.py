@@ -2,7 +2,8 @@
 memory of one TP rank; per link kind, bandwidth and latency. JSON on disk; `kind` says whether the figures
 were measured on devices or derived analytically from the catalog.
 
-Times are pure compute of one rank's shard; TP collectives and p2p are priced by the cost model from the links.
+Times are pure compute of one rank's shard. The TP collectives are priced by the cost model from the links,
+except where an entry carries their measured cost (`tp_comm_*_s`, profile/tp_collectives.py); p2p always is.
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class LayerProfile:
     bwd_s: float                 # one micro-batch backward (input + weight grads), seconds
     param_bytes: int             # parameters of this rank's shard, bytes in training dtype
     activation_bytes: int        # activations kept for backward, one micro-batch, bytes
+    # seconds the TP collectives add to the forward / backward, measured in a real TP group; None: priced
+    tp_comm_fwd_s: float | None = None
+    tp_comm_bwd_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

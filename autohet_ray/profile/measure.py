@@ -1,8 +1,8 @@
 """Measured profiles: time the real torch layers of `autohet_ray.nn` on the local device.
 
 For each TP degree, one TP rank's shard is built from the plain modules with the split linears (and token
-table) at their shard shapes and run locally, without the TP collectives: the cost model prices those from
-the links. Forward and backward are timed separately (a few warm-up reps, then the fastest of the timed
+table) at their shard shapes (shards.py) and run locally, without the TP collectives: the cost model prices
+those from the links, unless runtime/tp_comm_cost.py adds their cost measured in a real TP group. Forward and backward are timed separately (a few warm-up reps, then the fastest of the timed
 reps: the one least disturbed by other work on the host; on a dedicated GPU the reps agree within a few
 percent, on a shared CPU the median would measure the other processes). Memory: parameter bytes of the shard, and the bytes autograd saves for backward during the forward
 (counted through `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded).
@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from autohet_ray import ConfigError
 from autohet_ray.model.costs import LAYER_KINDS
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.nn import Embedding, Head, materialize
+from autohet_ray.nn import Embedding, Head
 from autohet_ray.nn.layers import Block
 from autohet_ray.profile.db import LayerProfile, ProfileDB
+from autohet_ray.profile.shards import build_shard
 
 WARMUP_REPS = 2
 TIMED_REPS = 7
@@ -94,37 +93,11 @@ def _param_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-COLUMN_PARALLEL = ("attn.qkv", "mlp.fc1", "mlp.gate_up", "out")     # output features split by TP
-ROW_PARALLEL = ("attn.proj", "mlp.fc2", "mlp.down")                  # input features split by TP
-
-
-def _shard(module: nn.Module, tp: int) -> nn.Module:
-    """Replace the module's TP-split linears (and token table) by this rank's shard shapes, on meta.
-    The row-parallel all-reduces are left out: the cost model prices them from the links."""
-    for name, sub in list(module.named_modules()):
-        parent, _, leaf = name.rpartition(".")
-        owner = module.get_submodule(parent) if parent else module
-        if isinstance(sub, nn.Linear) and name.endswith(COLUMN_PARALLEL):
-            setattr(owner, leaf, nn.Linear(sub.in_features, sub.out_features // tp, bias=sub.bias is not None))
-        elif isinstance(sub, nn.Linear) and name.endswith(ROW_PARALLEL):
-            setattr(owner, leaf, nn.Linear(sub.in_features // tp, sub.out_features, bias=sub.bias is not None))
-        elif isinstance(sub, nn.Embedding) and name == "tok":
-            setattr(owner, leaf, nn.Embedding(sub.num_embeddings // tp, sub.embedding_dim))
-    return module
-
-
-def _build(make, tp: int, device: torch.device, dtype: torch.dtype, num_layers: int) -> nn.Module:
-    with torch.device("meta"):
-        module = _shard(make(), tp)
-    materialize(module, seed=0, num_layers=num_layers, device=device, dtype=dtype)
-    return module
-
-
 def _measure_entry(spec: ModelSpec, tp: int, micro_batch: int, seq_len: int, device: torch.device,
                    dtype: torch.dtype) -> dict[str, LayerProfile]:
-    embedding = _build(lambda: Embedding(spec), tp, device, dtype, spec.num_layers)
-    block = _build(lambda: Block(spec), tp, device, dtype, spec.num_layers)
-    head = _build(lambda: Head(spec), tp, device, dtype, spec.num_layers)
+    embedding = build_shard(lambda: Embedding(spec), tp, device, dtype, spec.num_layers)
+    block = build_shard(lambda: Block(spec), tp, device, dtype, spec.num_layers)
+    head = build_shard(lambda: Head(spec), tp, device, dtype, spec.num_layers)
     local_vocab = spec.vocab_size // tp
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, local_vocab, (micro_batch, seq_len), generator=gen).to(device)

@@ -107,3 +107,27 @@ def test_the_link_probe_measures_a_real_gloo_link():
     assert a == b
     assert 1e6 < a["bandwidth_Bps"] < 1e12 and 0 < a["latency_s"] < 0.1 and 0 <= a["collective_overhead_s"] < 0.1
     assert 1e6 < a["allreduce_bandwidth_Bps"] < 1e12
+
+
+def test_collectives_measured_in_a_tp_group_replace_the_link_price(tmp_path):
+    """An entry with its TP collectives measured (runtime/tp_comm_cost.py) is priced with those seconds, per
+    kind and per direction, and not from the link; one without them keeps the link's price. The fields survive
+    a save and load."""
+    from autohet_ray.cost.terms import GroupCostTable, allreduce_time
+    from autohet_ray.profile.db import load_profile
+    measured = _profile()
+    comm = {"embedding": (0.5 * MS, 0.0), "layer": (3 * MS, 4 * MS), "head": (2 * MS, 1 * MS)}
+    measured.entries[("X", 2, 1)] = {
+        kind: LayerProfile(fwd_s=1 * MS, bwd_s=2 * MS, param_bytes=0, activation_bytes=1000,
+                           tp_comm_fwd_s=comm[kind][0], tp_comm_bwd_s=comm[kind][1]) for kind in comm}
+    measured.save(str(tmp_path / "p.json"))
+    assert load_profile(str(tmp_path / "p.json")).entries == measured.entries
+    cluster = _cluster((("n0", 4),))
+    table = lambda db: GroupCostTable(cluster=cluster, model=MODEL, profile=db, micro_batch=1, seq_len=16)  # noqa: E731
+    got = table(measured).get("X", 2)
+    assert got.layer_s == pytest.approx(3 * MS + 7 * MS)
+    assert got.layer_fwd_fraction == pytest.approx(4 / 10)
+    assert got.embed_s == pytest.approx(3.5 * MS) and got.head_s == pytest.approx(6 * MS)
+    priced = table(_profile()).get("X", 2)
+    ar = allreduce_time(MSG, 2, LinkProfile(bandwidth_Bps=INTRA_BW, latency_s=INTRA_LAT))
+    assert priced.layer_s == pytest.approx(3 * MS + 4 * ar)

@@ -35,6 +35,10 @@ def test_cli_profile_local_feeds_the_planner(tmp_path, capsys):
     assert "measured" in capsys.readouterr().out
     db = load_profile(str(out))
     assert db.kind == "measured" and len(db.entries) == 4 and db.optimizer_s_per_param["CPU"] > 0
+    # this 2-core host runs a 2-rank gloo group: the TP entries carry their collectives, measured
+    assert db.meta["tp_collectives"] == {"2": "measured in a 2-rank gloo group"}
+    for (_, tp, _), layers in db.entries.items():
+        assert (layers["layer"].tp_comm_fwd_s is None) == (tp == 1)
     cluster = cluster_from_dict({"name": "local", "nodes": [{"name": "n0", "device": "CPU", "count": 2}],
                                  "devices": {"CPU": CPU_DEVICE}})
     result, baselines = plan_with_baselines(cluster=cluster, model=load_model("tiny-gpt"), profile=db,
@@ -67,3 +71,18 @@ def test_the_measured_optimizer_rate_prices_the_update(tmp_path):
     gc = GroupCostTable(cluster=cluster, model=spec, profile=db, micro_batch=1, seq_len=16).get("CPU", 1)
     params = gc.stage_params(spec.num_layers, True, True)
     assert gc.optimizer_s(spec.num_layers, True, True) == pytest.approx(params * rate)
+
+
+def test_tp_collectives_are_timed_where_the_runtime_runs_them():
+    """In a real 2-rank gloo group: a block's forward and backward each run two all-reduces, the embedding's
+    forward one and its backward none (runtime/tp.py), so the measured extra time lands on those and not on the
+    embedding's backward."""
+    import torch
+
+    from autohet_ray.runtime.tp_comm_cost import measure_tp_collectives
+    added = measure_tp_collectives(load_model("tiny-gpt"), 2, 1, 16, torch.float32, "gloo")
+    assert set(added) == {"embedding", "layer", "head"}
+    assert all(s >= 0 for pair in added.values() for s in pair)
+    layer_fwd, layer_bwd = added["layer"]
+    assert layer_fwd > 2e-5 and layer_bwd > 2e-5          # a loopback gloo all-reduce costs tens of us at least
+    assert added["embedding"][1] < layer_bwd / 4
