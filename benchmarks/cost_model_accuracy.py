@@ -9,26 +9,27 @@
 2. Describe the machine as a cluster of CPU "devices": one node with one device per core. Ranks are never
    more than cores: a second rank on a core would halve both ranks' speed, which the profile (measured one
    rank per core) does not describe, so the error would be the oversubscription's, not the cost model's.
-3. Price each plan with `evaluate_plan` (measured profile, fp32) and run it with the real runtime (Engine,
-   gloo, one spawned process per rank, no pacer), and compare the measured iteration time with the
-   prediction: the fastest of the timed steps over --passes runs of the plan list (the one least disturbed
-   by other load on the machine), max over ranks. The link is probed again before every pass and priced at
-   the probes' mean: on a VM a woken rank's delay drifts over minutes. The profile keeps each layer's
-   fastest rep, and the median rep of its TP collectives (a step pays their typical wake-up). The figures
-   need an otherwise idle machine: the load average is printed before and after, and on a machine busy with
-   other work (load above the cores) the errors are the other work's, not the cost model's;
-   `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler and the ranks) so that
-   it gets its cores on a shared machine, at the other work's expense for the few minutes it runs.
+3. Run each plan with the real runtime (Engine, gloo, one spawned process per rank, no pacer): the fastest of
+   the timed steps (the one least disturbed by other load), max over ranks. Price it with `evaluate_plan`
+   (that profile, fp32) and compare. Steps 1 and 3 repeat --passes times, each pass with a fresh profile:
+   on a VM both the host's speed and a woken rank's delay drift over minutes, and a profile taken minutes
+   before a run would measure the drift, not the cost model. A plan's error is the mean of its per-pass
+   errors. The profile keeps each layer's fastest rep, and the median rep of its TP collectives (a step pays
+   their typical wake-up). The figures need an otherwise idle machine: the load average is printed before
+   and after, and on a machine busy with other work (load above the cores) the errors are the other work's,
+   not the cost model's; `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler
+   and the ranks) so that it gets its cores on a shared machine, at the other work's expense for the few
+   minutes it runs.
 Plan shapes on 2 cores: PP2 (even split), PP2 with other stage boundaries (uneven split), TP2, DP2. Two
 pipelines of several stages each need at least 4 cores; with more cores, raise --cores and the plan list grows
 by a pair of two-stage pipelines with different boundaries.
-Ends with one JSON line: max_abs_error (the largest |measured / predicted - 1|) and the per-plan figures.
+Ends with one JSON line: max_abs_error (the largest |measured / predicted - 1|, each the mean over passes) and
+the per-plan figures of every pass.
 Run: .venv/bin/python benchmarks/cost_model_accuracy.py [--steps 4] [--passes 2] [--cores 2] [--nice -15]
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -45,7 +46,7 @@ from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.cost import allreduce_time, evaluate_plan
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
-from autohet_ray.profile.db import LinkProfile, load_profile
+from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile
 from autohet_ray.profile.link_probe import probe_link
 from autohet_ray.runtime import Engine, run_world
 
@@ -119,12 +120,6 @@ def measure_link() -> LinkProfile:
     return LinkProfile(**run_world(_probe, 2, 4 << 20, 100)[0])
 
 
-def mean_link(probes: list[LinkProfile]) -> LinkProfile:
-    """Each figure's mean over the probes."""
-    names = [f.name for f in dataclasses.fields(LinkProfile)]
-    return LinkProfile(**{n: sum(getattr(p, n) for p in probes) / len(probes) for n in names})
-
-
 def link_line(link: LinkProfile) -> str:
     return (f"{link.latency_s * 1e6:.0f} us + {link.bandwidth_Bps / 1e9:.2f} GB/s, all-reduce "
             f"{link.allreduce_bandwidth_Bps / 1e9:.2f} GB/s + {link.collective_overhead_s * 1e6:.0f} us")
@@ -179,6 +174,52 @@ def _ops_line(timings: list[dict]) -> str:
     return " | ".join(", ".join(f"{op} {t * 1e3:.0f}" for op, t in sorted(r.items())) for r in timings)
 
 
+def profile_this_cpu(workdir: Path) -> ProfileDB:
+    """`autohet profile --local` (the layers, the TP2 collectives in a 2-rank group, the update's rate) and the
+    link as the profiler probes it."""
+    profile = load_profile(str(profile_cpu(workdir)))
+    profile.links[f"intra:{DEVICE}"] = measure_link()
+    profile.save(str(workdir / "cpu-profile.json"))
+    return profile
+
+
+def run_pass(shapes: dict[str, Plan], steps: int, profile: ProfileDB, cluster, model) -> dict[str, tuple]:
+    """plan name -> (predicted, measured seconds): each plan run once and priced with this pass's profile."""
+    out = {}
+    for name, plan in shapes.items():
+        seconds, ops = measure_plan(plan, steps)
+        predicted = evaluate_plan(plan, cluster, model, profile).iteration_time_s
+        print(f"{name}: measured {seconds:.3f} s, predicted {predicted:.3f} s ({100 * (seconds / predicted - 1):+.1f}%); "
+              f"per rank, ms: {_ops_line(ops)}", flush=True)
+        out[name] = (predicted, seconds)
+    return out
+
+
+def plan_errors(pairs: list[tuple[float, float]]) -> dict:
+    """A plan's figures over the passes; its error is the mean of the per-pass errors."""
+    errors = [measured / predicted - 1 for predicted, measured in pairs]
+    return {"predicted_s": [round(p, 4) for p, _ in pairs], "measured_s": [round(m, 4) for _, m in pairs],
+            "error": round(sum(errors) / len(errors), 4)}
+
+
+def print_tp_diagnostics(profile: ProfileDB) -> dict:
+    """What a TP2 all-reduce costs, priced from the link and timed bare; what a layer's collectives cost in the
+    profile (measured in a 2-rank group)."""
+    numel = MICRO_BATCH * MODEL["max_seq_len"] * MODEL["hidden"]
+    fastest, median, mean = all_reduce_seconds(numel)
+    priced = allreduce_time(numel * 4, 2, profile.links[f"intra:{DEVICE}"])
+    print(f"TP all-reduce of one micro-batch's hidden states ({numel * 4 / 1e3:.0f} kB): priced {priced * 1e6:.0f} us, "
+          f"measured {fastest * 1e6:.0f} us fastest, {median * 1e6:.0f} us median, {mean * 1e6:.0f} us mean",
+          flush=True)
+    layer = profile.layer(DEVICE, 2, MICRO_BATCH, "layer")
+    if layer.tp_comm_fwd_s is not None:
+        print(f"TP2 collectives of one layer and micro-batch in the last profile, measured in a 2-rank group: "
+              f"forward {layer.tp_comm_fwd_s * 1e3:.2f} ms, backward {layer.tp_comm_bwd_s * 1e3:.2f} ms (from the "
+              f"link: {2 * priced * 1e3:.2f} ms each)", flush=True)
+    return {"priced": round(priced * 1e6), "fastest": round(fastest * 1e6), "median": round(median * 1e6),
+            "mean": round(mean * 1e6)}
+
+
 def raise_priority(nice: int) -> None:
     """Add `nice` to this process's nice value (the profiler and the ranks inherit it). With autogroup
     scheduling (Linux's default for desktop and container sessions) a nice value only ranks processes inside
@@ -208,62 +249,34 @@ def main() -> None:
         raise_priority(args.nice)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="cost-accuracy-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    profile = load_profile(str(profile_cpu(workdir)))
-    link = measure_link()
     hbm_gbps, tflops = measure_memory_and_flops()
-    profile.links[f"intra:{DEVICE}"] = link
-    profile.save(str(workdir / "cpu-profile.json"))
-    raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
-    (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
-    cluster, model = cluster_from_dict(raw_cluster), model_from_dict(MODEL)
-    print(f"link: {link_line(link)}; optimizer "
-          f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; memory {hbm_gbps:.1f} GB/s; "
-          f"matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
-    load_before = os.getloadavg()[0]
     shapes = {name: make_plan(pipelines) for name, pipelines in plan_shapes(args.cores).items()}
     if args.plans:
         shapes = {n: p for n, p in shapes.items() if n in args.plans.split(",")}
-    measured: dict[str, float] = {}
-    probes = [link]
+    model, load_before, passes = model_from_dict(MODEL), os.getloadavg()[0], []
     for pass_index in range(args.passes):
-        if pass_index:                      # the VM's wake-up tail drifts over minutes: probe it every pass
-            probes.append(measure_link())
-        for name, plan in shapes.items():
-            seconds, ops = measure_plan(plan, args.steps)
-            print(f"{name}: {seconds:.3f} s; per rank, ms: {_ops_line(ops)}", flush=True)
-            measured[name] = min(measured.get(name, float("inf")), seconds)
-    link = mean_link(probes)
-    profile.links[f"intra:{DEVICE}"] = link
-    profile.save(str(workdir / "cpu-profile.json"))
-    print(f"link, the mean of {len(probes)} probes (one per pass): {link_line(link)}", flush=True)
-    numel = MICRO_BATCH * MODEL["max_seq_len"] * MODEL["hidden"]
-    fastest, median, mean = all_reduce_seconds(numel)
-    priced = allreduce_time(numel * 4, 2, link)
-    print(f"TP all-reduce of one micro-batch's hidden states ({numel * 4 / 1e3:.0f} kB): priced {priced * 1e6:.0f} us, "
-          f"measured {fastest * 1e6:.0f} us fastest, {median * 1e6:.0f} us median, {mean * 1e6:.0f} us mean",
-          flush=True)
-    tp_layer = profile.layer(DEVICE, 2, MICRO_BATCH, "layer")
-    if tp_layer.tp_comm_fwd_s is not None:
-        print(f"TP2 collectives of one layer and micro-batch, measured in a 2-rank group: forward "
-              f"{tp_layer.tp_comm_fwd_s * 1e3:.2f} ms, backward {tp_layer.tp_comm_bwd_s * 1e3:.2f} ms "
-              f"(from the link: {2 * priced * 1e3:.2f} ms each)", flush=True)
-    plans = {}
-    for name, plan in shapes.items():
-        predicted = evaluate_plan(plan, cluster, model, profile).iteration_time_s
-        plans[name] = {"predicted_s": round(predicted, 4), "measured_s": round(measured[name], 4),
-                       "error": round(measured[name] / predicted - 1, 4)}
-        print(f"{name:<36} predicted {predicted:.3f} s  measured {measured[name]:.3f} s  "
-              f"error {100 * (measured[name] / predicted - 1):+.1f}%", flush=True)
+        profile = profile_this_cpu(workdir)      # again every pass: the host's speed drifts over minutes
+        link = profile.links[f"intra:{DEVICE}"]
+        if pass_index == 0:
+            raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
+            (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
+            cluster = cluster_from_dict(raw_cluster)
+        print(f"pass {pass_index + 1}: link {link_line(link)}; optimizer "
+              f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; memory {hbm_gbps:.1f} GB/s; "
+              f"matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
+        passes.append(run_pass(shapes, args.steps, profile, cluster, model))
+    tp_us = print_tp_diagnostics(profile)
+    plans = {name: plan_errors([p[name] for p in passes]) for name in shapes}
+    for name, figures in plans.items():
+        print(f"{name:<36} predicted {figures['predicted_s']} s  measured {figures['measured_s']} s  "
+              f"error {100 * figures['error']:+.1f}% (mean over passes)", flush=True)
     worst = max(abs(p["error"]) for p in plans.values())
     load = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
     print(f"load average (1 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cores")
     print(json.dumps({"max_abs_error": round(worst, 4), "cores": args.cores, "profile": "measured (this CPU, fp32)",
-                      "tp_collectives": profile.meta.get("tp_collectives", {}),
-                      "steps": args.steps, "passes": args.passes,
-                      "tp_all_reduce_us": {"priced": round(priced * 1e6), "fastest": round(fastest * 1e6),
-                                           "median": round(median * 1e6), "mean": round(mean * 1e6)}, "nice": os.nice(0), "load_average": load,
+                      "tp_collectives": profile.meta.get("tp_collectives", {}), "steps": args.steps,
+                      "passes": args.passes, "tp_all_reduce_us": tp_us, "nice": os.nice(0), "load_average": load,
                       "plans": plans}))
-
 
 if __name__ == "__main__":
     main()

@@ -60,14 +60,19 @@ DEFAULT_PHASES = PhaseModel(
     })
 
 
+def last_json_line(path: str) -> dict:
+    """The last line of a benchmark's output that holds a JSON object (every benchmark ends with one)."""
+    with open(path) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
+    return json.loads(lines[-1])
+
+
 def phases_from_recovery_bench(path: str, base: PhaseModel = DEFAULT_PHASES) -> PhaseModel:
     """Detect from a recovery_bench.py JSON line (its local-first recovery), the rest from `base`: detection
     does not scale with the model or the cluster; the restore scales with bytes (priced by bandwidth) and the
     restart with ranks (a 3-rank CPU run says little about 1000 GPUs: it is quoted in the basis only)."""
     try:
-        with open(path) as f:
-            lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
-        measured = json.loads(lines[-1])["local_first"]["phases"]
+        measured = last_json_line(path)["local_first"]["phases"]
     except (OSError, IndexError, KeyError, json.JSONDecodeError) as err:
         raise ConfigError(f"{path}: not a recovery_bench.py result with local_first.phases ({err})") from None
     detect, restart = float(measured["detect_s"]), float(measured.get("restart_s", 0.0))
@@ -86,9 +91,7 @@ def phases_from_emulated_replay(path: str, base: PhaseModel = DEFAULT_PHASES) ->
     restore, re-plan and warm-up stay priced as in `base` (they scale with bytes, with the cluster's planner
     time and with the plan)."""
     try:
-        with open(path) as f:
-            lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
-        phases = json.loads(lines[-1])["phases"]
+        phases = last_json_line(path)["phases"]
         by_kind: dict[str, list[float]] = {}
         for p in phases:
             by_kind.setdefault(str(p["kind"]), []).append(float(p["restart_s"]))

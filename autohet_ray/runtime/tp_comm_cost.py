@@ -37,7 +37,7 @@ from autohet_ray.runtime.tp import TPContext
 from autohet_ray.runtime.vocab_ce import vocab_parallel_cross_entropy
 
 WARMUP_REPS = 3
-TIMED_REPS = 15
+TIMED_REPS = 31
 CHAIN_LAYERS = 4        # layers run back to back per rep, so that the collectives follow each other as in a step
 
 
