@@ -2,10 +2,11 @@
 
 For each TP degree, one TP rank's shard is built from the plain modules with the split linears (and token
 table) at their shard shapes (shards.py) and run locally, without the TP collectives: the cost model prices
-those from the links, unless runtime/tp_comm_cost.py adds their cost measured in a real TP group. Forward and backward are timed separately (a few warm-up reps, then the fastest of the timed
-reps: the one least disturbed by other work on the host; on a dedicated GPU the reps agree within a few
-percent, on a shared CPU the median would measure the other processes). Memory: parameter bytes of the shard, and the bytes autograd saves for backward during the forward
-(counted through `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded).
+those from the links, unless runtime/tp_comm_cost.py adds their cost measured in a real TP group. Forward and
+backward are timed separately (a few warm-up reps, then the fastest of the timed reps: the one least disturbed
+by other work on the host; on a dedicated GPU the reps agree within a few percent, on a shared CPU the median
+would measure the other processes). Memory: parameter bytes of the shard, and the bytes autograd saves for
+backward during the forward (counted through `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded).
 """
 from __future__ import annotations
 
@@ -65,7 +66,9 @@ def _sync(device: torch.device) -> None:
 
 
 def _time_module(run, inputs, device: torch.device, params: list[torch.Tensor]) -> _Timing:
-    """`run(x) -> output`; `inputs()` gives a fresh input. Fastest forward and backward seconds."""
+    """`run(x) -> output`; `inputs()` gives a fresh input. Fastest forward and backward seconds. Gradients are
+    kept between reps, so each backward adds into the gradients before it, as every micro-batch of a step but
+    the first does (one more read and write of the weights' size)."""
     fwds, bwds, act = [], [], 0
     exclude = {p.untyped_storage().data_ptr() for p in params}
     for rep in range(WARMUP_REPS + TIMED_REPS):
@@ -80,8 +83,6 @@ def _time_module(run, inputs, device: torch.device, params: list[torch.Tensor]) 
         out.backward(torch.ones_like(out))
         _sync(device)
         t2 = time.perf_counter()
-        for p in params:
-            p.grad = None
         if rep >= WARMUP_REPS:
             fwds.append(t1 - t0)
             bwds.append(t2 - t1)
