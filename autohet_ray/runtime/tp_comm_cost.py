@@ -31,6 +31,7 @@ from autohet_ray.nn import Embedding, Head
 from autohet_ray.nn.layers import Block
 from autohet_ray.profile.db import ProfileDB
 from autohet_ray.profile.shards import build_shard
+from autohet_ray.runtime.device import resolve_device
 from autohet_ray.runtime.launch import run_world
 from autohet_ray.runtime.parallelize import build_stage_model
 from autohet_ray.runtime.tp import TPContext
@@ -110,7 +111,7 @@ def _chains(spec: ModelSpec, tp: TPContext, micro_batch: int, seq_len: int, devi
 
 def _rank(rank: int, world_size: int, spec_dict: dict, micro_batch: int, seq_len: int, dtype_name: str) -> dict:
     spec, dtype = model_from_dict(spec_dict), getattr(torch, dtype_name)
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = resolve_device(None)                   # this rank's GPU under NCCL, else the CPU
     tp = TPContext(size=world_size, rank=rank, group=dist.group.WORLD)
     chains = dict(zip(("with", "without"), _chains(spec, tp, micro_batch, seq_len, device, dtype)))
     times = {label: [] for label in chains}
