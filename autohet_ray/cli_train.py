@@ -121,7 +121,7 @@ def _print_launch(ctl, launch: dict, seconds: float, tag: str) -> None:
         print(f"  time scale {launch['time_scale']:.3g} wall s per emulated s (emulated)")
     if launch.get("restored_step") is not None:
         print(f"restored step {launch['restored_step']} ({launch['bytes_by_tier']} bytes)")
-        from autohet_ray.elastic.restore import describe_skipped
+        from autohet_ray.checkpoint.restore_report import describe_skipped
         for entry in launch.get("skipped_chunks", []):
             print(f"  skipped {describe_skipped(entry)}")
 

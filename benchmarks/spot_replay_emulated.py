@@ -168,7 +168,7 @@ def stop_watchers(job_id: str) -> None:
 
 
 def summarize(args, ctl, log, timeline, cluster, model, priced, data, launch, secured) -> dict:
-    from autohet_ray.emulate.reference import reference_check
+    from autohet_ray.metrics.reference_check import reference_check
     from autohet_ray.replay.emulated import change_phases, committed_lost, emulated_goodput, phase_medians, step_record
     from autohet_ray.replay.planning import real_planner
     phases = [change_phases(c) for c in log.changes]

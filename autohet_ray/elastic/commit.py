@@ -14,6 +14,8 @@ import ray
 
 from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
+from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
+from autohet_ray.elastic.keeper import get_keeper, keeper_name
 from autohet_ray.elastic.tiers import build_tier
 from autohet_ray.orchestrate.actor_calls import settled_ok
 
@@ -124,7 +126,6 @@ class Committer:
         re-plans), so that another loss before the next commit cannot take the step's last copy. A step already
         in the storage needs no copy. `also_held`: key -> nodes whose stores hold that chunk beyond what the
         manifest records (written since, from live state). Returns the number of chunks being copied."""
-        from autohet_ray.elastic.keeper import keeper_name
         if not self.committed or self.committed[-1] in self.cloud_committed or len(self.keepers) < 2:
             return 0
         try:
@@ -132,15 +133,7 @@ class Committer:
         except CheckpointError as err:                  # the restore that follows finds what is left, and says
             self.skipped.append(f"step {self.committed[-1]}: no copy made after the loss ({err})")
             return 0
-        node_of = {self.keeper_specs[node]["name"]: node for node in self.keepers}
-        live = sorted(self.keepers)
-        copies: dict[tuple[str, str], list[str]] = {}
-        for i, record in enumerate(manifest.records):
-            extra = {n for n in (also_held or {}).get(record.key, ()) if n in self.keepers}
-            holders = sorted({node_of[r] for r in record.replicas if r in node_of} | extra)
-            if len(holders) == 1:
-                others = [n for n in live if n != holders[0]]
-                copies.setdefault((holders[0], others[i % len(others)]), []).append(record.key)
+        copies = second_copies(manifest.records, self._node_of_store(), also_held or {})
         for (source, target), keys in copies.items():
             dst = self.keeper_specs[target]
             self.copies.append(self._keeper(source).replicate.remote(keys, keeper_name(dst["job_id"], dst["node_id"])))
@@ -151,11 +144,11 @@ class Committer:
         by one keeper holding it (spread over the holders, in parallel), then the manifest. Returns the bytes
         uploaded; CheckpointError when some chunk has no live holder."""
         manifest = find_manifest(list(self.keepers.values()), step)
-        node_of = {self.keeper_specs[node]["name"]: node for node in self.keepers}
+        node_of = self._node_of_store()
         todo = list(manifest.records)
         uploaded, dead = 0, set()
         while todo:
-            batches = _spread(todo, node_of, dead)
+            batches = spread_uploads(todo, node_of, dead)
             if batches is None:
                 raise CheckpointError(f"step {step}: chunk {todo[0].key!r} has no live node store to upload it "
                                       f"from (held by {list(todo[0].replicas)}; lost: {sorted(dead)})")
@@ -200,11 +193,13 @@ class Committer:
             self._gc.result()
         self._gc_pool.shutdown(wait=True)
 
+    def _node_of_store(self) -> dict[str, str]:
+        """Store name -> node of the live keepers."""
+        return {self.keeper_specs[node]["name"]: node for node in self.keepers}
+
     def _keeper(self, node: str):
         """The keeper actor of `node` (ValueError when it is gone)."""
-        from autohet_ray.elastic.keeper import get_keeper
-        spec = self.keeper_specs[node]
-        return get_keeper(spec["job_id"], spec["node_id"])
+        return get_keeper(self.keeper_specs[node]["job_id"], self.keeper_specs[node]["node_id"])
 
     def manifest_tiers(self, mode: str) -> list:
         return [self.cloud] if mode == "cloud_only" else [*self.keepers.values(), self.cloud]
@@ -213,16 +208,3 @@ class Committer:
         """Committed steps any reachable manifest tier holds, newest first."""
         return sorted(scan_manifests(self.manifest_tiers(mode)).steps, reverse=True)
 
-
-def _spread(records, node_of: dict[str, str], dead: set[str]) -> dict[str, list] | None:
-    """node -> the records it uploads: each record by its least loaded live holder; None if one has none."""
-    load: dict[str, int] = {}
-    batches: dict[str, list] = {}
-    for record in records:
-        holders = [node_of[r] for r in record.replicas if r in node_of and node_of[r] not in dead]
-        if not holders:
-            return None
-        node = min(holders, key=lambda n: (load.get(n, 0), n))
-        load[node] = load.get(node, 0) + record.nbytes
-        batches.setdefault(node, []).append(record)
-    return batches

@@ -15,7 +15,8 @@ import ray
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.elastic.liveness import detect_failure, probe_all, raylet_addresses, refused_raylets
+from autohet_ray.cluster.node_probe import probe_all
+from autohet_ray.elastic.liveness import detect_failure, raylet_addresses, refused_raylets
 
 MAX_RECOVERIES_IN_A_ROW = 5
 
@@ -100,8 +101,7 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
     if ctl.committer is None:                  # the group stays whole: closing the job stops every worker
         raise RecoveryFailed(f"{lost['message']}; the job keeps no checkpoints (give it a storage), so it "
                              f"cannot continue") from failure
-    ids = ctl.found.node_ids
-    ctl.gone |= {ids[node] for node in lost["lost_nodes"]}
+    ctl.gone |= {ctl.found.node_ids[node] for node in lost["lost_nodes"]}
     salvage_start = time.perf_counter()
     for node in lost["lost_nodes"]:
         ctl.committer.drop_keeper(node)

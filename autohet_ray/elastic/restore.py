@@ -4,25 +4,9 @@ skipped (and every such chunk named: step, tensor, tier and object); a worker or
 is not a reason to skip a step: it is raised, for recovery to handle like any other loss."""
 from __future__ import annotations
 
-from autohet_ray import ConfigError
 from autohet_ray.checkpoint import find_manifest
-from autohet_ray.storage.spec import location
-
-RESTORE_MODES = ("local_first", "cloud_only")
-
-
-class NothingToRestore(ConfigError):
-    """No committed step could be restored from any tier (a user error when resuming: wrong storage)."""
-
-
-def tier_order(rank_node: str, keeper_specs: dict[str, dict], cloud: dict, mode: str) -> list[dict]:
-    """Read order for one rank, cheapest first: its node's keeper, the other keepers, then the storage."""
-    if mode not in RESTORE_MODES:
-        raise ConfigError(f"restore mode {mode!r}; valid: {', '.join(RESTORE_MODES)}")
-    if mode == "cloud_only":
-        return [cloud]
-    own = [keeper_specs[rank_node]] if rank_node in keeper_specs else []
-    return own + [spec for node, spec in sorted(keeper_specs.items()) if node != rank_node] + [cloud]
+from autohet_ray.checkpoint.restore_report import (NothingToRestore, describe_skipped, merge_restores,
+                                                   skipped_chunk, tier_order)
 
 
 def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dict, mode: str,
@@ -45,36 +29,9 @@ def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dic
         missing = [out["unavailable"] for out in outs if out.get("unavailable")]
         if missing:
             unique = {m["key"]: m for m in missing}.values()
-            skipped += [_skipped_chunk(m, specs) for m in unique]
+            skipped += [skipped_chunk(m, specs) for m in unique]
             continue
         return {"restored_step": step, "mode": mode, "skipped_chunks": skipped, "recorded": manifest.extra,
                 **merge_restores(outs)}
     raise NothingToRestore("no committed step could be restored: " +
                            "; ".join(describe_skipped(s) for s in skipped))
-
-
-def _skipped_chunk(missing: dict, specs: dict[str, dict]) -> dict:
-    """One chunk a restore could not use: its step, tensor, and per tier the object and why."""
-    key = missing["key"]
-    tiers = [{"tier": name, "object": location(specs[name], key) if name in specs else key,
-              "reason": reason} for name, reason in missing["attempts"]]
-    return {"step": missing["step"], "tensor": key.split("/")[1], "chunk": key, "tiers": tiers}
-
-
-def describe_skipped(entry: dict) -> str:
-    where = "; ".join(f"{t['tier']} {t['object']}: {t['reason']}" for t in entry["tiers"]) or "no tier"
-    return f"step {entry['step']}: tensor {entry['tensor']} chunk {entry['chunk']} ({where})"
-
-
-def merge_restores(outs: list[dict]) -> dict:
-    """One figure per phase over the ranks (they fetch in parallel: the slowest rank counts)."""
-    by_tier: dict[str, int] = {}
-    span: dict[str, float] = {}
-    for out in outs:
-        for tier, nbytes in out["bytes_by_tier"].items():
-            by_tier[tier] = by_tier.get(tier, 0) + nbytes
-        for tier, seconds in out["tier_read_s"].items():
-            span[tier] = max(span.get(tier, 0.0), seconds)
-    return {"fetch_s": max(o["fetch_s"] for o in outs), "load_s": max(o["load_s"] for o in outs),
-            "bytes_by_tier": by_tier, "fetch_s_by_tier": span,
-            "fallbacks": [f for o in outs for f in o["fallbacks"]][:10]}

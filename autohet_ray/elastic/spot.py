@@ -68,8 +68,7 @@ def draining_nodes() -> dict[str, int]:
 class NoticeBoard:
     """One job's spot notices from its watchers, acknowledged by the controller once it flushed a checkpoint."""
 
-    def __init__(self, job_id: str):
-        self.job_id = job_id
+    def __init__(self):
         self.notices: dict[str, dict] = {}
         self.acked: dict[str, threading.Event] = {}
         self.watchers: dict = {}             # node id -> the job's SpotWatcher there (holding it keeps it alive)
@@ -100,7 +99,7 @@ def start_board(job_id: str):
     handshake. It needs no resources, so the pin can always be met."""
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     return NoticeBoard.options(name=board_name(job_id), namespace=NAMESPACE, get_if_exists=True,
-                               scheduling_strategy=here).remote(job_id)
+                               scheduling_strategy=here).remote()
 
 
 def check_watcher_options(provider: str, interval_s: float, flush_timeout_s: float) -> None:
@@ -166,8 +165,8 @@ class SpotWatcher:
 
 def start_watchers(node_ids: list[str], *, job_id: str, provider: str = "aws", url: str = METADATA_URL,
                    interval_s: float = 5.0, flush_timeout_s: float = 60.0) -> dict:
-    """One watcher of `job_id` pinned to each node (an existing one is reused) and the job's notice board, which
-    holds the watchers (Ray ends an actor once no handle to it is left). Returns node id -> watcher handle."""
+    """One watcher of `job_id` pinned to each node (an existing one is reused), held by the job's notice board
+    (see Lifetimes in the module doc). Returns node id -> watcher handle."""
     check_watcher_options(provider, interval_s, flush_timeout_s)
     board = start_board(job_id)
     watchers = {node_id: SpotWatcher.options(

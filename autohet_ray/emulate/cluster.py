@@ -9,9 +9,8 @@ import contextlib
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
+from autohet_ray.cluster.labels import ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource, label_value
 from autohet_ray.cluster.spec import Cluster, Node
-from autohet_ray.orchestrate.labels import (ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource,
-                                            label_value)
 
 # Ray's test cluster gives each node a 150 MiB object store, far below a real node's; keepers hold
 # checkpoint chunks there (and would spill to disk at every step), so emulated nodes get more.
@@ -45,7 +44,7 @@ def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: fl
             ray.init(address=test_cluster.address)
         yield test_cluster
     finally:
-        from autohet_ray.elastic.keeper import sweep_node_stores
+        from autohet_ray.checkpoint.node_store import sweep_node_stores
         seen = [n["NodeID"] for n in ray.nodes()] if ray.is_initialized() else []
         if connect and ray.is_initialized():
             ray.shutdown()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.evaluate import Evaluation, evaluate_plan, plan_tables
+from autohet_ray.cost.evaluate import Evaluation, plan_tables
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import SPLIT_BACKWARD
 from autohet_ray.plan.rankmap import build_rank_map
@@ -39,9 +39,8 @@ SEND_OPS = ("send_activation", "send_grad")
 
 
 def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
-                      evaluation: Evaluation | None = None) -> list[dict[str, float]]:
-    """Per plan rank, op name -> predicted seconds (time scale 1). Plain data, for the stage actors."""
-    ev = evaluation or evaluate_plan(plan, cluster, model, profile)
+                      ev: Evaluation) -> list[dict[str, float]]:
+    """Per plan rank, op name -> predicted seconds (time scale 1) by the plan's evaluation `ev`. Plain data."""
     tables = plan_tables(plan, cluster, model, profile)
     out = []
     for info in build_rank_map(plan, model.num_layers).ranks:
@@ -62,16 +61,15 @@ def emulation_targets(plan: Plan, cluster: Cluster, model: ModelSpec, profile: P
     return out
 
 
-def rank_pacers(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB, *, time_scale: float,
-                iteration_wall_s: float | None = None) -> tuple[list[dict], float, float]:
-    """(EmulationPacer arguments per plan rank, the time scale, the predicted iteration seconds). A zero
-    `time_scale` is chosen so that one predicted iteration lasts `iteration_wall_s` on the wall."""
-    evaluation = evaluate_plan(plan, cluster, model, profile)
+def rank_pacers(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB, evaluation: Evaluation, *,
+                time_scale: float, iteration_wall_s: float | None = None) -> tuple[list[dict], float]:
+    """(EmulationPacer arguments per plan rank, the time scale). A zero `time_scale` is chosen so that one
+    predicted iteration (of the plan's `evaluation`) lasts `iteration_wall_s` on the wall."""
     if not time_scale:
         assert iteration_wall_s, "give time_scale or iteration_wall_s"
         time_scale = iteration_wall_s / evaluation.iteration_time_s
     targets = emulation_targets(plan, cluster, model, profile, evaluation)
-    return [{"targets": t, "time_scale": time_scale} for t in targets], time_scale, evaluation.iteration_time_s
+    return [{"targets": t, "time_scale": time_scale} for t in targets], time_scale
 
 
 @dataclass(kw_only=True)

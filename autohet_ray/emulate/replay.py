@@ -73,11 +73,8 @@ class ReplayCluster:
         """Announce on the node's metadata endpoint that it is terminated in `lead_wall_s` wall seconds."""
         self.imds[name].post_notice(time.time() + lead_wall_s)
 
-    def node_id(self, name: str) -> str:
-        return self.handles[name].node_id
-
     def close(self) -> None:
-        from autohet_ray.elastic.keeper import sweep_node_stores
+        from autohet_ray.checkpoint.node_store import sweep_node_stores
         if ray.is_initialized():
             ray.shutdown()
         self.ray_cluster.shutdown()
@@ -210,6 +207,6 @@ class Replay:
         just joined is watched before the controller may plan onto it)."""
         from autohet_ray.elastic.spot import start_watchers
         for name in sorted(set(self.rc.handles) - self.watched):
-            start_watchers([self.rc.node_id(name)], job_id=self.ctl.job_id, url=self.rc.imds[name].url,
+            start_watchers([self.rc.handles[name].node_id], job_id=self.ctl.job_id, url=self.rc.imds[name].url,
                            interval_s=self.watch_interval_s, flush_timeout_s=60.0)
             self.watched.add(name)

@@ -13,7 +13,7 @@ WATCH_EVERY_S = 0.1
 
 def gather_in_rank_order(refs: list, timeout_s: float | None,
                          on_error: Callable[[int, Exception], Exception | None],
-                         watch: Callable[[], None] | None = None) -> list:
+                         watch: Callable[[], None]) -> list:
     """Results of `refs` in order. As soon as one fails, `on_error(rank, exc)` gives the exception to raise
     (None: it surfaces from the final ray.get as it is); GetTimeoutError names the ranks still silent.
     `watch` runs every WATCH_EVERY_S while calls are pending and raises to abandon the wait (a lost node
@@ -23,7 +23,7 @@ def gather_in_rank_order(refs: list, timeout_s: float | None,
     deadline = None if timeout_s is None else time.perf_counter() + timeout_s
     while pending:
         left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        wait_s = left if watch is None else min(WATCH_EVERY_S, WATCH_EVERY_S if left is None else left)
+        wait_s = WATCH_EVERY_S if left is None else min(WATCH_EVERY_S, left)
         ready, pending = ray.wait(pending, num_returns=1, timeout=wait_s)
         if not ready:
             if deadline is not None and time.perf_counter() >= deadline:

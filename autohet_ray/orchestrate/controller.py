@@ -21,22 +21,23 @@ from dataclasses import replace
 
 import ray
 
+from autohet_ray.cluster.live import describe
 from autohet_ray.cluster.spec import cluster_from_dict
+from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic import recovery
 from autohet_ray.elastic.commit import Committer
 from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
+from autohet_ray.job.config import TrainJob
+from autohet_ray.job.plan_choice import choose_plan
+from autohet_ray.metrics.step import step_metrics
 from autohet_ray.model.spec import model_from_dict
+from autohet_ray.orchestrate.data_prepare import local_dataset
+from autohet_ray.orchestrate.discovery import confirm_nodes, discover
+from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import location
-from autohet_ray.metrics.step import step_metrics
-from autohet_ray.data.training import TrainingData
-from autohet_ray.orchestrate.data_prepare import local_dataset
-from autohet_ray.orchestrate.discovery import describe, discover
-from autohet_ray.job.config import TrainJob
-from autohet_ray.orchestrate.job_plan import choose_plan, job_profile
-from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 
 
 class Controller:
@@ -77,6 +78,7 @@ class Controller:
         self.draining = set(draining_nodes())
         self.found = self.discover(confirm=True)
         if self.profile is None:
+            from autohet_ray.orchestrate.profiling import job_profile
             self.profile = job_profile(self.job, found=self.found, priced_model=self.priced_model,
                                        cluster=self.base_cluster, seq_len=self.priced_seq_len)
         data = local_dataset(self.job.data, endpoint_url=(self.job.storage or {}).get("endpoint_url"))
@@ -100,7 +102,6 @@ class Controller:
     def discover(self, *, confirm: bool = False):
         """The live nodes of the cluster file, less those lost, draining or refusing connections; with
         `confirm`, each node's GPU type is confirmed by a task on it."""
-        from autohet_ray.orchestrate.device_probe import confirm_nodes
         usable = recovery.usable_nodes(self)
         missing = recovery.dead_nodes(self, usable)
         if missing and confirm and not self.job.elastic:   # a plain job runs on the file's nodes, all of them
@@ -184,8 +185,8 @@ class Controller:
         from autohet_ray.emulate.pacer import rank_pacers
         if not self.job.paced:
             return None, {}
-        pacers, self.time_scale, _ = rank_pacers(
-            self.plan, self.found.cluster, self.priced_model, self.profile,
+        pacers, self.time_scale = rank_pacers(
+            self.plan, self.found.cluster, self.priced_model, self.profile, self.evaluation,
             time_scale=self.time_scale or self.job.time_scale, iteration_wall_s=self.job.iteration_wall_s)
         return pacers, {"time_scale": self.time_scale}
 
@@ -285,19 +286,14 @@ class Controller:
         step, committer = self.step_index, self.committer
         if committer is None:
             return {}
-        if step == 0 or step in committer.committed:
-            committer.poll_cloud(wait=True, timeout_s=timeout_s)
-            return self._flushed()
-        if step not in self.snapped and not self.inflight:     # nothing ran since: the live state is `step`
-            self.group.call("snapshot_now", timeout_s=timeout_s)
-            self.snapped.add(step)
-        if step in self.snapped:
-            self._commit(step, self.group.call("fast_records", step, timeout_s=timeout_s))
+        if step != 0 and step not in committer.committed:
+            if step not in self.snapped and not self.inflight:     # nothing ran since: the live state is `step`
+                self.group.call("snapshot_now", timeout_s=timeout_s)
+                self.snapped.add(step)
+            if step in self.snapped:
+                self._commit(step, self.group.call("fast_records", step, timeout_s=timeout_s))
         committer.poll_cloud(wait=True, timeout_s=timeout_s)
-        return self._flushed()
-
-    def _flushed(self) -> dict:
-        return {"committed": self.committer.committed[-1:], "cloud_committed": self.committer.cloud_committed[-1:]}
+        return {"committed": committer.committed[-1:], "cloud_committed": committer.cloud_committed[-1:]}
 
     def secure(self, timeout_s: float = 600.0) -> dict:
         """Get the newest committed step into the storage: flush what the live group can still commit, then

@@ -43,7 +43,7 @@ def local_dataset(data: str | None, endpoint_url: str | None = None) -> str | No
     fetched again)."""
     if data is None or not data.startswith("s3://"):
         return data
-    from autohet_ray.elastic.keeper import default_store_root
+    from autohet_ray.checkpoint.node_store import default_store_root
     return download_dataset(data, dataset_cache_dir(data, default_store_root()), endpoint_url=endpoint_url)
 
 

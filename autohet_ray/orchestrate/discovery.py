@@ -1,137 +1,91 @@
-"""Build the cluster description from the live Ray cluster.
+"""Find the GPU nodes of the live Ray cluster (`cluster/live.py` reads Ray's node entries), and confirm each
+node's type by asking the node: one pinned Ray task per node reads the device name.
 
-GPU type per node: the `ray.io/accelerator-type` label, else an `accelerator_type:<type>` resource; GPUs per
-node: the `GPU` resource. Node names: the `autohet.io/node` label when present (emulated or labelled
-clusters), else `node-<first 8 hex digits of the node id>`. Link figures and custom device types come from a
-cluster file when one is given; the live cluster must then hold every node the file names.
+On a real GPU node the task takes one GPU (`num_gpus=1`) and reports `torch.cuda.get_device_name(0)`, the
+visible device count and the total memory. Emulated nodes (`autohet.io/emulated=true`) offer fake GPUs, so
+their task asks for no GPU and reports the type from the node's own labels, marked emulated.
+`cluster.device_check` checks each report against the node's labels.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
-from autohet_ray.cluster.spec import Cluster, Node
-from autohet_ray.orchestrate.labels import (ACCELERATOR_LABEL, ACCELERATOR_RESOURCE_PREFIX, EMULATED_LABEL,
-                                            NODE_NAME_LABEL)
-from autohet_ray.plan.schema import Plan
+from autohet_ray.cluster.device_check import DeviceReport, check_report
+from autohet_ray.cluster.labels import ACCELERATOR_LABEL, EMULATED_LABEL
+from autohet_ray.cluster.live import Discovered, LiveNode, describe, gpu_nodes
+from autohet_ray.cluster.spec import Cluster
 
-DEFAULT_INTER_NODE_GBPS = 100.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class LiveNode:
-    name: str
-    node_id: str
-    ip: str
-    device_type: str | None     # None: no GPUs
-    num_gpus: int
-    emulated: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class Discovered:
-    cluster: Cluster
-    nodes: tuple[LiveNode, ...]     # GPU nodes only, in cluster order
-
-    @property
-    def node_ids(self) -> dict[str, str]:
-        return {n.name: n.node_id for n in self.nodes}
-
-    @property
-    def emulated(self) -> bool:
-        return any(n.emulated for n in self.nodes)
-
-    @property
-    def single_host(self) -> bool:
-        return len({n.ip for n in self.nodes}) <= 1
-
-
-def _device_type(raw: dict) -> str | None:
-    label = (raw.get("Labels") or {}).get(ACCELERATOR_LABEL)
-    if label:
-        return label
-    kinds = [k[len(ACCELERATOR_RESOURCE_PREFIX):] for k in raw.get("Resources", {})
-             if k.startswith(ACCELERATOR_RESOURCE_PREFIX)]
-    return kinds[0] if kinds else None
+DEFAULT_TIMEOUT_S = 60.0
 
 
 def live_nodes(raw_nodes: list[dict] | None = None) -> list[LiveNode]:
     """Alive nodes with GPUs, from `ray.nodes()` (or the given list of its entries). A node Ray still lists
     as alive whose raylet refuses connections has died (Ray's health checks have not noticed yet): left out."""
     from autohet_ray.elastic.liveness import refused_raylets
-    out = []
-    raws = raw_nodes if raw_nodes is not None else ray.nodes()
-    dead = refused_raylets(raws) if raw_nodes is None else set()
-    for raw in raws:
-        gpus = int(raw.get("Resources", {}).get("GPU", 0))
-        if not raw.get("Alive") or gpus == 0 or raw["NodeID"] in dead:
-            continue
-        labels = raw.get("Labels") or {}
-        device = _device_type(raw)
-        if device is None:
-            raise ConfigError(f"node {raw['NodeID'][:8]} ({raw.get('NodeManagerAddress')}) has {gpus} GPUs but no "
-                              f"{ACCELERATOR_LABEL} label or accelerator_type resource; start it with "
-                              f"--labels='{{\"{ACCELERATOR_LABEL}\": \"H100\"}}' (or the right type)")
-        out.append(LiveNode(name=labels.get(NODE_NAME_LABEL, f"node-{raw['NodeID'][:8]}"), node_id=raw["NodeID"],
-                            ip=raw.get("NodeManagerAddress", ""), device_type=device, num_gpus=gpus,
-                            emulated=labels.get(EMULATED_LABEL) == "true"))
-    return sorted(out, key=lambda n: n.name)
-
-
-def _match_file(base: Cluster, nodes: list[LiveNode]) -> tuple[Cluster, tuple[LiveNode, ...]]:
-    by_name = {n.name: n for n in nodes}
-    kept = []
-    for node in base.nodes:
-        live = by_name.get(node.name)
-        if live is None:
-            raise ConfigError(f"node {node.name!r} of the cluster file is not in the Ray cluster; live GPU nodes: "
-                              f"{', '.join(f'{n.name} ({n.num_gpus}x {n.device_type})' for n in nodes) or 'none'}")
-        if live.device_type != node.device:
-            raise ConfigError(f"node {node.name!r}: the cluster file says {node.device} but Ray reports "
-                              f"{live.device_type}")
-        kept.append(live)
-    cluster = replace(base, nodes=tuple(replace(n, count=by_name[n.name].num_gpus) for n in base.nodes))
-    return cluster, tuple(kept)
+    if raw_nodes is not None:
+        return gpu_nodes(raw_nodes)
+    raws = ray.nodes()
+    return gpu_nodes(raws, refused_raylets(raws))
 
 
 def discover(base: Cluster | None = None, raw_nodes: list[dict] | None = None) -> Discovered:
     """The live cluster from labels and resources; with `base` (a cluster file), its links and custom devices,
-    checked against Ray. `device_probe.discover_confirmed` also asks each node's device."""
+    checked against Ray. `discover_confirmed` also asks each node's device."""
     return describe(base, live_nodes(raw_nodes))
 
 
-def describe(base: Cluster | None, nodes: list[LiveNode]) -> Discovered:
-    """The cluster description of these live GPU nodes (and the cluster file `base`, when given)."""
-    if not nodes:
-        raise ConfigError("the Ray cluster has no GPU nodes (no node offers a GPU resource); start nodes with "
-                          "GPUs, or use --emulate to emulate the cluster file on this machine")
-    if base is not None:
-        cluster, kept = _match_file(base, nodes)
-        return Discovered(cluster=cluster, nodes=kept)
-    cluster = Cluster(name="ray", inter_node_gbps=DEFAULT_INTER_NODE_GBPS,
-                      nodes=tuple(Node(name=n.name, device=n.device_type, count=n.num_gpus,
-                                       nic_gbps=DEFAULT_INTER_NODE_GBPS) for n in nodes))
-    for n in nodes:
-        cluster.device(n.device_type)        # a ConfigError naming the known devices if unknown
-    return Discovered(cluster=cluster, nodes=tuple(nodes))
+def _probe() -> dict:
+    context = ray.get_runtime_context()
+    labels = context.get_node_labels()
+    out = {"node_id": context.get_node_id(), "emulated": labels.get(EMULATED_LABEL) == "true"}
+    if out["emulated"]:
+        return out | {"name": labels.get(ACCELERATOR_LABEL), "count": 0, "total_memory": None}
+    import torch
+    if not torch.cuda.is_available():
+        return out | {"name": None, "count": 0, "total_memory": None}
+    return out | {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+                  "total_memory": torch.cuda.get_device_properties(0).total_memory}
 
 
-def check_plan_fits(plan: Plan, found: Discovered) -> None:
-    """ConfigError when the plan needs GPUs (node, type, index) the live cluster lacks."""
-    nodes = {n.name: n for n in found.nodes}
-    for k, pipeline in enumerate(plan.pipelines):
-        for j, stage in enumerate(pipeline.stages):
-            where = f"pipeline {k} stage {j}"
-            live = nodes.get(stage.node)
-            if live is None:
-                have = ", ".join(f"{n.name} ({n.num_gpus}x {n.device_type})" for n in found.nodes)
-                raise ConfigError(f"the plan needs {stage.tp}x {stage.device_type} on node {stage.node!r} for "
-                                  f"{where}, but the Ray cluster has no such node; it has: {have}")
-            if live.device_type != stage.device_type:
-                raise ConfigError(f"the plan puts {where} on {stage.node!r} as {stage.device_type}, but that node "
-                                  f"has {live.device_type} GPUs")
-            if max(stage.devices) >= live.num_gpus:
-                raise ConfigError(f"the plan needs GPU {max(stage.devices)} of node {stage.node!r} for {where}, "
-                                  f"but that node has only {live.num_gpus} {live.device_type} GPUs")
+_probe_task = ray.remote(_probe)
+
+
+def _submit(node: LiveNode):
+    return _probe_task.options(
+        num_cpus=0, num_gpus=0 if node.emulated else 1, max_retries=0, name=f"autohet-device-probe-{node.name}",
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)).remote()
+
+
+def probe_nodes(nodes: list[LiveNode], timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, DeviceReport]:
+    """Run the probe on every node at once; reports by node id. ConfigError naming the nodes that did not
+    answer within `timeout_s`, or the node whose probe failed."""
+    refs = {_submit(n): n for n in nodes}
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        late = ", ".join(f"{refs[r].name} (node id {refs[r].node_id[:8]}, {refs[r].num_gpus}x "
+                         f"{refs[r].device_type})" for r in pending)
+        raise ConfigError(f"device check: no answer within {timeout_s:g} s from node(s) {late}; the probe task "
+                          f"needs one free GPU there (GPUs busy with another job, or the node unreachable?)")
+    reports = {}
+    for ref in ready:
+        node = refs[ref]
+        try:
+            reports[node.node_id] = DeviceReport(**ray.get(ref))
+        except ray.exceptions.RayError as e:
+            raise ConfigError(f"device check: the probe task on node {node.name} failed: {e}") from e
+    return reports
+
+
+def confirm_nodes(nodes: list[LiveNode], timeout_s: float = DEFAULT_TIMEOUT_S) -> list[LiveNode]:
+    """`nodes` with device types confirmed by a task on each node (see the module doc)."""
+    reports = probe_nodes(nodes, timeout_s)
+    return [check_report(n, reports[n.node_id]) for n in nodes]
+
+
+def discover_confirmed(base: Cluster | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Discovered:
+    """`discover` with every GPU node's type confirmed by the device that answers on it."""
+    return describe(base, confirm_nodes(live_nodes(), timeout_s))

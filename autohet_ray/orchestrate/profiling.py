@@ -18,10 +18,13 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from autohet_ray.cluster.labels import ACCELERATOR_LABEL, NODE_ID_LABEL, label_value
+from autohet_ray.cluster.live import Discovered, LiveNode
+from autohet_ray.job.config import TrainJob, compute_dtype
+from autohet_ray.metrics.step import peak_dtype
 from autohet_ray.model.spec import ModelSpec, model_from_dict
-from autohet_ray.orchestrate.discovery import Discovered, LiveNode
-from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_ID_LABEL, label_value
-from autohet_ray.profile.db import LinkProfile, ProfileDB, profile_from_dict
+from autohet_ray.plan.schema import plan_from_dict
+from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile, profile_from_dict
 from autohet_ray.profile.measure import software_versions
 
 
@@ -77,22 +80,23 @@ class ProfileActor:
         return figures
 
 
-def _remote(group, index: int):
-    cls = ray.remote(num_cpus=0, num_gpus=1)(ProfileActor)
-    return cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, index)).remote()
-
-
 @contextlib.contextmanager
-def _placed(selectors: list[dict], strategy: str, what: str, timeout_s: float):
-    """A placement group of one GPU per label selector (removed on exit); PlacementError when `what` cannot be
-    scheduled within the timeout."""
+def _placed_actors(selectors: list[dict], strategy: str, what: str, timeout_s: float):
+    """One ProfileActor per label selector, in a placement group of one GPU each (actors and group removed on
+    exit); PlacementError when `what` cannot be scheduled within the timeout."""
     group = placement_group([{"GPU": 1}] * len(selectors), strategy=strategy, bundle_label_selector=selectors)
+    actors = []
     try:
         ready, _ = ray.wait([group.ready()], timeout=timeout_s)
         if not ready:
             raise PlacementError(f"profiling: {what} could not be scheduled in {timeout_s:.0f} s (GPUs busy?)")
-        yield group
+        remote_cls = ray.remote(num_cpus=0, num_gpus=1)(ProfileActor)
+        actors = [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote()
+                  for i in range(len(selectors))]
+        yield actors
     finally:
+        for actor in actors:
+            ray.kill(actor)
         remove_placement_group(group)
 
 
@@ -107,13 +111,9 @@ def _inter_link(found: Discovered, timeout_s: float) -> LinkProfile | None:
     if len(found.nodes) < 2:
         return None
     a, b = found.nodes[:2]
-    with _placed([{NODE_ID_LABEL: n.node_id} for n in (a, b)], "STRICT_SPREAD",
-                 f"one GPU on each of nodes {a.name} and {b.name}", timeout_s) as group:
-        actors = [_remote(group, i) for i in range(2)]
-        link = _link(*actors)
-        for actor in actors:
-            ray.kill(actor)
-        return link
+    with _placed_actors([{NODE_ID_LABEL: n.node_id} for n in (a, b)], "STRICT_SPREAD",
+                        f"one GPU on each of nodes {a.name} and {b.name}", timeout_s) as actors:
+        return _link(*actors)
 
 
 def cache_key(device_type: str, spec: ModelSpec, seq_len: int, tps, micro_batches) -> str:
@@ -123,19 +123,18 @@ def cache_key(device_type: str, spec: ModelSpec, seq_len: int, tps, micro_batche
 
 
 def _profile_type(node: LiveNode, spec: ModelSpec, seq_len: int, tps: tuple, micro_batches,
-                  timeout_s: float) -> tuple[dict, dict]:
-    """(profile dict of this type's entries, {"intra": LinkProfile or None, "device_name": ...})."""
+                  timeout_s: float) -> tuple[ProfileDB, dict]:
+    """(this type's entries, with its intra-node link when the node has two GPUs; its "types" meta entry)."""
     size = min(2, node.num_gpus)
     selector = {ACCELERATOR_LABEL: label_value(node.device_type), NODE_ID_LABEL: node.node_id}
-    with _placed([selector] * size, "STRICT_PACK", f"{size}x {node.device_type} on node {node.name}",
-                 timeout_s) as group:
-        actors = [_remote(group, i) for i in range(size)]
+    with _placed_actors([selector] * size, "STRICT_PACK", f"{size}x {node.device_type} on node {node.name}",
+                        timeout_s) as actors:
         name = ray.get(actors[0].device_name.remote())
-        raw = ray.get(actors[0].measure.remote(spec.to_dict(), node.device_type, tps, tuple(micro_batches), seq_len))
-        intra = _link(*actors) if len(actors) == 2 else None
-        for a in actors:
-            ray.kill(a)
-        return raw, {"intra": intra, "device_name": name}
+        part = profile_from_dict(ray.get(actors[0].measure.remote(spec.to_dict(), node.device_type, tps,
+                                                                  tuple(micro_batches), seq_len)))
+        if size == 2:
+            part.links[f"intra:{node.device_type}"] = _link(*actors)
+        return part, {"node": node.name, "device_name": name, "cached": False}
 
 
 def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_batches=MICRO_BATCHES,
@@ -153,14 +152,9 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
         if path and os.path.exists(path):
             with open(path) as f:
                 cached = json.load(f)
-            part, info = profile_from_dict(cached["profile"]), cached["info"]
-            info["cached"] = True
+            part, info = profile_from_dict(cached["profile"]), cached["info"] | {"cached": True}
         else:
-            raw, links = _profile_type(node, spec, seq_len, tps, micro_batches, timeout_s)
-            part = profile_from_dict(raw)
-            if links["intra"] is not None:
-                part.links[f"intra:{device_type}"] = links["intra"]
-            info = {"node": node.name, "device_name": links["device_name"], "cached": False}
+            part, info = _profile_type(node, spec, seq_len, tps, micro_batches, timeout_s)
             if path:
                 os.makedirs(cache_dir, exist_ok=True)
                 with open(path, "w") as f:
@@ -181,3 +175,18 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
     db.meta["profile_time_s"] = time.perf_counter() - start
     db.meta["source"] = "measured on Ray placement-group actors, one node per GPU type"
     return db
+
+
+def job_profile(job: TrainJob, *, found: Discovered, priced_model: ModelSpec, cluster, seq_len: int) -> ProfileDB:
+    """The job's ProfileDB (analytic, measured on the cluster, or a file), made once per job (every re-plan
+    prices with it)."""
+    from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
+    plan = plan_from_dict(job.plan) if job.plan else None
+    plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
+    sizes = with_micro_batches(job.micro_batch, *plan_sizes)
+    if job.profile == "analytic":        # priced in the dtype the workers compute in (fp64 as fp32)
+        dtype = peak_dtype(compute_dtype(job.dtype, cuda=not found.emulated))
+        return analytic_profile(priced_model, cluster, seq_len, sizes, dtype=dtype)
+    if job.profile == "measured":
+        return profile_cluster(found, priced_model, seq_len, micro_batches=sizes, cache_dir=job.profile_cache)
+    return load_profile(job.profile)

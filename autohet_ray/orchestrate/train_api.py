@@ -22,7 +22,7 @@ from ray.train import ScalingConfig
 
 from autohet_ray import ConfigError
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.orchestrate.labels import ACCELERATOR_LABEL, NODE_NAME_LABEL, label_value
+from autohet_ray.cluster.labels import ACCELERATOR_LABEL, NODE_NAME_LABEL, label_value
 from autohet_ray.orchestrate import train_checkpoint
 from autohet_ray.metrics.step import worker_step_metrics
 from autohet_ray.orchestrate.train_checkpoint import restore_from_train_checkpoint
@@ -45,14 +45,9 @@ class WorkerPlace:
 def plan_scaling_config(plan: Plan, *, use_gpu: bool = True, resources_per_worker: dict | None = None,
                         pin_nodes: bool = True) -> ScalingConfig:
     """One worker per plan GPU; per-worker label selectors for its GPU type (and, with `pin_nodes`, its node)."""
-    selectors = []
-    for pipeline in plan.pipelines:
-        for stage in pipeline.stages:
-            for _ in stage.devices:
-                selector = {ACCELERATOR_LABEL: label_value(stage.device_type)}
-                if pin_nodes:
-                    selector[NODE_NAME_LABEL] = stage.node
-                selectors.append(selector)
+    per_device = [stage for pipeline in plan.pipelines for stage in pipeline.stages for _ in stage.devices]
+    selectors = [{ACCELERATOR_LABEL: label_value(s.device_type)} | ({NODE_NAME_LABEL: s.node} if pin_nodes else {})
+                 for s in per_device]
     return ScalingConfig(num_workers=plan.num_devices, use_gpu=use_gpu, resources_per_worker=resources_per_worker,
                          label_selector=selectors)
 

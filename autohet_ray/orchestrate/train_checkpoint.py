@@ -32,7 +32,7 @@ from autohet_ray.checkpoint.codec import digest
 from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, chunk_key, manifest_key, step_of_manifest_key
 from autohet_ray.checkpoint.peers import assign_writers
 from autohet_ray.checkpoint.snapshot import encode_shards
-from autohet_ray.elastic.snapshots import tiling_holdings as tile_holdings
+from autohet_ray.checkpoint.holdings import tiling_holdings as tile_holdings
 from autohet_ray.orchestrate.worker import holdings_of, needs_of_layout
 
 TIER_NAME = "ray-train"

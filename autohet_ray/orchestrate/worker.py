@@ -16,8 +16,12 @@ import ray
 import torch
 import torch.distributed as dist
 
-from autohet_ray.layout import Chunk
+from autohet_ray.checkpoint import AsyncSnapshotter, Manifest, SnapshotPolicy, restore
+from autohet_ray.checkpoint.codec import digest, encode
+from autohet_ray.checkpoint.errors import ChunkUnavailableError
+from autohet_ray.checkpoint.tiers.base import put_all
 from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.layout import Chunk, overlap, to_local
 from autohet_ray.metrics.step import rank_measurements, start_peak_memory
 from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.optim import ADAM_KEYS, STEP_KEY
@@ -126,13 +130,9 @@ class Worker:
     def holdings(self) -> list[tuple[str, Chunk, int]]:
         return holdings_of(self.engine)
 
-    def needs(self) -> dict:
-        return needs_of_layout(self.engine.layout)
-
     def configure_snapshots(self, *, routes: dict[str, list], local: dict, peers: list[dict], cloud: dict | None,
                             cloud_every: int, num_threads: int = 2) -> None:
         """`routes`: tier name (the local, peer and cloud specs' names) -> the (name, chunk)s it takes."""
-        from autohet_ray.checkpoint import AsyncSnapshotter, SnapshotPolicy
         self.close_snapshots()
         self.snapshotter = AsyncSnapshotter(
             local=build_tier(local), peers=[build_tier(p) for p in peers],
@@ -144,12 +144,12 @@ class Worker:
     def eval_step(self, batch: dict) -> dict:
         return self.engine.eval_step(batch)
 
-    def snapshot_now(self) -> None:
+    def snapshot_now(self, background_copy: bool = False) -> None:
         """Snapshot the current state as the engine's current step (nothing ran since it completed)."""
         assert self.snapshotter is not None, "configure_snapshots first"
         step = self.engine.step
         self.handles[step] = self.snapshotter.snapshot(step, self.engine.live_state(), owned=self.owned,
-                                                       routes=self.routes, background_copy=False)
+                                                       routes=self.routes, background_copy=background_copy)
 
     def train_step(self, batch: dict, snapshot: bool) -> dict:
         """One step; then (when `snapshot`) snapshot the shards in the background: the copy itself runs
@@ -171,10 +171,7 @@ class Worker:
             out["snapshot_copy_s"] = previous.copy_seconds
             out["snapshot_wait_s"] = self._copy_wait_s + previous.wait_seconds
         if snapshot:
-            assert self.snapshotter is not None, "configure_snapshots first"
-            handle = self.snapshotter.snapshot(self.engine.step, self.engine.live_state(), owned=self.owned,
-                                               routes=self.routes, background_copy=True)
-            self.handles[self.engine.step] = handle
+            self.snapshot_now(background_copy=True)
         return out
 
     def _as_text(self, err: Exception, what: str) -> RuntimeError:
@@ -207,9 +204,6 @@ class Worker:
         `step` in `wanted` (the chunks no live store holds any more) that this rank holds live, a data-parallel
         or TP copy of a lost rank's, while it is still at `step` and its bytes hash as the manifest recorded.
         Returns the keys written."""
-        from autohet_ray.checkpoint.codec import digest, encode
-        from autohet_ray.checkpoint.tiers.base import put_all
-        from autohet_ray.layout import Chunk, overlap, to_local
         if self.engine is None or self.snapshotter is None or self.engine.step != step:
             return []
         live = self.engine.live_state()
@@ -229,14 +223,11 @@ class Worker:
 
     def restore(self, *, manifest_json: bytes, tiers: list[dict], num_threads: int = 4) -> dict:
         """Fetch this rank's chunks of the manifest's step (tiers cheapest first), verify, load."""
-        from autohet_ray.checkpoint import Manifest, restore
-        from autohet_ray.checkpoint.errors import ChunkUnavailableError
-
         manifest = Manifest.from_json(manifest_json, where="sent by the controller")
         built = [build_tier(spec) for spec in tiers]
         start = time.perf_counter()
         try:
-            state, report = restore(manifest, self.needs(), built, num_threads=num_threads)
+            state, report = restore(manifest, needs_of_layout(self.engine.layout), built, num_threads=num_threads)
         except ChunkUnavailableError as err:  # no valid copy: the controller skips this step, naming the chunk
             attempts = [tuple(a.split(": ", 1)) if ": " in a else (a, "") for a in err.attempts]
             return {"rank": self.rank, "step": manifest.step,

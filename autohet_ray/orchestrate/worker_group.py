@@ -49,8 +49,8 @@ def rank_slots(plan: Plan) -> list[dict]:
 
 
 class WorkerGroup:
-    def __init__(self, plan: Plan, node_ids: dict[str, str], *, gpus_per_actor: float = 1.0,
-                 reuse: dict[str, list] | None = None, loss_grace_s: float = LOSS_GRACE_S):
+    def __init__(self, plan: Plan, node_ids: dict[str, str], *, reuse: dict[str, list] | None = None,
+                 loss_grace_s: float = LOSS_GRACE_S):
         """`loss_grace_s`: how long a node's raylet may stay silent before the node counts as lost (see
         NodeWatch). `reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
         process start). The ones left over stay in `reuse` for the caller to kill."""
@@ -59,7 +59,7 @@ class WorkerGroup:
         addresses = raylet_addresses(node_ids[name] for name in names)
         self.raylets = {name: addresses[node_ids[name]] for name in names}
         self.node_watch = NodeWatch(self.raylets, loss_grace_s, node_ids={name: node_ids[name] for name in names})
-        remote_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=3,
+        remote_cls = ray.remote(num_cpus=0, num_gpus=1, max_restarts=0, max_concurrency=3,
                                 concurrency_groups={"control": 2})(Worker)
         reuse = reuse if reuse is not None else {}
         self.actors, self.num_reused = [], 0
@@ -69,7 +69,6 @@ class WorkerGroup:
                 self.num_reused += 1
                 continue
             self.actors.append(remote_cls.options(
-                num_gpus=gpus_per_actor,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_ids[slot["node"]], soft=False),
             ).remote(rank))
 
@@ -114,8 +113,8 @@ class WorkerGroup:
             addr, port = self.gather([self.actors[0].host_store.remote(world_size, collective_timeout_s, single)],
                                      timeout_s)[0]
             ranks = self.gather([actor.setup.remote(
-                master_addr=addr, master_port=port, world_size=world_size, plan=plan, model_spec=model_spec,
-                seed=seed, lr=lr, optimizer=optimizer, dtype=dtype, rank=rank, collective_timeout_s=collective_timeout_s,
+                master_addr=addr, master_port=port, world_size=world_size, plan=plan, model_spec=model_spec, seed=seed,
+                lr=lr, optimizer=optimizer, dtype=dtype, rank=rank, collective_timeout_s=collective_timeout_s,
                 socket_ifname="lo" if single else os.environ.get("GLOO_SOCKET_IFNAME"),
                 pacer=pacers[rank] if pacers else None) for rank, actor in enumerate(self.actors)], timeout_s)
         except GetTimeoutError:

@@ -15,11 +15,12 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from autohet_ray.elastic.liveness import detect_failure, probe  # noqa: E402
+from autohet_ray.cluster.node_probe import probe  # noqa: E402
+from autohet_ray.elastic.liveness import detect_failure  # noqa: E402
 from autohet_ray.emulate.pacer import PACED_OPS  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.data.synthetic import synthetic_batch  # noqa: E402
-from autohet_ray.orchestrate.labels import NODE_NAME_LABEL  # noqa: E402
+from autohet_ray.cluster.labels import NODE_NAME_LABEL  # noqa: E402
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup  # noqa: E402
 from autohet_ray.plan.schema import plan_from_dict  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402

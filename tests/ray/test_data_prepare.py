@@ -17,7 +17,7 @@ import ray
 from autohet_ray import ConfigError, cli
 from autohet_ray.data import Dataset
 from autohet_ray.data.tokenize import special_ids, tokenizer_from_json
-from autohet_ray.elastic.keeper import STORE_ENV
+from autohet_ray.checkpoint.node_store import STORE_ENV
 from autohet_ray.model import PRESETS
 from autohet_ray.data.training import TrainingData
 from autohet_ray.orchestrate.data_prepare import dataset_cache_dir, local_dataset

@@ -5,7 +5,8 @@ import pytest
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import cluster_from_dict
-from autohet_ray.orchestrate.discovery import check_plan_fits, discover
+from autohet_ray.job.plan_choice import check_plan_fits
+from autohet_ray.orchestrate.discovery import discover
 from autohet_ray.plan.schema import plan_from_dict
 from ray_helpers import THREE_NODES, asymmetric_plan
 
@@ -47,18 +48,18 @@ def test_plan_needing_more_gpus_than_a_node_has():
 # -- device confirmation: a task on each node reads its device ---------------------------------------------------
 
 def _live(name="b", device="H800", emulated=False, node_id="bb" * 28, gpus=1):
-    from autohet_ray.orchestrate.discovery import LiveNode
+    from autohet_ray.cluster.live import LiveNode
     return LiveNode(name=name, node_id=node_id, ip="10.0.0.1", device_type=device, num_gpus=gpus, emulated=emulated)
 
 
 def _report(name, memory_gib=None, node_id="bb" * 28, emulated=False, count=1):
-    from autohet_ray.orchestrate.device_probe import DeviceReport
+    from autohet_ray.cluster.device_check import DeviceReport
     return DeviceReport(node_id=node_id, emulated=emulated, name=name, count=count,
                         total_memory=None if memory_gib is None else int(memory_gib * 1024 ** 3))
 
 
 def test_probe_runs_on_every_node_and_confirms_the_labels(three_node_cluster):
-    from autohet_ray.orchestrate.device_probe import discover_confirmed, probe_nodes
+    from autohet_ray.orchestrate.discovery import discover_confirmed, probe_nodes
     from autohet_ray.orchestrate.discovery import live_nodes
     nodes = live_nodes()
     reports = probe_nodes(nodes, timeout_s=60)
@@ -71,14 +72,14 @@ def test_probe_runs_on_every_node_and_confirms_the_labels(three_node_cluster):
 
 
 def test_a_node_that_does_not_answer_in_time_is_named(three_node_cluster):
-    from autohet_ray.orchestrate.device_probe import probe_nodes
+    from autohet_ray.orchestrate.discovery import probe_nodes
     from autohet_ray.orchestrate.discovery import live_nodes
     with pytest.raises(ConfigError, match=r"no answer within 0 s from node\(s\) a \(node id \w{8}, 1x H800\)"):
         probe_nodes([n for n in live_nodes() if n.name == "a"], timeout_s=0)
 
 
 def test_label_and_answering_device_must_agree():
-    from autohet_ray.orchestrate.device_probe import check_report
+    from autohet_ray.cluster.device_check import check_report
     with pytest.raises(ConfigError, match=r"node b \(node id bbbbbbbb\) is labelled ray.io/accelerator-type='H800' "
                                           r"but its device reports 'NVIDIA H20': that is catalog type H20"):
         check_report(_live(), _report("NVIDIA H20", 95.6))
@@ -95,7 +96,7 @@ def test_label_and_answering_device_must_agree():
 
 
 def test_ray_names_and_custom_labels_resolve_to_the_confirmed_type():
-    from autohet_ray.orchestrate.device_probe import check_report
+    from autohet_ray.cluster.device_check import check_report
     assert check_report(_live(device="A100"), _report("NVIDIA A100-SXM4-80GB", 79.3)).device_type == "A100-80GB"
     assert check_report(_live(device="GeForce-RTX-4090"), _report("NVIDIA GeForce RTX 4090")).device_type == "RTX-4090"
     assert check_report(_live(device="H800"), _report("NVIDIA H800", 79.3)).device_type == "H800"

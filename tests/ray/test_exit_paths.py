@@ -55,7 +55,7 @@ def resume(storage: str, steps: int, capsys) -> dict:
 
 
 def store_dirs(job_id: str) -> list[str]:
-    from autohet_ray.elastic.keeper import default_store_root
+    from autohet_ray.checkpoint.node_store import default_store_root
     root = os.path.join(default_store_root(), job_id)
     return os.listdir(root) if os.path.isdir(root) else []
 

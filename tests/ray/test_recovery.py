@@ -217,7 +217,7 @@ def one_stage_plan(node: str, device: str) -> dict:
 def test_two_jobs_on_one_cluster_keep_their_own_stores(cluster, tmp_path):
     """Job A (node a) and job B (nodes b, c) share the cluster; A ends, which removes only A's node stores; B
     then loses node b and still recovers local-first from its own stores (no storage bytes)."""
-    from autohet_ray.elastic.keeper import default_store_root
+    from autohet_ray.checkpoint.node_store import default_store_root
     from autohet_ray.emulate.cluster import node_args
     from autohet_ray.elastic.spot import draining_nodes
     from autohet_ray.orchestrate.discovery import live_nodes

@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray")
 
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
-from autohet_ray.emulate.reference import reference_check  # noqa: E402
+from autohet_ray.metrics.reference_check import reference_check  # noqa: E402
 from autohet_ray.emulate.replay import Replay, ReplayCluster  # noqa: E402
 from autohet_ray.replay.emulated import change_phases, committed_lost, node_actions, pool_node_names  # noqa: E402
 from autohet_ray.model.spec import model_from_dict  # noqa: E402

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from autohet_ray.elastic import liveness
-from autohet_ray.elastic.liveness import NodeWatch, probe, probe_all
+from autohet_ray.cluster import node_probe
+from autohet_ray.cluster.node_probe import NodeWatch, probe, probe_all
 
 TIMEOUT_S = 0.2
 
@@ -143,7 +143,7 @@ def test_a_silence_past_the_grace_is_a_loss_timed_on_the_wall_clock(raylets):
 
 
 def test_unwatched_time_between_probes_is_no_evidence_of_silence(raylets, monkeypatch):
-    monkeypatch.setattr(liveness, "MAX_PROBE_GAP_S", 0.1)
+    monkeypatch.setattr(node_probe, "MAX_PROBE_GAP_S", 0.1)
     raylet = raylets()
     raylet.answering = False
     watch = NodeWatch({"a": raylet.address}, grace_s=1.0, timeout_s=TIMEOUT_S)

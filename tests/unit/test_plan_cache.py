@@ -6,7 +6,7 @@ from __future__ import annotations
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.model.spec import load_model
 from autohet_ray.orchestrate.controller import Controller
-from autohet_ray.orchestrate.discovery import Discovered, LiveNode
+from autohet_ray.cluster.live import Discovered, LiveNode
 from autohet_ray.job.config import TrainJob
 from autohet_ray.profile.analytic import analytic_profile
 

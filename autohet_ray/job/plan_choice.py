@@ -1,35 +1,18 @@
-"""What a job plans with: its profile (analytic, measured on the cluster, or a file) and, at each launch, its
-plan (the job's own at the first launch, a state's cached plan, or the planner's), priced by the cost model."""
+"""The plan a job runs at each launch: the job's own at the first launch, a state's cached plan, or the
+planner's; checked against the live nodes and priced by the cost model."""
 from __future__ import annotations
 
 import json
 
 from autohet_ray import ConfigError
+from autohet_ray.cluster.live import Discovered
 from autohet_ray.cost.evaluate import evaluate_plan
-from autohet_ray.orchestrate.discovery import check_plan_fits
-from autohet_ray.job.config import TrainJob, compute_dtype
-from autohet_ray.metrics.step import peak_dtype
-from autohet_ray.plan.schema import plan_from_dict
+from autohet_ray.job.config import TrainJob
+from autohet_ray.plan.schema import Plan, plan_from_dict
 
 
-def job_profile(job: TrainJob, *, found, priced_model, cluster, seq_len: int):
-    """The job's ProfileDB, made once per job (every re-plan prices with it)."""
-    from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
-    plan = plan_from_dict(job.plan) if job.plan else None
-    plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
-    sizes = with_micro_batches(job.micro_batch, *plan_sizes)
-    if job.profile == "analytic":        # priced in the dtype the workers compute in (fp64 as fp32)
-        dtype = peak_dtype(compute_dtype(job.dtype, cuda=not found.emulated))
-        return analytic_profile(priced_model, cluster, seq_len, sizes, dtype=dtype)
-    if job.profile == "measured":
-        from autohet_ray.orchestrate.profiling import profile_cluster
-        return profile_cluster(found, priced_model, seq_len, micro_batches=sizes, cache_dir=job.profile_cache)
-    from autohet_ray.profile.db import load_profile
-    return load_profile(job.profile)
-
-
-def choose_plan(job: TrainJob, *, found, profile, priced_model, seq_len: int, plan: dict | None, first: bool,
-                cache: dict[str, dict]):
+def choose_plan(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int, plan: dict | None,
+                first: bool, cache: dict[str, dict]):
     """(plan with its prediction, its evaluation, the baselines' iteration seconds or None): `plan`, else the
     job's plan at the `first` launch, else the plan of this availability state in `cache`, else the planner's
     on the live nodes (then cached: the planner is deterministic, so a state seen again costs no planning)."""
@@ -59,3 +42,22 @@ def choose_plan(job: TrainJob, *, found, profile, priced_model, seq_len: int, pl
     if not evaluation.feasible:
         raise ConfigError(f"the plan does not fit: {evaluation.reason}")
     return chosen.with_predicted(evaluation.predicted()), evaluation, baselines
+
+
+def check_plan_fits(plan: Plan, found: Discovered) -> None:
+    """ConfigError when the plan needs GPUs (node, type, index) the live cluster lacks."""
+    nodes = {n.name: n for n in found.nodes}
+    for k, pipeline in enumerate(plan.pipelines):
+        for j, stage in enumerate(pipeline.stages):
+            where = f"pipeline {k} stage {j}"
+            live = nodes.get(stage.node)
+            if live is None:
+                have = ", ".join(f"{n.name} ({n.num_gpus}x {n.device_type})" for n in found.nodes)
+                raise ConfigError(f"the plan needs {stage.tp}x {stage.device_type} on node {stage.node!r} for "
+                                  f"{where}, but the Ray cluster has no such node; it has: {have}")
+            if live.device_type != stage.device_type:
+                raise ConfigError(f"the plan puts {where} on {stage.node!r} as {stage.device_type}, but that node "
+                                  f"has {live.device_type} GPUs")
+            if max(stage.devices) >= live.num_gpus:
+                raise ConfigError(f"the plan needs GPU {max(stage.devices)} of node {stage.node!r} for {where}, "
+                                  f"but that node has only {live.num_gpus} {live.device_type} GPUs")

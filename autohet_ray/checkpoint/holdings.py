@@ -1,0 +1,74 @@
+"""Where an elastic job's chunks go and who holds them: the snapshot routes of each rank (its node's store,
+peer node stores, the durable storage), which holder uploads a node-store step to the storage, and which
+chunks need a second node-store copy after a node loss. Pure bookkeeping; the Ray calls are in elastic/."""
+from __future__ import annotations
+
+from autohet_ray.checkpoint.peers import place_copies
+from autohet_ray.checkpoint.tier_specs import push_spec
+
+
+def tiling_holdings(holdings: dict[int, list], rank_pipeline: dict[int, int]) -> dict[int, list]:
+    """Keep, per tensor, only the holdings of one pipeline: pipelines may shard a tensor differently (TP2 in
+    one, whole in another), and a step's chunks must tile each tensor exactly. The pipeline with the most
+    distinct chunks wins (writes spread over more ranks), then the lowest index; other pipelines' ranks keep
+    the chunks identical to its tiles (data-parallel copies, which can be written where they already are)."""
+    chunks: dict[str, dict[int, set]] = {}
+    for rank, items in holdings.items():
+        for name, chunk, _ in items:
+            chunks.setdefault(name, {}).setdefault(rank_pipeline[rank], set()).add(chunk)
+    chosen = {name: min(by_pipe, key=lambda k: (-len(by_pipe[k]), k)) for name, by_pipe in chunks.items()}
+    tiles = {name: chunks[name][k] for name, k in chosen.items()}
+    return {rank: [item for item in items if item[1] in tiles[item[0]]] for rank, items in holdings.items()}
+
+
+def snapshot_routes(holdings: dict[int, list], slots: list[dict], keeper_specs: dict[str, dict], storage: dict,
+                    *, node_gpu: dict[str, str], num_peers: int, cloud_every: int) -> list[dict]:
+    """Per rank, the arguments of its worker's `configure_snapshots`. With `keeper_specs` (elastic): each chunk
+    lands in 1 + num_peers node stores (data-parallel copies written where they already are) and, every
+    `cloud_every` steps, in `storage`. Without: in `storage` only, whenever a snapshot is taken."""
+    pipeline_of = {rank: slot["pipeline"] for rank, slot in enumerate(slots)}
+    rank_nodes = {rank: slot["node"] for rank, slot in enumerate(slots)}
+    copies = 1 + min(num_peers, len(node_gpu) - 1) if keeper_specs else 1
+    placed = place_copies(tiling_holdings(holdings, pipeline_of), rank_nodes, node_gpu, copies=copies)
+    cloud = storage if keeper_specs and cloud_every else None
+    out = []
+    for rank in range(len(slots)):
+        local = keeper_specs[rank_nodes[rank]] if keeper_specs else storage
+        peers = {p: push_spec(keeper_specs[p], local) for p in sorted(placed.push[rank])}
+        routes = {local["name"]: placed.local[rank], **{peers[p]["name"]: placed.push[rank][p] for p in peers}}
+        if cloud:
+            routes[cloud["name"]] = placed.upload[rank]
+        ordered = {tier: sorted(items, key=lambda i: (i[0], i[1].offsets)) for tier, items in routes.items()}
+        out.append({"routes": ordered, "local": local, "peers": list(peers.values()), "cloud": cloud,
+                    "cloud_every": cloud_every if cloud else 0})
+    return out
+
+
+def spread_uploads(records, node_of: dict[str, str], dead: set[str]) -> dict[str, list] | None:
+    """node -> the records it uploads: each record by its least loaded live holder; None if one has none.
+    `node_of`: store name -> node of the live stores."""
+    load: dict[str, int] = {}
+    batches: dict[str, list] = {}
+    for record in records:
+        holders = [node_of[r] for r in record.replicas if r in node_of and node_of[r] not in dead]
+        if not holders:
+            return None
+        node = min(holders, key=lambda n: (load.get(n, 0), n))
+        load[node] = load.get(node, 0) + record.nbytes
+        batches.setdefault(node, []).append(record)
+    return batches
+
+
+def second_copies(records, node_of: dict[str, str], also_held: dict[str, set[str]]) -> dict[tuple, list[str]]:
+    """(source node, target node) -> keys of the chunks only one live node store holds, each to be copied to
+    another live store (targets taken in turn). `node_of`: store name -> node of the live stores;
+    `also_held`: key -> nodes whose stores hold that chunk beyond what the records say."""
+    live = sorted(node_of.values())
+    copies: dict[tuple[str, str], list[str]] = {}
+    for i, record in enumerate(records):
+        extra = {n for n in also_held.get(record.key, ()) if n in live}
+        holders = sorted({node_of[r] for r in record.replicas if r in node_of} | extra)
+        if len(holders) == 1:
+            others = [n for n in live if n != holders[0]]
+            copies.setdefault((holders[0], others[i % len(others)]), []).append(record.key)
+    return copies

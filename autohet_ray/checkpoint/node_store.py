@@ -1,0 +1,73 @@
+"""A job's node store: a directory on one node (in RAM by default) that elastic/keeper.py serves to others."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
+
+STORE_ENV = "AUTOHET_NODE_STORE"
+
+
+def default_store_root() -> str:
+    """Where node stores live: $AUTOHET_NODE_STORE (as the node's processes see it), else shared memory when the
+    machine has it, else the temp directory. Containers often mount a small /dev/shm (Docker: 64 MB): give
+    them a bigger one or point the variable at a tmpfs or fast local disk."""
+    if os.environ.get(STORE_ENV):
+        return os.environ[STORE_ENV]
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, "autohet-node-store")
+
+
+def node_store_dir(job_id: str, node_id: str) -> str:
+    """A job's store on a node: `<root>/<job id>/<node id>` (jobs on one cluster never share a store)."""
+    return os.path.join(default_store_root(), job_id, node_id)
+
+
+def sweep_node_stores(node_ids) -> None:
+    """Remove every job's stores of nodes that died without their keeper's close (emulated nodes share a
+    host)."""
+    base = Path(default_store_root())
+    for node_id in node_ids:
+        for store in base.glob(f"*/{node_id}"):
+            shutil.rmtree(store, ignore_errors=True)
+
+
+class NodeStore(LocalDirTier):
+    """A job's store on one node (`node_store_dir`): a LocalDirTier without fsync (it is RAM) that closes once:
+    close() waits for the writes in progress, refuses later ones and removes the directory."""
+
+    def __init__(self, job_id: str, node_id: str, label: str):
+        self._job_id, self._dir = job_id, node_store_dir(job_id, node_id)
+        super().__init__(self._dir, name=label, fsync=False)
+        self._writes = threading.Condition()
+        self._active_writes, self._closed = 0, False
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> int:
+        """Store the chunks; returns the bytes taken. Refused once the store is closed (a peer's late push must
+        not bring a removed store back)."""
+        with self._writes:
+            if self._closed:
+                raise RuntimeError(f"the node store {self._dir} of job {self._job_id} is closed")
+            self._active_writes += 1
+        try:
+            for key, blob in items:
+                self.put_chunk(key, blob)
+        finally:
+            with self._writes:
+                self._active_writes -= 1
+                self._writes.notify_all()
+        return sum(len(blob) for _, blob in items)
+
+    def close(self) -> None:
+        """Remove the node store once the writes in progress are done."""
+        with self._writes:
+            self._closed = True
+            self._writes.wait_for(lambda: self._active_writes == 0, timeout=5.0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        with contextlib.suppress(OSError):               # the job's folder, once its last node store is gone
+            os.rmdir(os.path.dirname(self._dir))
