@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--tp", default="1", help="comma-separated TP degrees to emulate on one device")
     pr.add_argument("--micro-batch", default="1", help="comma-separated micro-batch sizes")
     pr.add_argument("--seq-len", type=int)
+    pr.add_argument("--ranks", type=int, help="--local: devices computing at once during the in-situ timing, as "
+                                              "a step runs them (one process each: a GPU, or a CPU core with "
+                                              "one thread); default: each entry's TP degree")
     pr.add_argument("--out", required=True)
     _train_parser(sub)
     from autohet_ray.cli_resume import add_resume_parser

@@ -238,23 +238,41 @@ def _collectives_cell(layers: dict) -> str:
     return f"; a layer's TP collectives add {layer.tp_comm_fwd_s * 1e3:.3f}/{layer.tp_comm_bwd_s * 1e3:.3f} ms"
 
 
+def _check_ranks(ranks: int | None) -> None:
+    import torch
+    if ranks is None:
+        return
+    if torch.cuda.is_available():
+        have, what = torch.cuda.device_count(), "GPUs"
+    else:
+        have, what = os.cpu_count() or 1, "CPU cores"
+    if not 1 <= ranks <= have:
+        raise ConfigError(f"--ranks={ranks} must lie in [1, {have}]: this host has {have} {what}, one per rank")
+
+
 def cmd_profile_local(args) -> int:
-    """`autohet profile --local --model M --out FILE [--tp 1,2] [--micro-batch 1,2] [--device-type NAME]`:
-    the layers (profile/measure.py), the TP collectives in a real group where this host can run one
-    (runtime/tp_comm_cost.py) and the update's rate (runtime/update_rate.py) on this device."""
+    """`autohet profile --local --model M --out FILE [--tp 1,2] [--micro-batch 1,2] [--device-type NAME]
+    [--ranks N]`: the layers' memory (profile/measure.py), their compute and TP collectives timed in situ on a
+    group of ranks where this host can run one (runtime/in_situ_cost.py), and the update's rate
+    (runtime/update_rate.py) on this device."""
     from autohet_ray.profile.measure import measure_profile, parse_ints
-    from autohet_ray.runtime.tp_comm_cost import add_measured_tp_collectives
+    from autohet_ray.runtime.in_situ_cost import add_in_situ_costs
     from autohet_ray.runtime.update_rate import update_s_per_param
     spec = load_model(args.model)
     seq_len = args.seq_len or spec.max_seq_len
+    _check_ranks(args.ranks)
+    start = time.perf_counter()
     db = measure_profile(spec, args.device_type, parse_ints(args.tp, "--tp"),
                          parse_ints(args.micro_batch, "--micro-batch"), seq_len)
-    add_measured_tp_collectives(db, spec)
+    add_in_situ_costs(db, spec, ranks=args.ranks)
     db.optimizer_s_per_param[args.device_type] = update_s_per_param(spec)
+    db.meta["profile_time_s"] = time.perf_counter() - start
     db.save(args.out)
     for (dev, tp, mb), layers in sorted(db.entries.items()):
         cells = "  ".join(f"{k} {v.fwd_s * 1e3:.3f}/{v.bwd_s * 1e3:.3f} ms" for k, v in layers.items())
         print(f"{dev} tp={tp} mb={mb}: {cells}  (fwd/bwd, measured){_collectives_cell(layers)}")
+    for tp, how in db.meta.get("compute", {}).items():
+        print(f"tp={tp} compute: {how}")
     for tp, how in db.meta.get("tp_collectives", {}).items():
         print(f"tp={tp} collectives: {how}")
     print(f"{args.device_type} update (norm, clip, AdamW): "

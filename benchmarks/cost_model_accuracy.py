@@ -1,8 +1,9 @@
 """Cost-model accuracy on this CPU, not circular: a measured CPU profile, real unpaced runs.
 
-1. Profile the CPU with `autohet profile --local` (one thread, as each rank runs); it times the TP2 entry's
-   collectives in a real 2-rank gloo group (runtime/tp_comm_cost.py), so TP is priced with what its
-   all-reduces cost on this host, not from the link. Measure what the cost model needs beside it: the gloo
+1. Profile the CPU with `autohet profile --local --ranks <cores>` (one thread per rank, as each rank runs):
+   it times every entry in situ (runtime/in_situ_cost.py), the runtime's own stage of a few layers on all
+   cores at once, micro-batch after micro-batch as a step runs them, and the TP2 entry's collectives in a
+   real 2-rank gloo group, so TP is priced with what its all-reduces cost on this host, not from the link. Measure what the cost model needs beside it: the gloo
    loopback link as the profiler measures it (mean one-way p2p latency and bandwidth, and a collective's
    fixed overhead; profile/link_probe.py) and, for the catalog entry only, the memory bandwidth and the fp32
    matmul rate. The profile holds the optimizer's measured rate (s/param).
@@ -14,8 +15,8 @@
    (that profile, fp32) and compare. Steps 1 and 3 repeat --passes times, each pass with a fresh profile:
    on a VM both the host's speed and a woken rank's delay drift over minutes, and a profile taken minutes
    before a run would measure the drift, not the cost model. A plan's error is the mean of its per-pass
-   errors. The profile keeps each layer's fastest rep, and the median rep of its TP collectives (a step pays
-   their typical wake-up). The figures need an otherwise idle machine: the load average is printed before
+   errors. The profile keeps the median rep of each kind's compute and TP collectives (a step pays their
+   typical time). The figures need an otherwise idle machine: the load average is printed before
    and after, and on a machine busy with other work (load above the cores) the errors are the other work's,
    not the cost model's; `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler
    and the ranks) so that it gets its cores on a shared machine, at the other work's expense for the few
@@ -83,13 +84,14 @@ def make_plan(pipelines: tuple[Pipeline, ...]) -> Plan:
                 seq_len=MODEL["max_seq_len"], pipelines=pipelines, cluster="this-cpu")
 
 
-def profile_cpu(workdir: Path) -> Path:
-    """`autohet profile --local`, one thread (each rank of a run has one core)."""
+def profile_cpu(workdir: Path, cores: int) -> Path:
+    """`autohet profile --local --ranks <cores>`, one thread per rank (each rank of a run has one core)."""
     model_file, out = workdir / "model.yaml", workdir / "cpu-profile.json"
     model_file.write_text(yaml.safe_dump(MODEL))
     cli = Path(sys.executable).parent / "autohet"
     cmd = [str(cli), "profile", "--local", "--model", str(model_file), "--device-type", DEVICE, "--tp", "1,2",
-           "--micro-batch", str(MICRO_BATCH), "--seq-len", str(MODEL["max_seq_len"]), "--out", str(out)]
+           "--micro-batch", str(MICRO_BATCH), "--seq-len", str(MODEL["max_seq_len"]), "--ranks", str(cores),
+           "--out", str(out)]
     subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return out
 
@@ -174,10 +176,10 @@ def _ops_line(timings: list[dict]) -> str:
     return " | ".join(", ".join(f"{op} {t * 1e3:.0f}" for op, t in sorted(r.items())) for r in timings)
 
 
-def profile_this_cpu(workdir: Path) -> ProfileDB:
-    """`autohet profile --local` (the layers, the TP2 collectives in a 2-rank group, the update's rate) and the
-    link as the profiler probes it."""
-    profile = load_profile(str(profile_cpu(workdir)))
+def profile_this_cpu(workdir: Path, cores: int) -> ProfileDB:
+    """`autohet profile --local` (the layers in situ, the TP2 collectives in a 2-rank group, the update's
+    rate) and the link as the profiler probes it."""
+    profile = load_profile(str(profile_cpu(workdir, cores)))
     profile.links[f"intra:{DEVICE}"] = measure_link()
     profile.save(str(workdir / "cpu-profile.json"))
     return profile
@@ -255,7 +257,7 @@ def main() -> None:
         shapes = {n: p for n, p in shapes.items() if n in args.plans.split(",")}
     model, load_before, passes = model_from_dict(MODEL), os.getloadavg()[0], []
     for pass_index in range(args.passes):
-        profile = profile_this_cpu(workdir)      # again every pass: the host's speed drifts over minutes
+        profile = profile_this_cpu(workdir, args.cores)      # again every pass: the host's speed drifts over minutes
         link = profile.links[f"intra:{DEVICE}"]
         if pass_index == 0:
             raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
@@ -274,6 +276,7 @@ def main() -> None:
     load = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
     print(f"load average (1 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cores")
     print(json.dumps({"max_abs_error": round(worst, 4), "cores": args.cores, "profile": "measured (this CPU, fp32)",
+                      "compute": profile.meta.get("compute", {}),
                       "tp_collectives": profile.meta.get("tp_collectives", {}), "steps": args.steps,
                       "passes": args.passes, "tp_all_reduce_us": tp_us, "nice": os.nice(0), "load_average": load,
                       "plans": plans}))

@@ -235,7 +235,7 @@ class GroupCostTable:
 
 def tp_comm(layer: LayerProfile, priced_fwd_s: float, priced_bwd_s: float) -> tuple[float, float]:
     """The TP collectives' (forward, backward) seconds of a layer kind: measured in a TP group where the
-    profile has them (profile/tp_collectives.py), else priced from the link."""
+    profile has them (runtime/in_situ_cost.py), else priced from the link."""
     if layer.tp_comm_fwd_s is None:
         return priced_fwd_s, priced_bwd_s
     return layer.tp_comm_fwd_s, layer.tp_comm_bwd_s

@@ -3,7 +3,7 @@ memory of one TP rank; per link kind, bandwidth and latency. JSON on disk; `kind
 were measured on devices or derived analytically from the catalog.
 
 Times are pure compute of one rank's shard. The TP collectives are priced by the cost model from the links,
-except where an entry carries their measured cost (`tp_comm_*_s`, profile/tp_collectives.py); p2p always is.
+except where an entry carries their measured cost (`tp_comm_*_s`, runtime/in_situ_cost.py); p2p always is.
 """
 from __future__ import annotations
 

@@ -9,7 +9,10 @@ the first to arrive blocks and must be woken. That fixed part is `collective_ove
 all-reduce issued right after a short compute burst (as TP's follows its matmul) minus its ring steps.
 Back-to-back collectives, which the previous one has lined up, would measure only the best case. The ring
 steps of an all-reduce run at their own rate, `allreduce_bandwidth_Bps`: gloo adds the halves on the host CPU,
-so on CPU it is well below the p2p rate.
+so on CPU it is well below the p2p rate. That rate is timed on a gradient bucket synced as the runtime syncs
+it (runtime/grad_sync.py): the gradients packed into a fresh buffer, all-reduced, and copied back. On a CPU
+host the fresh buffer's first touch (page faults) and the copies cost about as much as the ring steps; on a
+GPU the caching allocator and HBM make them noise.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 SMALL_BYTES = 4
+GRADS_PER_BUCKET = 8          # gradient tensors packed into the probe's bucket
 
 
 def _round_trip(rank: int, buf: torch.Tensor) -> None:
@@ -58,8 +62,9 @@ def probe_link(rank: int, num_bytes: int, reps: int = 20, device: str = "cpu",
     `burst_dim`-cubed matmul (a fraction of a millisecond of one CPU thread): their difference gives the
     all-reduce's per-byte rate, and what the smaller one pays beyond its ring steps is the fixed overhead."""
     assert dist.get_world_size() == 2 and rank in (0, 1), (dist.get_world_size(), rank)
-    small, large, hidden, bucket = (torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
-                                    for n in (SMALL_BYTES, num_bytes, collective_bytes, allreduce_bytes))
+    small, large, hidden = (torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
+                            for n in (SMALL_BYTES, num_bytes, collective_bytes))
+    grads = [torch.zeros(allreduce_bytes // 4 // GRADS_PER_BUCKET, device=device) for _ in range(GRADS_PER_BUCKET)]
     small_s = [t / 2 for t in _seconds(lambda: _round_trip(rank, small), reps)]
     large_s = [t / 2 for t in _seconds(lambda: _round_trip(rank, large), reps)]
     bandwidth = (num_bytes - SMALL_BYTES) / max(min(large_s) - min(small_s), 1e-9)
@@ -67,7 +72,7 @@ def probe_link(rank: int, num_bytes: int, reps: int = 20, device: str = "cpu",
     a, b = (torch.rand(burst_dim, burst_dim, device=device) for _ in range(2))
     # a heavy tail (a woken rank can wait milliseconds on a VM) needs many samples for a steady mean
     hidden_s = _mean(_seconds(lambda: dist.all_reduce(hidden), 4 * reps, burst=lambda: a @ b))
-    bucket_s = _mean(_seconds(lambda: dist.all_reduce(bucket), reps, burst=lambda: a @ b))
+    bucket_s = _mean(_seconds(lambda: _sync_bucket(grads), reps, burst=lambda: a @ b))
     # two members: two ring steps, each moving half the bytes
     reduce_bw = (allreduce_bytes - collective_bytes) / max(bucket_s - hidden_s, 1e-9)
     overhead = max(0.0, hidden_s - collective_bytes / reduce_bw - 2 * latency)
@@ -75,6 +80,16 @@ def probe_link(rank: int, num_bytes: int, reps: int = 20, device: str = "cpu",
     dist.broadcast(figures, 0)                                     # both ranks report rank 0's figures
     return {"bandwidth_Bps": float(figures[0]), "latency_s": float(figures[1]),
             "collective_overhead_s": float(figures[2]), "allreduce_bandwidth_Bps": float(figures[3])}
+
+
+def _sync_bucket(grads: list[torch.Tensor]) -> None:
+    """As runtime/grad_sync.py syncs a bucket: pack into a fresh buffer, all-reduce, copy the sums back."""
+    buf = torch.cat(grads)
+    dist.all_reduce(buf)
+    pos = 0
+    for g in grads:
+        g.copy_(buf[pos: pos + g.numel()])
+        pos += g.numel()
 
 
 def _mean(values: list[float]) -> float:

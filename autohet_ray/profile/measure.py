@@ -2,7 +2,8 @@
 
 For each TP degree, one TP rank's shard is built from the plain modules with the split linears (and token
 table) at their shard shapes (shards.py) and run locally, without the TP collectives: the cost model prices
-those from the links, unless runtime/tp_comm_cost.py adds their cost measured in a real TP group. Forward and
+those from the links. `autohet profile --local` then re-times compute and collectives in situ, as a step runs
+them (runtime/in_situ_cost.py); profiling on Ray keeps these figures. Forward and
 backward are timed separately (a few warm-up reps, then the fastest of the timed reps: the one least disturbed
 by other work on the host; on a dedicated GPU the reps agree within a few percent, on a shared CPU the median
 would measure the other processes). Memory: parameter bytes of the shard, and the bytes autograd saves for

@@ -1,5 +1,5 @@
 """One TP rank's shard of a layer kind, as plain modules: the split linears (and token table) at their shard
-shapes, without the TP collectives. measure.py times them alone; runtime/tp_comm_cost.py beside the runtime's
+shapes, without the TP collectives. measure.py times them alone; runtime/in_situ_cost.py beside the runtime's
 TP modules."""
 from __future__ import annotations
 

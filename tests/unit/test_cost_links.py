@@ -110,7 +110,7 @@ def test_the_link_probe_measures_a_real_gloo_link():
 
 
 def test_collectives_measured_in_a_tp_group_replace_the_link_price(tmp_path):
-    """An entry with its TP collectives measured (runtime/tp_comm_cost.py) is priced with those seconds, per
+    """An entry with its TP collectives measured (runtime/in_situ_cost.py) is priced with those seconds, per
     kind and per direction, and not from the link; one without them keeps the link's price. The fields survive
     a save and load."""
     from autohet_ray.cost.terms import GroupCostTable, allreduce_time

@@ -31,14 +31,18 @@ def test_measure_profile_entries_are_positive():
 def test_cli_profile_local_feeds_the_planner(tmp_path, capsys):
     out = tmp_path / "prof.json"
     assert main(["profile", "--local", "--model", "tiny-gpt", "--out", str(out), "--tp", "1,2",
-                 "--micro-batch", "1,2", "--device-type", "CPU"]) == 0
-    assert "measured" in capsys.readouterr().out
+                 "--micro-batch", "1,2", "--device-type", "CPU", "--ranks", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "measured" in printed and "tp=1 compute: in situ: the runtime's stage of 4 layers on 2 gloo ranks" in printed
     db = load_profile(str(out))
     assert db.kind == "measured" and len(db.entries) == 4 and db.optimizer_s_per_param["CPU"] > 0
-    # this 2-core host runs a 2-rank gloo group: the TP entries carry their collectives, measured
-    assert db.meta["tp_collectives"] == {"2": "measured in a 2-rank gloo group"}
+    # this 2-core host runs a 2-rank gloo group: every entry's compute is timed in situ on both cores at once,
+    # and the TP entries carry their collectives, measured
+    assert set(db.meta["compute"]) == {"1", "2"} and all("2 gloo ranks" in v for v in db.meta["compute"].values())
+    assert db.meta["tp_collectives"] == {"2": "measured in 1 2-rank gloo group(s)"}
     for (_, tp, _), layers in db.entries.items():
         assert (layers["layer"].tp_comm_fwd_s is None) == (tp == 1)
+        assert all(p.fwd_s > 0 and p.bwd_s > 0 for p in layers.values())
     cluster = cluster_from_dict({"name": "local", "nodes": [{"name": "n0", "device": "CPU", "count": 2}],
                                  "devices": {"CPU": CPU_DEVICE}})
     result, baselines = plan_with_baselines(cluster=cluster, model=load_model("tiny-gpt"), profile=db,
@@ -79,10 +83,41 @@ def test_tp_collectives_are_timed_where_the_runtime_runs_them():
     embedding's backward."""
     import torch
 
-    from autohet_ray.runtime.tp_comm_cost import measure_tp_collectives
-    added = measure_tp_collectives(load_model("tiny-gpt"), 2, 1, 16, torch.float32, "gloo")
-    assert set(added) == {"embedding", "layer", "head"}
-    assert all(s >= 0 for pair in added.values() for s in pair)
-    layer_fwd, layer_bwd = added["layer"]
-    assert layer_fwd > 2e-5 and layer_bwd > 2e-5          # a loopback gloo all-reduce costs tens of us at least
-    assert added["embedding"][1] < layer_bwd / 4
+    from autohet_ray.runtime.in_situ_cost import measure_in_situ
+    costs = measure_in_situ(load_model("tiny-gpt"), 2, 2, 1, 16, torch.float32, "gloo")
+    assert set(costs) == {"embedding", "layer", "head"}
+    assert all(c.tp_comm_fwd_s >= 0 and c.tp_comm_bwd_s >= 0 for c in costs.values())
+    layer = costs["layer"]
+    assert layer.tp_comm_fwd_s > 2e-5 and layer.tp_comm_bwd_s > 2e-5   # a loopback gloo all-reduce: tens of us
+    assert costs["embedding"].tp_comm_bwd_s < layer.tp_comm_bwd_s / 4
+
+
+def test_in_situ_compute_times_the_runtime_loss_not_torch_fused_one():
+    """At TP 1 the in-situ stage is the runtime's own (runtime/parallelize.py), its loss the runtime's
+    vocabulary-parallel cross-entropy: with a vocabulary 16x the hidden size the head's forward is mostly that
+    loss, and it costs more than the fused torch cross-entropy profile/measure.py times alone. Two ranks at
+    once; TP 1 has no collectives."""
+    import torch
+
+    from autohet_ray.model.spec import model_from_dict
+    from autohet_ray.runtime.in_situ_cost import measure_in_situ
+    spec = model_from_dict({"name": "wide-vocab", "family": "gpt", "num_layers": 2, "hidden": 64, "num_heads": 4,
+                            "num_kv_heads": 4, "ffn_hidden": 256, "vocab_size": 8192, "max_seq_len": 64})
+    isolated = measure_profile(spec, "CPU", (1,), (2,), 64).entries[("CPU", 1, 2)]
+    costs = measure_in_situ(spec, 1, 2, 2, 64, torch.float32, "gloo")
+    assert all(c.tp_comm_fwd_s is None for c in costs.values())
+    assert costs["head"].compute_fwd_s > 1.1 * isolated["head"].fwd_s
+
+
+
+def test_a_tp_group_segment_is_its_ranks_mean_not_the_slowest():
+    """Rank 0 reaches the layers' last all-reduce 2 ms before rank 1 and waits; rank 1 then spends those 2 ms
+    less in the head. The sum of the per-kind means is what a step of both ranks takes; the per-kind slowest
+    ranks would add the wait twice."""
+    from autohet_ray.runtime.in_situ_cost import _median_of_group_mean
+    rep = lambda layer, head: {"embedding": (0.0, 0.0), "layer": (layer, 0.0), "head": (head, 0.0)}  # noqa: E731
+    per_rank = [[rep(0.010, 0.003)] * 3, [rep(0.008, 0.005)] * 3]
+    total = sum(_median_of_group_mean(per_rank, 2, kind, 0) for kind in ("embedding", "layer", "head"))
+    assert total == pytest.approx(0.013)
+    # at TP 1 every rank is a group of its own: the median over ranks and reps
+    assert _median_of_group_mean(per_rank + [[rep(0.009, 0.0)] * 3], 1, "layer", 0) == pytest.approx(0.009)

@@ -101,6 +101,8 @@ def _cli(*args):
     (["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "gpt3-1.3b", "--global-batch", "8",
       "--out", "{small}/plan.json"], "small.yaml/plan.json': folder"),        # checked before planning
     (["profile", "--local", "--model", "tiny-gpt", "--out", "{tmp}"], "is a directory; give a file name"),
+    (["profile", "--local", "--model", "tiny-gpt", "--out", "{tmp}/p2.json", "--ranks", "999"],
+     "--ranks=999 must lie in [1, "),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, fragment, tmp_path):
     (tmp_path / "small.yaml").write_text("name: small\nnodes: [{name: a, device: A10, count: 4}]\n")
