@@ -3,10 +3,11 @@
 1. Profile the CPU with `autohet profile --local --ranks <cores>` (one thread per rank, as each rank runs):
    it times every entry in situ (runtime/in_situ_cost.py), the runtime's own stage of a few layers on all
    cores at once, micro-batch after micro-batch as a step runs them, and the TP2 entry's collectives in a
-   real 2-rank gloo group, so TP is priced with what its all-reduces cost on this host, not from the link. Measure what the cost model needs beside it: the gloo
-   loopback link as the profiler measures it (mean one-way p2p latency and bandwidth, and a collective's
-   fixed overhead; profile/link_probe.py) and, for the catalog entry only, the memory bandwidth and the fp32
-   matmul rate. The profile holds the optimizer's measured rate (s/param).
+   real 2-rank gloo group, so TP is priced with what its all-reduces cost on this host, not from the link.
+   Measure what the cost model needs beside it: the gloo loopback link as the profiler measures it (mean
+   one-way p2p latency and bandwidth, and a collective's fixed overhead; profile/link_probe.py) and, for the
+   catalog entry only, the memory bandwidth and the fp32 matmul rate. The profile holds the optimizer's
+   measured rate (s/param).
 2. Describe the machine as a cluster of CPU "devices": one node with one device per core. Ranks are never
    more than cores: a second rank on a core would halve both ranks' speed, which the profile (measured one
    rank per core) does not describe, so the error would be the oversubscription's, not the cost model's.
