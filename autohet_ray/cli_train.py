@@ -240,12 +240,12 @@ def _collectives_cell(layers: dict) -> str:
 
 def _check_ranks(ranks: int | None) -> None:
     import torch
+
+    from autohet_ray.runtime.in_situ_cost import devices_on_host
     if ranks is None:
         return
-    if torch.cuda.is_available():
-        have, what = torch.cuda.device_count(), "GPUs"
-    else:
-        have, what = os.cpu_count() or 1, "CPU cores"
+    cuda = torch.cuda.is_available()
+    have, what = devices_on_host(torch.device("cuda" if cuda else "cpu")), "GPUs" if cuda else "CPU cores"
     if not 1 <= ranks <= have:
         raise ConfigError(f"--ranks={ranks} must lie in [1, {have}]: this host has {have} {what}, one per rank")
 

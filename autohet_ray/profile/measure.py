@@ -61,7 +61,8 @@ class _SavedBytes:
         return t
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so a timer reads finished work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -75,14 +76,14 @@ def _time_module(run, inputs, device: torch.device, params: list[torch.Tensor]) 
     for rep in range(WARMUP_REPS + TIMED_REPS):
         x = inputs()
         counter = _SavedBytes(exclude)
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
             out = run(x)
-        _sync(device)
+        sync_device(device)
         t1 = time.perf_counter()
         out.backward(torch.ones_like(out))
-        _sync(device)
+        sync_device(device)
         t2 = time.perf_counter()
         if rep >= WARMUP_REPS:
             fwds.append(t1 - t0)

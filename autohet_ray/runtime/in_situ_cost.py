@@ -38,6 +38,7 @@ from autohet_ray.model.spec import ModelSpec, model_from_dict
 from autohet_ray.nn import Embedding, Head
 from autohet_ray.nn.layers import Block
 from autohet_ray.profile.db import ProfileDB
+from autohet_ray.profile.measure import sync_device
 from autohet_ray.profile.shards import build_shard
 from autohet_ray.runtime.device import resolve_device
 from autohet_ray.runtime.launch import run_world
@@ -70,10 +71,6 @@ class KindCost:
     tp_comm_bwd_s: float | None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def _microbatch(chain: _Chain, device: torch.device) -> dict[str, tuple[float, float]]:
     """kind -> (forward, backward) seconds of one micro-batch started together on every rank; a layer's per
@@ -81,10 +78,10 @@ def _microbatch(chain: _Chain, device: torch.device) -> dict[str, tuple[float, f
     marks = {}
 
     def mark(name: str) -> None:
-        _sync(device)
+        sync_device(device)
         marks[name] = time.perf_counter()
 
-    _sync(device)
+    sync_device(device)
     dist.barrier()
     mark("f0")
     first = chain.embedding(chain.ids)
@@ -115,8 +112,12 @@ def _rep(chain: _Chain, device: torch.device) -> dict[str, tuple[float, float]]:
     return {kind: tuple(sum(run[kind][part] for run in runs) / len(runs) for part in (0, 1)) for kind in runs[0]}
 
 
+def _chain_layers(spec: ModelSpec) -> int:
+    return min(CHAIN_LAYERS, spec.num_layers)
+
+
 def _runtime_chain(spec: ModelSpec, tp: TPContext, ids: torch.Tensor, device, dtype) -> _Chain:
-    stage, _ = build_stage_model(spec, layers=(0, min(CHAIN_LAYERS, spec.num_layers)), first=True, last=True,
+    stage, _ = build_stage_model(spec, layers=(0, _chain_layers(spec)), first=True, last=True,
                                  tp=tp, seed=0, device=device, dtype=dtype)
     return _Chain(embedding=stage.embedding, layers=list(stage.layers.values()), ids=ids,
                   loss=lambda x: vocab_parallel_cross_entropy(stage.head(x), ids, tp=tp).sum(),
@@ -127,7 +128,7 @@ def _bare_chain(spec: ModelSpec, tp_size: int, ids: torch.Tensor, device, dtype)
     """The shard shapes of a `tp_size` rank without its collectives, the loss on the local vocabulary."""
     shard = lambda make: build_shard(make, tp_size, device, dtype, spec.num_layers)  # noqa: E731
     embedding, head = shard(lambda: Embedding(spec)), shard(lambda: Head(spec))
-    blocks = [shard(lambda: Block(spec)) for _ in range(min(CHAIN_LAYERS, spec.num_layers))]
+    blocks = [shard(lambda: Block(spec)) for _ in range(_chain_layers(spec))]
     local_ids = ids % (spec.vocab_size // tp_size)
     return _Chain(embedding=embedding, layers=blocks, ids=local_ids,
                   loss=lambda x: vocab_parallel_cross_entropy(head(x), local_ids, tp=TPContext()).sum(),
@@ -188,12 +189,17 @@ def measure_in_situ(spec: ModelSpec, tp: int, ranks: int, micro_batch: int, seq_
     return out
 
 
+def devices_on_host(device: torch.device) -> int:
+    """Ranks this host can run one per device: its GPUs, or its CPU cores."""
+    return torch.cuda.device_count() if device.type == "cuda" else os.cpu_count() or 1
+
+
 def group_backend(device: torch.device, ranks: int) -> str | None:
     """The backend of a `ranks`-process group this host can run, or None: gloo with a CPU core per rank,
     NCCL with a GPU per rank."""
-    if device.type == "cuda":
-        return "nccl" if torch.cuda.device_count() >= ranks else None
-    return "gloo" if (os.cpu_count() or 1) >= ranks else None
+    if devices_on_host(device) < ranks:
+        return None
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 def ranks_for(tp: int, ranks: int | None) -> int:
@@ -222,7 +228,7 @@ def add_in_situ_costs(db: ProfileDB, spec: ModelSpec, ranks: int | None = None, 
             kind: replace(p, fwd_s=costs[kind].compute_fwd_s, bwd_s=costs[kind].compute_bwd_s,
                           tp_comm_fwd_s=costs[kind].tp_comm_fwd_s, tp_comm_bwd_s=costs[kind].tp_comm_bwd_s)
             for kind, p in layers.items()}
-        compute[str(tp)] = (f"in situ: the runtime's stage of {min(CHAIN_LAYERS, spec.num_layers)} layers on "
+        compute[str(tp)] = (f"in situ: the runtime's stage of {_chain_layers(spec)} layers on "
                             f"{n} {backend} ranks at once, median of {TIMED_REPS} reps")
         if tp > 1:
             collectives[str(tp)] = f"measured in {n // tp} {tp}-rank {backend} group(s)"

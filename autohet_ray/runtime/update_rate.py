@@ -9,15 +9,12 @@ import torch
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import materialize
 from autohet_ray.nn.layers import Block
+from autohet_ray.profile.measure import sync_device
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import build_adamw, clip_, squared_norm
 
 WARMUP_REPS, TIMED_REPS = 2, 25        # a rep is milliseconds: enough to outlast a burst of other load
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def update_s_per_param(spec: ModelSpec, device: torch.device | str | None = None) -> float:
@@ -38,12 +35,12 @@ def update_s_per_param(spec: ModelSpec, device: torch.device | str | None = None
     for rep in range(WARMUP_REPS + TIMED_REPS):
         for g, f in zip(grads, fresh):      # clipped again and again, they would shrink into denormals
             g.copy_(f)
-        _sync(device)
+        sync_device(device)
         start = time.perf_counter()
         norm = float(squared_norm(grads).sqrt())
         clip_(grads, norm, config.clip_grad)
         opt.step()
-        _sync(device)
+        sync_device(device)
         if rep >= WARMUP_REPS:
             times.append(time.perf_counter() - start)
     return min(times) / sum(p.numel() for p in named.values())
