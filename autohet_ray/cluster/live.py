@@ -102,3 +102,11 @@ def describe(base: Cluster | None, nodes: list[LiveNode]) -> Discovered:
     for n in nodes:
         cluster.device(n.device_type)        # a ConfigError naming the known devices if unknown
     return Discovered(cluster=cluster, nodes=tuple(nodes))
+
+
+def without_nodes(cluster: Cluster, lost: list[str]) -> Cluster:
+    """The cluster minus the lost nodes (ConfigError when nothing is left)."""
+    kept = tuple(n for n in cluster.nodes if n.name not in set(lost))
+    if not kept:
+        raise ConfigError(f"every node of cluster {cluster.name!r} is lost ({sorted(lost)}); nothing to re-plan on")
+    return replace(cluster, nodes=kept)

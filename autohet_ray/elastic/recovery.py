@@ -9,12 +9,9 @@ drain, nodes that joined) flush first, so they lose no step.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import ray
 
-from autohet_ray import ConfigError
-from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cluster.node_probe import probe_all
 from autohet_ray.elastic.liveness import detect_failure, raylet_addresses, refused_raylets
 
@@ -28,14 +25,6 @@ class RecoveryFailed(RuntimeError):
 class StepFailed(RuntimeError):
     """A step raised on a healthy cluster (every node and worker answers): an error, not a loss; the job ends
     (its committed steps kept) instead of recovering into the same error."""
-
-
-def without_nodes(cluster: Cluster, lost: list[str]) -> Cluster:
-    """The cluster minus the lost nodes (ConfigError when nothing is left)."""
-    kept = tuple(n for n in cluster.nodes if n.name not in set(lost))
-    if not kept:
-        raise ConfigError(f"every node of cluster {cluster.name!r} is lost ({sorted(lost)}); nothing to re-plan on")
-    return replace(cluster, nodes=kept)
 
 
 def plan_summary(plan) -> list[list[str]]:

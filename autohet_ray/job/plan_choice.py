@@ -1,47 +1,80 @@
-"""The plan a job runs at each launch: the job's own at the first launch, a state's cached plan, or the
-planner's; checked against the live nodes and priced by the cost model."""
+"""The plan a job runs at each launch: the job's own at the first launch, a state's cached plan (planned
+before, or ahead in the background), or the planner's; checked against the live nodes and priced by the cost
+model."""
 from __future__ import annotations
 
 import json
+import threading
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.live import Discovered
+from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.job.config import TrainJob
 from autohet_ray.plan.schema import Plan, plan_from_dict
 
 
+PLANNER_LOCK = threading.Lock()   # one planner run at a time: the controller's and the plan-ahead thread's
+
+
+def state_key(cluster: Cluster) -> str:
+    """An availability state: the GPUs alive, by node."""
+    return json.dumps(cluster.to_dict(), sort_keys=True)
+
+
+def plan_request(job: TrainJob, cluster: Cluster, *, profile, priced_model, seq_len: int) -> dict:
+    """The planner's arguments for this job on `cluster`."""
+    return dict(cluster=cluster, model=priced_model, profile=profile, global_batch=job.global_batch,
+                seq_len=seq_len, micro_batch=job.micro_batch, time_limit_s=job.plan_time_limit_s,
+                schedules=job.schedules(), recompute=job.recompute)
+
+
 def choose_plan(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int, plan: dict | None,
                 first: bool, cache: dict[str, dict]):
-    """(plan with its prediction, its evaluation, the baselines' iteration seconds or None): `plan`, else the
-    job's plan at the `first` launch, else the plan of this availability state in `cache`, else the planner's
-    on the live nodes (then cached: the planner is deterministic, so a state seen again costs no planning)."""
+    """(plan with its prediction, its evaluation, the baselines' iteration seconds or None, where the plan came
+    from): `plan` ("given"), else the job's plan at the `first` launch ("job plan"), else the plan of this
+    availability state in `cache` ("planned ahead" the first time a state planned ahead is used, then
+    "cached"), else the planner's on the live nodes ("planned"; then cached: the planner is deterministic, so
+    a state seen again costs no planning)."""
     from autohet_ray.planner import plan_training, plan_with_baselines
+    baselines, source = None, "given"
     if plan is None and job.plan is not None and first:
-        plan = job.plan
-    state = json.dumps(found.cluster.to_dict(), sort_keys=True)   # the GPUs alive, by node
+        plan, source = job.plan, "job plan"
     if plan is None:
-        plan = cache.get(state)
-    baselines = None
-    if plan is not None:
-        chosen = plan_from_dict(plan)
-    else:
-        request = dict(cluster=found.cluster, model=priced_model, profile=profile, global_batch=job.global_batch,
-                       seq_len=seq_len, micro_batch=job.micro_batch, time_limit_s=job.plan_time_limit_s,
-                       schedules=job.schedules(), recompute=job.recompute)
-        if job.baselines and first:
-            result, found_baselines = plan_with_baselines(**request)
-            baselines = {n: b.evaluation.iteration_time_s for n, b in found_baselines.items()
-                         if b.evaluation is not None}
-        else:
-            result = plan_training(**request)
-        chosen = result.plan
-        cache[state] = chosen.to_dict()
+        with PLANNER_LOCK:                    # a state the plan-ahead thread is planning: wait for its plan
+            entry = cache.get(state_key(found.cluster))
+            if entry is not None:
+                plan, source = entry["plan"], "planned ahead" if entry.pop("ahead", False) else "cached"
+            else:
+                request = plan_request(job, found.cluster, profile=profile, priced_model=priced_model,
+                                       seq_len=seq_len)
+                if job.baselines and first:
+                    result, found_baselines = plan_with_baselines(**request)
+                    baselines = {n: b.evaluation.iteration_time_s for n, b in found_baselines.items()
+                                 if b.evaluation is not None}
+                else:
+                    result = plan_training(**request)
+                plan, source = result.plan.to_dict(), "planned"
+                cache[state_key(found.cluster)] = {"plan": plan}
+    chosen = plan_from_dict(plan)
     check_plan_fits(chosen, found)
     evaluation = evaluate_plan(chosen, found.cluster, priced_model, profile)
     if not evaluation.feasible:
         raise ConfigError(f"the plan does not fit: {evaluation.reason}")
-    return chosen.with_predicted(evaluation.predicted()), evaluation, baselines
+    return chosen.with_predicted(evaluation.predicted()), evaluation, baselines, source
+
+
+def start_planning_ahead(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int,
+                         cache: dict[str, dict]):
+    """A PlanAhead thread planning, into `cache`, every state one node loss away from `found`."""
+    from autohet_ray.job.plan_ahead import PlanAhead, states_one_loss_away
+    from autohet_ray.planner import plan_training
+
+    def plan_for(cluster: Cluster) -> dict:
+        request = plan_request(job, cluster, profile=profile, priced_model=priced_model, seq_len=seq_len)
+        return {"plan": plan_training(**request).plan.to_dict(), "ahead": True}
+    return PlanAhead(states_one_loss_away(found.cluster), cache=cache, plan_for=plan_for, state_key=state_key,
+                     lock=PLANNER_LOCK)
 
 
 def check_plan_fits(plan: Plan, found: Discovered) -> None:

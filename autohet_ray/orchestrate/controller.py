@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import ray
 
-from autohet_ray.cluster.live import describe
+from autohet_ray.cluster.live import describe, without_nodes
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic import recovery
@@ -30,7 +30,7 @@ from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.plan_choice import choose_plan
+from autohet_ray.job.plan_choice import choose_plan, start_planning_ahead
 from autohet_ray.metrics.step import step_metrics
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.data_prepare import local_dataset
@@ -50,7 +50,7 @@ class Controller:
         self.priced_seq_len = job.priced_seq_len or self.seq_len
         self.base_cluster = cluster_from_dict(job.cluster)
         self.state = "new"
-        self.found = self.plan = self.evaluation = self.group = self.committer = None
+        self.found = self.plan = self.evaluation = self.plan_source = self.group = self.committer = None
         self.data = self.metrics_log = self.tensorboard_log = self.board = None
         self.watching = False
         self.baselines: dict[str, float] = {}
@@ -66,7 +66,8 @@ class Controller:
         self.inflight: list = []             # the running train_step calls (empty between steps)
         self.snapshots = True                # benchmarks toggle it to measure the snapshot cost
         self.restore_mode = "local_first"    # how recovery restores ("cloud_only": the baseline)
-        self.plan_cache: dict[str, dict] = {}   # availability state (live nodes' GPUs) -> the planner's plan
+        self.plan_cache: dict[str, dict] = {}   # availability state (live nodes' GPUs) -> {"plan": the planner's}
+        self.planning_ahead = None           # the PlanAhead thread of the states one loss away (elastic jobs)
         self.time_scale = 0.0                # the emulated clock's scale, once the first launch fixed it
 
     # -- setup ---------------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class Controller:
         missing = recovery.dead_nodes(self, usable)
         if missing and confirm and not self.job.elastic:   # a plain job runs on the file's nodes, all of them
             discover(self.base_cluster, usable)            # the ConfigError naming what Ray has instead
-        cluster = recovery.without_nodes(self.base_cluster, missing)
+        cluster = without_nodes(self.base_cluster, missing)
         found = discover(cluster, usable)
         return describe(cluster, confirm_nodes(list(found.nodes))) if confirm else found
 
@@ -146,7 +147,8 @@ class Controller:
                                  dtype=self.job.dtype, collective_timeout_s=self.job.collective_timeout_s,
                                  timeout_s=self.job.setup_timeout_s, pacers=pacers)
         t2 = time.perf_counter()
-        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": recovery.plan_summary(self.plan), **paced,
+        report = {"replan_s": t1 - t0, "restart_s": t2 - t1, "plan": recovery.plan_summary(self.plan),
+                  "plan_source": self.plan_source, **paced,
                   **{f"restart_{k}": v for k, v in setup.items() if k != "setup_s"},
                   "num_ranks": len(self.group.actors), "reused_actors": self.group.num_reused,
                   "predicted_iteration_s": self.evaluation.iteration_time_s}
@@ -165,10 +167,16 @@ class Controller:
             self.configure_snapshots()
             report["configure_snapshots_s"] = time.perf_counter() - start
             job_files.write_text(self.job.storage, job_files.PLAN_FILE, self.plan.to_json())
+        if self.job.elastic:
+            self.planning_ahead = start_planning_ahead(self.job, found=self.found, profile=self.profile,
+                                                       priced_model=self.priced_model, seq_len=self.priced_seq_len,
+                                                       cache=self.plan_cache)
         return report
 
     def _choose_plan(self, plan: dict | None):
-        chosen, self.evaluation, baselines = choose_plan(
+        if self.planning_ahead is not None:   # the state it plans now is waited for, no other is started
+            self.planning_ahead.stop()
+        chosen, self.evaluation, baselines, self.plan_source = choose_plan(
             self.job, found=self.found, profile=self.profile, priced_model=self.priced_model,
             seq_len=self.priced_seq_len, plan=plan, first=self.plan is None, cache=self.plan_cache)
         if baselines is not None:
@@ -322,6 +330,9 @@ class Controller:
         except BaseException as err:            # noqa: BLE001 - whatever failed, the stores must be kept
             outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
         self.inflight = []
+        if self.planning_ahead is not None:
+            self.planning_ahead.stop()
+            self.planning_ahead.wait(self.job.plan_time_limit_s + 10.0)
         if self.group is not None:
             self.group.kill(wait_s=10.0)          # before the stores go: a worker may still be writing one
             self.group = None

@@ -20,3 +20,17 @@ def asymmetric_plan(global_batch: int = 4) -> dict:
 # Ray declares a silent node dead after 3 missed 1 s health checks (its default takes much longer)
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                       "health_check_initial_delay_ms": 1000}
+
+
+def reference_losses(steps: int, dtype=None) -> list[float]:
+    """The uninterrupted single-process run (float64 unless `dtype`) of tiny-gpt on the synthetic batches the
+    Ray tests train on (global batch 4 x 16 tokens, seed 0): the loss of each of the first `steps` steps."""
+    import torch
+
+    from autohet_ray.data.synthetic import synthetic_batch
+    from autohet_ray.model.spec import load_model
+    from autohet_ray.runtime.reference import Reference
+    spec = load_model("tiny-gpt")
+    ref = Reference(model_spec=spec, dtype=dtype or torch.float64)
+    return [ref.train_step(synthetic_batch(vocab_size=spec.vocab_size, global_batch=4, seq_len=16, seed=0,
+                                           step=i))["loss"] for i in range(steps)]

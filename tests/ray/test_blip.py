@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 ray = pytest.importorskip("ray")
 
@@ -23,8 +22,7 @@ from autohet_ray.data.synthetic import synthetic_batch  # noqa: E402
 from autohet_ray.cluster.labels import NODE_NAME_LABEL  # noqa: E402
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup  # noqa: E402
 from autohet_ray.plan.schema import plan_from_dict  # noqa: E402
-from autohet_ray.runtime.reference import Reference  # noqa: E402
-from ray_helpers import asymmetric_plan  # noqa: E402
+from ray_helpers import asymmetric_plan, reference_losses  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 SPEC = load_model("tiny-gpt")
@@ -48,12 +46,6 @@ def start_group(loss_grace_s: float) -> WorkerGroup:
 def train_step(group: WorkerGroup, step: int) -> float:
     batch = ray.put(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0, step=step))
     return group.gather([a.train_step.remote(batch, snapshot=False) for a in group.actors])[0]["loss"]
-
-
-def reference_losses(steps: int) -> list[float]:
-    ref = Reference(model_spec=SPEC, dtype=torch.float64)
-    return [ref.train_step(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0,
-                                           step=i))["loss"] for i in range(steps)]
 
 
 def victim_node(cluster):

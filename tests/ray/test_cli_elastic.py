@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from ray_helpers import reference_losses
+
 pytestmark = pytest.mark.timeout(400)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON = ["--emulate", "--json"]
@@ -23,19 +25,6 @@ def autohet(*args: str, env_extra: dict | None = None) -> dict:
                           capture_output=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def reference_losses(steps: int) -> list[float]:
-    """The uninterrupted single-process run of the same model, data and optimizer (float64)."""
-    import torch
-
-    from autohet_ray.data.synthetic import synthetic_batch
-    from autohet_ray.model.spec import load_model
-    from autohet_ray.runtime.reference import Reference
-    spec = load_model("tiny-gpt")
-    ref = Reference(model_spec=spec, dtype=torch.float64)
-    return [ref.train_step(synthetic_batch(vocab_size=spec.vocab_size, global_batch=4, seq_len=16, seed=0,
-                                           step=i))["loss"] for i in range(steps)]
 
 
 def test_elastic_train_then_resume_matches_an_uninterrupted_run(tmp_path):

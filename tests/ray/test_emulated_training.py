@@ -19,7 +19,7 @@ from autohet_ray.orchestrate.discovery import discover
 from autohet_ray.job.config import TrainJob
 from autohet_ray.runtime.reference import Reference
 
-from ray_helpers import THREE_NODES, asymmetric_plan
+from ray_helpers import THREE_NODES, asymmetric_plan, reference_losses
 
 pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
@@ -29,12 +29,6 @@ def job(**kw) -> TrainJob:
     base = {"model": SPEC.to_dict(), "global_batch": 4, "cluster": THREE_NODES, "plan": asymmetric_plan(),
             "dtype": "float64", "setup_timeout_s": 30, "baselines": False}
     return TrainJob(**(base | kw))
-
-
-def reference_losses(steps: int, dtype) -> list[float]:
-    ref = Reference(model_spec=SPEC, dtype=dtype)
-    return [ref.train_step(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0,
-                                           step=i))["loss"] for i in range(steps)]
 
 
 def test_discovery_reads_labels(three_node_cluster):

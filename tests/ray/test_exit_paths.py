@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-import torch
 import yaml
 
 ray = pytest.importorskip("ray")
@@ -23,10 +22,9 @@ from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.data.synthetic import synthetic_batch  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
-from autohet_ray.runtime.reference import Reference  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
+from ray_helpers import (FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan,  # noqa: E402
+                         reference_losses)
 
 pytestmark = pytest.mark.timeout(400)
 SPEC = load_model("tiny-gpt")
@@ -40,12 +38,6 @@ def cluster():
     from autohet_ray.emulate.cluster import emulated_cluster
     with emulated_cluster(cluster_from_dict(FOUR_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
         yield test_cluster
-
-
-def reference_losses(steps: int) -> list[float]:
-    ref = Reference(model_spec=SPEC, dtype=torch.float64)
-    return [ref.train_step(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0,
-                                           step=i))["loss"] for i in range(steps)]
 
 
 def resume(storage: str, steps: int, capsys) -> dict:

@@ -7,18 +7,15 @@ import os
 import time
 
 import pytest
-import torch
 
 ray = pytest.importorskip("ray")
 
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
-from autohet_ray.data.synthetic import synthetic_batch  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
-from autohet_ray.runtime.reference import Reference  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, asymmetric_plan  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, asymmetric_plan, reference_losses  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
@@ -41,12 +38,6 @@ def elastic_job(storage: str, **kw) -> TrainJob:
     return TrainJob(**(base | kw))
 
 
-def reference_losses(steps: int) -> list[float]:
-    ref = Reference(model_spec=SPEC, dtype=torch.float64)
-    return [ref.train_step(synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0,
-                                           step=i))["loss"] for i in range(steps)]
-
-
 def node_handle(test_cluster, ctl: Controller, name: str):
     """The cluster's handle of the node that the controller runs on as `name`. By node id, not by label: an
     earlier test may leave a drained node of the same name alive beside its replacement."""
@@ -62,6 +53,7 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
     try:
         ctl.start()
         before = [ctl.step()["loss"] for _ in range(3)]
+        assert ctl.planning_ahead.wait(120) and ctl.planning_ahead.errors == []   # states one loss away
         victim = node_handle(cluster, ctl, "b")
 
         def lose_node_b(controller):
@@ -75,6 +67,7 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
         ctl.close()
     assert rec["lost_nodes"] == ["b"] and "node b" in rec["message"]
     assert all("b:" not in stage for p in rec["plan"] for stage in p), rec["plan"]
+    assert rec["plan_source"] == "planned ahead"                      # no planner run inside the recovery
     assert rec["bytes_by_tier"].get("cloud", 0) == 0                 # peer replicas cover a single-node loss
     assert rec["bytes_by_tier"].get("keeper-a", 0) + rec["bytes_by_tier"].get("keeper-c", 0) > 0
     assert rec["lost_steps"] <= 1 and rec["restored_step"] in (2, 3)

@@ -15,7 +15,7 @@ from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.model.spec import load_model
 from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.plan.schema import plan_from_dict
-from ray_helpers import THREE_NODES, asymmetric_plan, stage
+from ray_helpers import THREE_NODES, asymmetric_plan, reference_losses, stage
 
 pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
@@ -24,14 +24,6 @@ SPEC = load_model("tiny-gpt")
 def _batch(step: int) -> dict:
     """The global batch of the step that starts at engine step `step` (0-based)."""
     return synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0, step=step)
-
-
-def _reference_losses(num_steps: int) -> list[float]:
-    import torch
-
-    from autohet_ray.runtime.reference import Reference
-    ref = Reference(model_spec=SPEC, dtype=torch.float64)
-    return [ref.train_step(_batch(i))["loss"] for i in range(num_steps)]
 
 
 def _two_stage_plan() -> dict:
@@ -121,7 +113,7 @@ def test_worker_failure_resumes_from_the_newest_reported_checkpoint(recovered_ru
     assert result.error is None and (out / "failed-once").exists()
     log = _log(out)
     assert [(e["restored"], e["step"]) for e in log] == [(None, 1), (None, 2), (None, 3), (2, 3), (2, 4)]
-    expected = _reference_losses(4)
+    expected = reference_losses(4)
     for entry in log:                                  # step 3 ran twice: before the failure and after the restore
         assert entry["loss"] == pytest.approx(expected[entry["step"] - 1], rel=1e-6)
     manifest = checkpoint_manifest(result.checkpoint)  # the newest registered checkpoint: step 4, complete
@@ -149,7 +141,7 @@ def test_checkpoint_of_one_plan_resumes_under_another(recovered_run, tmp_path):
     assert result.error is None
     log = _log(tmp_path)
     assert [(e["restored"], e["step"]) for e in log] == [(4, 5)]
-    assert log[0]["loss"] == pytest.approx(_reference_losses(5)[4], rel=1e-6)
+    assert log[0]["loss"] == pytest.approx(reference_losses(5)[4], rel=1e-6)
     manifest = checkpoint_manifest(result.checkpoint)
     assert manifest.step == 5 and manifest.extra["plan"]["pipelines"][0]["stages"][0]["layers"] == [0, 3]
 
