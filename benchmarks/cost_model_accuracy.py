@@ -13,10 +13,11 @@
    rank per core) does not describe, so the error would be the oversubscription's, not the cost model's.
 3. Run each plan with the real runtime (Engine, gloo, one spawned process per rank, no pacer): the fastest of
    the timed steps (the one least disturbed by other load), max over ranks. Price it with `evaluate_plan`
-   (that profile, fp32) and compare. Steps 1 and 3 repeat --passes times, each pass with a fresh profile:
-   on a VM both the host's speed and a woken rank's delay drift over minutes, and a profile taken minutes
-   before a run would measure the drift, not the cost model. A plan's error is the mean of its per-pass
-   errors. The profile keeps the median rep of each kind's compute and TP collectives (a step pays their
+   (fp32) and compare. Every run is bracketed by profiles: step 1 runs before the first plan and again after
+   each run, and a run is priced with the profile before it and the one after it, the mean of the two. On a
+   VM the host's speed and a woken rank's delay drift within minutes (in-situ figures taken minutes apart
+   differ by up to ~13% here), and a profile taken long before a run would measure the drift, not the cost
+   model. Step 3 repeats --passes times; a plan's error is the mean of its per-pass errors. The profile keeps the median rep of each kind's compute and TP collectives (a step pays their
    typical time). The figures need an otherwise idle machine: the load average is printed before
    and after, and on a machine busy with other work (load above the cores) the errors are the other work's,
    not the cost model's; `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler
@@ -186,16 +187,24 @@ def profile_this_cpu(workdir: Path, cores: int) -> ProfileDB:
     return profile
 
 
-def run_pass(shapes: dict[str, Plan], steps: int, profile: ProfileDB, cluster, model) -> dict[str, tuple]:
-    """plan name -> (predicted, measured seconds): each plan run once and priced with this pass's profile."""
+def run_pass(shapes: dict[str, Plan], steps: int, workdir: Path, cores: int, cluster, model,
+             before: ProfileDB) -> tuple[dict[str, tuple], ProfileDB]:
+    """(plan name -> (predicted, measured seconds), the last profile): each plan runs once between two profiles,
+    the one taken just before it (`before` for the first) and one taken just after; its prediction is the mean
+    of its prices with the two. The host's speed drifts within minutes, so a run is priced with profiles of
+    the host as it was around that run."""
     out = {}
     for name, plan in shapes.items():
         seconds, ops = measure_plan(plan, steps)
-        predicted = evaluate_plan(plan, cluster, model, profile).iteration_time_s
-        print(f"{name}: measured {seconds:.3f} s, predicted {predicted:.3f} s ({100 * (seconds / predicted - 1):+.1f}%); "
-              f"per rank, ms: {_ops_line(ops)}", flush=True)
+        after = profile_this_cpu(workdir, cores)
+        prices = [evaluate_plan(plan, cluster, model, p).iteration_time_s for p in (before, after)]
+        predicted = sum(prices) / 2
+        print(f"{name}: measured {seconds:.3f} s, predicted {predicted:.3f} s ({100 * (seconds / predicted - 1):+.1f}%; "
+              f"with the profile before {prices[0]:.3f} s, after {prices[1]:.3f} s); per rank, ms: {_ops_line(ops)}",
+              flush=True)
         out[name] = (predicted, seconds)
-    return out
+        before = after
+    return out, before
 
 
 def plan_errors(pairs: list[tuple[float, float]]) -> dict:
@@ -257,17 +266,17 @@ def main() -> None:
     if args.plans:
         shapes = {n: p for n, p in shapes.items() if n in args.plans.split(",")}
     model, load_before, passes = model_from_dict(MODEL), os.getloadavg()[0], []
+    profile = profile_this_cpu(workdir, args.cores)
+    link = profile.links[f"intra:{DEVICE}"]
+    raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
+    (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
+    cluster = cluster_from_dict(raw_cluster)
     for pass_index in range(args.passes):
-        profile = profile_this_cpu(workdir, args.cores)      # again every pass: the host's speed drifts over minutes
-        link = profile.links[f"intra:{DEVICE}"]
-        if pass_index == 0:
-            raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
-            (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
-            cluster = cluster_from_dict(raw_cluster)
-        print(f"pass {pass_index + 1}: link {link_line(link)}; optimizer "
+        print(f"pass {pass_index + 1}: link {link_line(profile.links[f'intra:{DEVICE}'])}; optimizer "
               f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; memory {hbm_gbps:.1f} GB/s; "
               f"matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
-        passes.append(run_pass(shapes, args.steps, profile, cluster, model))
+        figures, profile = run_pass(shapes, args.steps, workdir, args.cores, cluster, model, profile)
+        passes.append(figures)
     tp_us = print_tp_diagnostics(profile)
     plans = {name: plan_errors([p[name] for p in passes]) for name in shapes}
     for name, figures in plans.items():

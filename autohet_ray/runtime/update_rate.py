@@ -2,6 +2,7 @@
 the clip and AdamW (fp32 master weights and moments), as `Engine` runs them after the gradient sync."""
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -14,17 +15,22 @@ from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import build_adamw, clip_, squared_norm
 
 WARMUP_REPS, TIMED_REPS = 2, 25        # a rep is milliseconds: enough to outlast a burst of other load
-
+STAGE_LAYERS = 4                       # timed on a stage's worth of layers, as the in-situ profile chains them
+MAX_TIMED_PARAMS = 100_000_000         # but at most this many weights (1.6 GB of fp32 weights, grads, moments)
 
 
 def update_s_per_param(spec: ModelSpec, device: torch.device | str | None = None) -> float:
-    """Timed on one transformer layer's weights (the fastest of the timed reps, as the layer profile), on
-    `device` (default: this process's GPU where it has one, else the CPU, as measure_profile)."""
+    """Timed on the weights of a stage's worth of transformer layers (the median rep: a step pays the typical
+    update), on `device` (default: this process's GPU where it has one, else the CPU, as measure_profile).
+    A stage's worth, not one layer: on a CPU the update's working set decides its speed (one layer's weights,
+    grads and moments partly stay in cache, a stage's do not), and a step updates a whole stage."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    with torch.device("meta"):
-        block = Block(spec)
-    materialize(block, seed=0, num_layers=spec.num_layers, device=device, dtype=torch.float32)
-    named = {f"layers.0.{n}": p for n, p in block.named_parameters()}
+    named = {}
+    for i in range(timed_layers(spec)):
+        with torch.device("meta"):
+            block = Block(spec)
+        materialize(block, seed=0, num_layers=spec.num_layers, device=device, dtype=torch.float32)
+        named |= {f"layers.{i}.{n}": p for n, p in block.named_parameters()}
     grads = [torch.randn_like(p) for p in named.values()]
     fresh = [g.clone() for g in grads]
     for p, g in zip(named.values(), grads):
@@ -43,4 +49,12 @@ def update_s_per_param(spec: ModelSpec, device: torch.device | str | None = None
         sync_device(device)
         if rep >= WARMUP_REPS:
             times.append(time.perf_counter() - start)
-    return min(times) / sum(p.numel() for p in named.values())
+    return statistics.median(times) / sum(p.numel() for p in named.values())
+
+
+def timed_layers(spec: ModelSpec) -> int:
+    """Layers whose update is timed: STAGE_LAYERS (at most the model's), fewer where they exceed
+    MAX_TIMED_PARAMS, at least one."""
+    with torch.device("meta"):
+        per_layer = sum(p.numel() for p in Block(spec).parameters())
+    return max(1, min(STAGE_LAYERS, spec.num_layers, MAX_TIMED_PARAMS // per_layer))

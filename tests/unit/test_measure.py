@@ -59,15 +59,17 @@ def test_bad_lists_are_config_errors():
 
 
 def test_the_measured_optimizer_rate_prices_the_update(tmp_path):
-    """The update's rate (the engine's norm + clip + AdamW, timed on one layer) survives a profile's save and
+    """The update's rate (the engine's norm + clip + AdamW, timed on a stage's worth of layers) survives a profile's save and
     load, the cost model prices a stage's update as its parameters times that rate, and `autohet profile
     --local` records it."""
     from autohet_ray.cost.terms import GroupCostTable
-    from autohet_ray.runtime.update_rate import update_s_per_param
+    from autohet_ray.runtime.update_rate import timed_layers, update_s_per_param
     spec = load_model("tiny-gpt")
     db = measure_profile(spec, "CPU", (1,), (1,), 16)
     rate = db.optimizer_s_per_param["CPU"] = update_s_per_param(spec, "cpu")
     assert 1e-11 < rate < 1e-6                      # seconds per parameter on a CPU core
+    assert timed_layers(spec) == min(4, spec.num_layers)
+    assert timed_layers(load_model("small-gpt")) == 4 and timed_layers(load_model("gpt3-1.3b")) == 1  # 50 M a layer
     db.save(str(tmp_path / "p.json"))
     assert load_profile(str(tmp_path / "p.json")).optimizer_s_per_param == {"CPU": rate}
     cluster = cluster_from_dict({"name": "local", "nodes": [{"name": "n0", "device": "CPU", "count": 1}],
