@@ -17,8 +17,8 @@
    each run, and a run is priced with the profile before it and the one after it, the mean of the two. On a
    VM the host's speed and a woken rank's delay drift within minutes (in-situ figures taken minutes apart
    differ by up to ~13% here), and a profile taken long before a run would measure the drift, not the cost
-   model. Step 3 repeats --passes times; a plan's error is the mean of its per-pass errors. The profile keeps the median rep of each kind's compute and TP collectives (a step pays their
-   typical time). The figures need an otherwise idle machine: the load average is printed before
+   model. Step 3 repeats --passes times; a plan's error is the mean of its per-pass errors. The profile keeps
+   the median rep of each kind's compute and TP collectives (a step pays their typical time). The figures need an otherwise idle machine: the load average is printed before
    and after, and on a machine busy with other work (load above the cores) the errors are the other work's,
    not the cost model's; `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler
    and the ranks) so that it gets its cores on a shared machine, at the other work's expense for the few

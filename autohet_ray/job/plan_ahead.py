@@ -1,16 +1,19 @@
 """Planning ahead: while a job trains, a background thread plans every availability state one node loss away,
 so a recovery finds its plan ready instead of waiting for the planner (seconds at scale).
 
-The plans go into the job's plan cache (availability state -> plan dict). The thread plans one state at a time
-holding the planner lock, which the controller takes too before it reads the cache, and it stops between
-states when asked: a recovery waits at most for the state being planned, and finds it cached if it is its own.
+The plans go into the job's plan cache (availability state -> {"plan", "ahead"}). The thread plans one state
+at a time holding the planner lock, which `choose_plan` takes too before it reads the cache, and it stops
+between states when asked: a recovery waits at most for the state being planned, and finds it cached if it is
+its own.
 """
 from __future__ import annotations
 
 import threading
 
-from autohet_ray.cluster.live import without_nodes
+from autohet_ray.cluster.live import Discovered, without_nodes
 from autohet_ray.cluster.spec import Cluster
+from autohet_ray.job.config import TrainJob
+from autohet_ray.job.plan_choice import PLANNER_LOCK, plan_request, state_key
 
 
 def states_one_loss_away(cluster: Cluster) -> list[Cluster]:
@@ -21,12 +24,11 @@ def states_one_loss_away(cluster: Cluster) -> list[Cluster]:
 
 
 class PlanAhead:
-    """Plans `states` into `cache` (key: `state_key(cluster)`) with `plan_for(cluster) -> plan dict`, in a
-    daemon thread, skipping states the cache already holds."""
+    """Plans `states` into `cache` with `plan_for(cluster) -> cache entry`, in a daemon thread, skipping states
+    the cache already holds."""
 
-    def __init__(self, states: list[Cluster], *, cache: dict, plan_for, state_key, lock: threading.Lock):
-        self.states, self.cache, self.plan_for, self.state_key, self.lock = states, cache, plan_for, state_key, lock
-        self.planned: list[str] = []       # keys this thread planned
+    def __init__(self, states: list[Cluster], *, cache: dict, plan_for):
+        self.states, self.cache, self.plan_for = states, cache, plan_for
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autohet-plan-ahead", daemon=True)
@@ -34,18 +36,16 @@ class PlanAhead:
 
     def _run(self) -> None:
         for cluster in self.states:
-            if self._stop.is_set():
-                return
-            key = self.state_key(cluster)
-            with self.lock:
-                if key in self.cache or self._stop.is_set():
+            key = state_key(cluster)
+            with PLANNER_LOCK:
+                if self._stop.is_set():
+                    return
+                if key in self.cache:
                     continue
                 try:
                     self.cache[key] = self.plan_for(cluster)
                 except Exception as err:          # noqa: BLE001 - the recovery that needs it plans again
                     self.errors.append(f"{sorted(n.name for n in cluster.nodes)}: {type(err).__name__}: {err}")
-                    continue
-                self.planned.append(key)
 
     def stop(self) -> None:
         """No new state is started; the one being planned finishes."""
@@ -55,3 +55,14 @@ class PlanAhead:
         """Wait for the thread to end; True when it did."""
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+
+def start_planning_ahead(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int,
+                         cache: dict[str, dict]) -> PlanAhead:
+    """A PlanAhead thread planning, into `cache`, every state one node loss away from `found`."""
+    from autohet_ray.planner import plan_training
+
+    def plan_for(cluster: Cluster) -> dict:
+        request = plan_request(job, cluster, profile=profile, priced_model=priced_model, seq_len=seq_len)
+        return {"plan": plan_training(**request).plan.to_dict(), "ahead": True}
+    return PlanAhead(states_one_loss_away(found.cluster), cache=cache, plan_for=plan_for)

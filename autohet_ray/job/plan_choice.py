@@ -64,19 +64,6 @@ def choose_plan(job: TrainJob, *, found: Discovered, profile, priced_model, seq_
     return chosen.with_predicted(evaluation.predicted()), evaluation, baselines, source
 
 
-def start_planning_ahead(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int,
-                         cache: dict[str, dict]):
-    """A PlanAhead thread planning, into `cache`, every state one node loss away from `found`."""
-    from autohet_ray.job.plan_ahead import PlanAhead, states_one_loss_away
-    from autohet_ray.planner import plan_training
-
-    def plan_for(cluster: Cluster) -> dict:
-        request = plan_request(job, cluster, profile=profile, priced_model=priced_model, seq_len=seq_len)
-        return {"plan": plan_training(**request).plan.to_dict(), "ahead": True}
-    return PlanAhead(states_one_loss_away(found.cluster), cache=cache, plan_for=plan_for, state_key=state_key,
-                     lock=PLANNER_LOCK)
-
-
 def check_plan_fits(plan: Plan, found: Discovered) -> None:
     """ConfigError when the plan needs GPUs (node, type, index) the live cluster lacks."""
     nodes = {n.name: n for n in found.nodes}

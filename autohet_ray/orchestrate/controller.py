@@ -30,7 +30,8 @@ from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.plan_choice import choose_plan, start_planning_ahead
+from autohet_ray.job.plan_ahead import start_planning_ahead
+from autohet_ray.job.plan_choice import choose_plan
 from autohet_ray.metrics.step import step_metrics
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.data_prepare import local_dataset
@@ -325,13 +326,14 @@ class Controller:
         resume. Returns {"step", "where"} of the secured step (and "error" when securing failed)."""
         if self.state == "closed":
             return {}
+        if self.planning_ahead is not None:      # no new planning competes with securing the newest step
+            self.planning_ahead.stop()
         try:
             outcome = self.secure()
         except BaseException as err:            # noqa: BLE001 - whatever failed, the stores must be kept
             outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
         self.inflight = []
         if self.planning_ahead is not None:
-            self.planning_ahead.stop()
             self.planning_ahead.wait(self.job.plan_time_limit_s + 10.0)
         if self.group is not None:
             self.group.kill(wait_s=10.0)          # before the stores go: a worker may still be writing one

@@ -10,8 +10,7 @@ from autohet_ray.model.spec import load_model
 from autohet_ray.orchestrate.controller import Controller
 from autohet_ray.cluster.live import Discovered, LiveNode
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.plan_ahead import states_one_loss_away
-from autohet_ray.job.plan_choice import start_planning_ahead
+from autohet_ray.job.plan_ahead import start_planning_ahead, states_one_loss_away
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.profile.analytic import analytic_profile
 
