@@ -189,10 +189,11 @@ def profile_this_cpu(workdir: Path, cores: int) -> ProfileDB:
 
 def run_pass(shapes: dict[str, Plan], steps: int, workdir: Path, cores: int, cluster, model,
              before: ProfileDB) -> tuple[dict[str, tuple], ProfileDB]:
-    """(plan name -> (predicted, measured seconds), the last profile): each plan runs once between two profiles,
+    """(plan name -> (predicted, measured seconds, drift), the last profile): each plan runs once between two profiles,
     the one taken just before it (`before` for the first) and one taken just after; its prediction is the mean
     of its prices with the two. The host's speed drifts within minutes, so a run is priced with profiles of
-    the host as it was around that run."""
+    the host as it was around that run. The drift (price with the profile after / before - 1) is how far the
+    host's speed moved during the run: an error within it is within what this host can tell apart."""
     out = {}
     for name, plan in shapes.items():
         seconds, ops = measure_plan(plan, steps)
@@ -202,16 +203,16 @@ def run_pass(shapes: dict[str, Plan], steps: int, workdir: Path, cores: int, clu
         print(f"{name}: measured {seconds:.3f} s, predicted {predicted:.3f} s ({100 * (seconds / predicted - 1):+.1f}%; "
               f"with the profile before {prices[0]:.3f} s, after {prices[1]:.3f} s); per rank, ms: {_ops_line(ops)}",
               flush=True)
-        out[name] = (predicted, seconds)
+        out[name] = (predicted, seconds, prices[1] / prices[0] - 1)
         before = after
     return out, before
 
 
-def plan_errors(pairs: list[tuple[float, float]]) -> dict:
+def plan_errors(runs: list[tuple[float, float, float]]) -> dict:
     """A plan's figures over the passes; its error is the mean of the per-pass errors."""
-    errors = [measured / predicted - 1 for predicted, measured in pairs]
-    return {"predicted_s": [round(p, 4) for p, _ in pairs], "measured_s": [round(m, 4) for _, m in pairs],
-            "error": round(sum(errors) / len(errors), 4)}
+    errors = [measured / predicted - 1 for predicted, measured, _ in runs]
+    return {"predicted_s": [round(p, 4) for p, _, _ in runs], "measured_s": [round(m, 4) for _, m, _ in runs],
+            "profile_drift": [round(d, 4) for _, _, d in runs], "error": round(sum(errors) / len(errors), 4)}
 
 
 def print_tp_diagnostics(profile: ProfileDB) -> dict:
@@ -281,7 +282,8 @@ def main() -> None:
     plans = {name: plan_errors([p[name] for p in passes]) for name in shapes}
     for name, figures in plans.items():
         print(f"{name:<36} predicted {figures['predicted_s']} s  measured {figures['measured_s']} s  "
-              f"error {100 * figures['error']:+.1f}% (mean over passes)", flush=True)
+              f"error {100 * figures['error']:+.1f}% (mean over passes; the host drifted "
+              f"{', '.join(f'{100 * d:+.1f}%' for d in figures['profile_drift'])} during the runs)", flush=True)
     worst = max(abs(p["error"]) for p in plans.values())
     load = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
     print(f"load average (1 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cores")
