@@ -146,7 +146,7 @@ def fail_node(ctl, cluster, name: str) -> dict:
 def phases(rec: dict) -> dict:
     keys = ("detect_s", "step_failed_s", "salvage_s", "salvage_settle_s", "salvage_reset_s", "discover_s",
             "replan_s", "restart_s", "restart_queued_s_max", "restart_join_s_max", "restart_engine_s_max",
-            "fetch_s", "load_s", "configure_snapshots_s", "first_step_s", "total_s")
+            "stage_in_wait_s", "fetch_s", "load_s", "configure_snapshots_s", "first_step_s", "total_s")
     return {k: round(rec[k], 3) for k in keys if k in rec} | {"fetch_s_by_tier": {t: round(s, 3) for t, s in
                                                                        rec["fetch_s_by_tier"].items()}}
 
@@ -234,6 +234,7 @@ def main(argv=None) -> int:
     resumed = lambda r: r["total_s"] - r["first_step_s"] + max(0.0, r["first_step_s"] - steady)  # noqa: E731
     out |= {
         "local_first": {"phases": phases(local), "bytes_by_tier": local["bytes_by_tier"], "plan": local["plan"],
+                        "stage_in_bytes": local["stage_in_bytes"], "bytes_from_other_nodes": local["bytes_from_other_nodes"],
                         "plan_source": local["plan_source"], "restored_step": local["restored_step"],
                         "lost_steps": local["lost_steps"]},
         "cloud_reload": {"phases": phases(full), "bytes_by_tier": full["bytes_by_tier"], "plan": full["plan"],

@@ -4,6 +4,7 @@ chunks need a second node-store copy after a node loss. Pure bookkeeping; the Ra
 from __future__ import annotations
 
 from autohet_ray.checkpoint.peers import place_copies
+from autohet_ray.checkpoint.reshard import plan_reads
 from autohet_ray.checkpoint.tier_specs import push_spec
 
 
@@ -71,4 +72,27 @@ def second_copies(records, node_of: dict[str, str], also_held: dict[str, set[str
         if len(holders) == 1:
             others = [n for n in live if n != holders[0]]
             copies.setdefault((holders[0], others[i % len(others)]), []).append(record.key)
+    return copies
+
+
+def stage_in_copies(manifest, needs_by_node: dict[str, list[dict]], node_of: dict[str, str]) -> dict[tuple, list[str]]:
+    """(source node, target node) -> keys: the saved chunks of `manifest` that the ranks a next plan puts on
+    each target node will read (`needs_by_node`: node -> its ranks' needs, name -> (global shape, chunk)) and
+    that the target's store lacks, each from its least loaded live holder. Chunks no live store holds are
+    left to the restore (it reads them from the storage). `node_of`: store name -> node of the live stores."""
+    store_of = {node: store for store, node in node_of.items()}
+    saved = manifest.tensors()
+    load: dict[str, int] = {}
+    copies: dict[tuple[str, str], list[str]] = {}
+    for target in sorted(needs_by_node):
+        records = {p.record.key: p.record for needs in needs_by_node[target]
+                   for pieces in plan_reads(manifest, needs, saved).values() for p in pieces}
+        for key in sorted(records):
+            record = records[key]
+            holders = sorted(node_of[r] for r in record.replicas if r in node_of)
+            if not holders or store_of.get(target) in record.replicas:
+                continue
+            source = min(holders, key=lambda n: (load.get(n, 0), n))
+            load[source] = load.get(source, 0) + record.nbytes
+            copies.setdefault((source, target), []).append(key)
     return copies

@@ -33,9 +33,11 @@ class Piece:
     region: Chunk           # the part of it the new chunk needs, in global coordinates
 
 
-def plan_reads(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]]) -> dict[str, list[Piece]]:
-    """For each needed (name -> (global shape, new chunk)), the saved pieces that tile the new chunk."""
-    saved = manifest.tensors()
+def plan_reads(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]],
+               saved: dict[str, list[ChunkRecord]] | None = None) -> dict[str, list[Piece]]:
+    """For each needed (name -> (global shape, new chunk)), the saved pieces that tile the new chunk.
+    `saved`: `manifest.tensors()`, when the caller plans the reads of many ranks."""
+    saved = saved if saved is not None else manifest.tensors()
     plan = {}
     for name, (shape, want) in needs.items():
         shape = tuple(shape)
@@ -147,13 +149,7 @@ def restore(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]],
     plan = plan_reads(manifest, needs)
     fetcher = ChunkFetcher(tiers, manifest.step)
     unique = {p.record.key: p.record for pieces in plan.values() for p in pieces}
-    for tier in tiers:
-        prefetch = getattr(tier, "prefetch", None)   # tiers that can look up (and start pulling) keys in one call
-        if prefetch is not None:
-            try:
-                prefetch(list(unique))
-            except TierUnavailableError:
-                pass                                 # reported by the per-chunk fetch that falls through
+    _prefetch(tiers, list(unique))
     with ThreadPoolExecutor(max(1, num_threads), thread_name_prefix="ckpt-fetch") as pool:
         fetched = dict(zip(unique, pool.map(fetcher.fetch, unique.values())))
     state, saved = {}, manifest.tensors()
@@ -167,6 +163,24 @@ def restore(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]],
     fetcher.report.saved_chunks_fetched = len(unique)
     fetcher.report.seconds = time.perf_counter() - start
     return state, fetcher.report
+
+
+def _prefetch(tiers, keys: list[str]) -> None:
+    """Let each tier that can look up keys in one call (and start pulling them) do so, for the keys no cheaper
+    tier holds: a survivor's own node store answers most of them, and a peer keeper asked for them as well
+    would copy them into the object store and across nodes for nothing. A copy that proves corrupt later
+    still falls through to the next tier, one call per chunk."""
+    for tier in tiers:
+        prefetch = getattr(tier, "prefetch", None)
+        if not keys:
+            return
+        if prefetch is None:
+            continue
+        try:
+            held = prefetch(keys)
+        except TierUnavailableError:
+            continue                                 # reported by the per-chunk fetch that falls through
+        keys = [key for key in keys if key not in held]
 
 
 def _available(tier, key: str) -> bool:

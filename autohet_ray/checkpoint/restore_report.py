@@ -35,15 +35,18 @@ def describe_skipped(entry: dict) -> str:
     return f"step {entry['step']}: tensor {entry['tensor']} chunk {entry['chunk']} ({where})"
 
 
-def merge_restores(outs: list[dict]) -> dict:
-    """One figure per phase over the ranks (they fetch in parallel: the slowest rank counts)."""
+def merge_restores(outs: list[dict], own_stores: list[str | None], node_stores: set[str]) -> dict:
+    """One figure per phase over the ranks (they fetch in parallel: the slowest rank counts), and the bytes
+    ranks read from node stores (`node_stores`) of nodes other than their own (`own_stores`, per rank)."""
     by_tier: dict[str, int] = {}
     span: dict[str, float] = {}
-    for out in outs:
+    other_nodes = 0
+    for out, own in zip(outs, own_stores, strict=True):
         for tier, nbytes in out["bytes_by_tier"].items():
             by_tier[tier] = by_tier.get(tier, 0) + nbytes
+            other_nodes += nbytes if tier in node_stores and tier != own else 0
         for tier, seconds in out["tier_read_s"].items():
             span[tier] = max(span.get(tier, 0.0), seconds)
     return {"fetch_s": max(o["fetch_s"] for o in outs), "load_s": max(o["load_s"] for o in outs),
-            "bytes_by_tier": by_tier, "fetch_s_by_tier": span,
+            "bytes_by_tier": by_tier, "bytes_from_other_nodes": other_nodes, "fetch_s_by_tier": span,
             "fallbacks": [f for o in outs for f in o["fallbacks"]][:10]}

@@ -7,6 +7,7 @@ Without node stores (a plain, non-elastic job) the fast lane writes to the stora
 then a storage commit."""
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
@@ -128,23 +129,34 @@ class Committer:
         manifest records (written since, from live state). Returns the number of chunks being copied."""
         if not self.committed or self.committed[-1] in self.cloud_committed or len(self.keepers) < 2:
             return 0
+        manifest = self.newest_manifest()
+        copies = second_copies(manifest.records, self.node_of_store(), also_held or {}) if manifest else {}
+        self.copies += self.send_copies(copies)
+        return sum(len(keys) for keys in copies.values())
+
+    def newest_manifest(self):
+        """The newest committed step's manifest from the live node stores (None, the reason in `skipped`)."""
         try:
-            manifest = find_manifest(list(self.keepers.values()), self.committed[-1])
-        except CheckpointError as err:                  # the restore that follows finds what is left, and says
+            return find_manifest(list(self.keepers.values()), self.committed[-1]) if self.committed else None
+        except CheckpointError as err:
             self.skipped.append(f"step {self.committed[-1]}: no copy made after the loss ({err})")
-            return 0
-        copies = second_copies(manifest.records, self._node_of_store(), also_held or {})
+            return None
+
+    def send_copies(self, copies: dict[tuple, list[str]]) -> list:
+        """Start keeper-to-keeper copies ((source node, target node) -> keys); the calls' references."""
+        refs = []
         for (source, target), keys in copies.items():
             dst = self.keeper_specs[target]
-            self.copies.append(self._keeper(source).replicate.remote(keys, keeper_name(dst["job_id"], dst["node_id"])))
-        return sum(len(keys) for keys in copies.values())
+            with contextlib.suppress(ValueError):   # the source's keeper is gone: the restore reads elsewhere
+                refs.append(self._keeper(source).replicate.remote(keys, keeper_name(dst["job_id"], dst["node_id"])))
+        return refs
 
     def promote(self, step: int, timeout_s: float = 600.0) -> int:
         """Copy committed node-store step `step` to the storage and commit it there: every chunk is uploaded
         by one keeper holding it (spread over the holders, in parallel), then the manifest. Returns the bytes
         uploaded; CheckpointError when some chunk has no live holder."""
         manifest = find_manifest(list(self.keepers.values()), step)
-        node_of = self._node_of_store()
+        node_of = self.node_of_store()
         todo = list(manifest.records)
         uploaded, dead = 0, set()
         while todo:
@@ -193,7 +205,7 @@ class Committer:
             self._gc.result()
         self._gc_pool.shutdown(wait=True)
 
-    def _node_of_store(self) -> dict[str, str]:
+    def node_of_store(self) -> dict[str, str]:
         """Store name -> node of the live keepers."""
         return {self.keeper_specs[node]["name"]: node for node in self.keepers}
 

@@ -144,15 +144,16 @@ class KeeperTier:
         self.handle, self.name, self.timeout_s = handle, name, timeout_s
         self._known: dict[str, list | None] | None = None     # prefetched: key -> [ref] or None (absent)
 
-    def prefetch(self, keys: list[str]) -> None:
+    def prefetch(self, keys: list[str]) -> set[str]:
         """Look up all `keys` in one call and start pulling the held ones to this node in the background;
-        get_chunk then answers from this lookup (absent keys without another call)."""
+        get_chunk then answers from this lookup (absent keys without another call). Returns the held keys."""
         self._known = None
         refs = self._call("get_refs", keys)
         self._known = {key: refs.get(key) for key in keys}
         held = [wrapped[0] for wrapped in refs.values()]
         if held:
             ray.wait(held, num_returns=len(held), timeout=0, fetch_local=True)
+        return set(refs)
 
     def _call(self, method: str, *args):
         try:

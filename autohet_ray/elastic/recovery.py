@@ -14,6 +14,8 @@ import ray
 
 from autohet_ray.cluster.node_probe import probe_all
 from autohet_ray.elastic.liveness import detect_failure, raylet_addresses, refused_raylets
+from autohet_ray.job.stage_in import copies_after_loss
+from autohet_ray.orchestrate.actor_calls import settled_ok
 
 MAX_RECOVERIES_IN_A_ROW = 5
 
@@ -94,6 +96,8 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
     salvage_start = time.perf_counter()
     for node in lost["lost_nodes"]:
         ctl.committer.drop_keeper(node)
+    if mode == "local_first":
+        start_stage_in(ctl, lost["lost_nodes"])
     step, orphans = ctl.committer.orphans_of_newest()
     rescued: dict[str, set[str]] = {}
     nodes, rescue_errors = [slot["node"] for slot in ctl.group.slots], []
@@ -111,6 +115,22 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
         return report | relaunch(ctl, mode=mode, reason=lost["message"], reuse=reuse)
     except GroupFailure as again:
         raise _LostAgain(again, report) from None
+
+
+def start_stage_in(ctl, lost_nodes: list[str]) -> None:
+    """Start copying to each surviving node's store what its ranks read under the next plan (job/stage_in.py)."""
+    manifest = ctl.committer.newest_manifest()
+    copies = copies_after_loss(ctl.plan_cache, ctl.found.cluster, lost_nodes, ctl.model, manifest,
+                               ctl.committer.node_of_store()) if manifest else {}
+    ctl.staging = ctl.committer.send_copies(copies)
+
+
+def wait_stage_in(ctl, timeout_s: float) -> dict:
+    """Wait for start_stage_in's copies (a failed or late one costs only time: the restore reads elsewhere)."""
+    start, refs, ctl.staging = time.perf_counter(), ctl.staging, []
+    ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0] if refs else []
+    return {"stage_in_wait_s": time.perf_counter() - start,
+            "stage_in_bytes": sum(ray.get(ref) for ref in ready if settled_ok(ref))}
 
 
 def rescue_orphans(alive: dict, nodes: list[str], step: int, orphans: list, errors: list[str],

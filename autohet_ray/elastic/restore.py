@@ -31,7 +31,8 @@ def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dic
             unique = {m["key"]: m for m in missing}.values()
             skipped += [skipped_chunk(m, specs) for m in unique]
             continue
+        own = [keeper_specs[node]["name"] if node in keeper_specs else None for node in rank_nodes]
         return {"restored_step": step, "mode": mode, "skipped_chunks": skipped, "recorded": manifest.extra,
-                **merge_restores(outs)}
+                **merge_restores(outs, own, {spec["name"] for spec in keeper_specs.values()})}
     raise NothingToRestore("no committed step could be restored: " +
                            "; ".join(describe_skipped(s) for s in skipped))

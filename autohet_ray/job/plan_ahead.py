@@ -14,6 +14,7 @@ from autohet_ray.cluster.live import Discovered, without_nodes
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.job.config import TrainJob
 from autohet_ray.job.plan_choice import PLANNER_LOCK, plan_request, state_key
+from autohet_ray.job.stage_in import warm_up
 
 
 def states_one_loss_away(cluster: Cluster) -> list[Cluster]:
@@ -27,14 +28,20 @@ class PlanAhead:
     """Plans `states` into `cache` with `plan_for(cluster) -> cache entry`, in a daemon thread, skipping states
     the cache already holds."""
 
-    def __init__(self, states: list[Cluster], *, cache: dict, plan_for):
-        self.states, self.cache, self.plan_for = states, cache, plan_for
+    def __init__(self, states: list[Cluster], *, cache: dict, plan_for, prepare=None):
+        """`prepare()`: run once in the thread before the first state (what a recovery should not wait for)."""
+        self.states, self.cache, self.plan_for, self.prepare = states, cache, plan_for, prepare
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autohet-plan-ahead", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        if self.prepare is not None:
+            try:
+                self.prepare()
+            except Exception as err:              # noqa: BLE001 - only the recovery's speed depends on it
+                self.errors.append(f"prepare: {type(err).__name__}: {err}")
         for cluster in self.states:
             key = state_key(cluster)
             with PLANNER_LOCK:
@@ -65,4 +72,5 @@ def start_planning_ahead(job: TrainJob, *, found: Discovered, profile, priced_mo
     def plan_for(cluster: Cluster) -> dict:
         request = plan_request(job, cluster, profile=profile, priced_model=priced_model, seq_len=seq_len)
         return {"plan": plan_training(**request).plan.to_dict(), "ahead": True}
-    return PlanAhead(states_one_loss_away(found.cluster), cache=cache, plan_for=plan_for)
+    return PlanAhead(states_one_loss_away(found.cluster), cache=cache, plan_for=plan_for,
+                     prepare=lambda: warm_up(priced_model))

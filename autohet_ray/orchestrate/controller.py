@@ -69,6 +69,7 @@ class Controller:
         self.restore_mode = "local_first"    # how recovery restores ("cloud_only": the baseline)
         self.plan_cache: dict[str, dict] = {}   # availability state (live nodes' GPUs) -> {"plan": the planner's}
         self.planning_ahead = None           # the PlanAhead thread of the states one loss away (elastic jobs)
+        self.staging: list = []              # copies toward the next plan's nodes, started at a loss (recovery)
         self.time_scale = 0.0                # the emulated clock's scale, once the first launch fixed it
 
     # -- setup ---------------------------------------------------------------------------------------------
@@ -155,6 +156,7 @@ class Controller:
                   "predicted_iteration_s": self.evaluation.iteration_time_s}
         self.step_index, self.snapped = 0, set()
         if restore:
+            report |= recovery.wait_stage_in(self, self.job.setup_timeout_s)
             report |= restore_newest(self.group, self.committer, self.keeper_specs, self.job.storage, restore,
                                      self.job.setup_timeout_s)
             self.step_index = report["restored_step"]

@@ -33,7 +33,8 @@ from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, chunk_key, manifest_key
 from autohet_ray.checkpoint.peers import assign_writers
 from autohet_ray.checkpoint.snapshot import encode_shards
 from autohet_ray.checkpoint.holdings import tiling_holdings as tile_holdings
-from autohet_ray.orchestrate.worker import holdings_of, needs_of_layout
+from autohet_ray.orchestrate.worker import holdings_of
+from autohet_ray.runtime.optim import needs_of_layout
 
 TIER_NAME = "ray-train"
 

@@ -24,18 +24,7 @@ from autohet_ray.elastic.tiers import build_tier
 from autohet_ray.layout import Chunk, overlap, to_local
 from autohet_ray.metrics.step import rank_measurements, start_peak_memory
 from autohet_ray.runtime.abort import collective_abort
-from autohet_ray.runtime.optim import ADAM_KEYS, STEP_KEY
-
-
-def needs_of_layout(layout: dict) -> dict:
-    """What a rank must load: its parameters, their AdamW moments and the optimizer step counter."""
-    needs = {}
-    for name, (shape, chunk) in layout.items():
-        needs[name] = (tuple(shape), chunk)
-        for moment in ADAM_KEYS:
-            needs[f"optim.{name}.{moment}"] = (tuple(shape), chunk)
-    needs[STEP_KEY] = ((), Chunk.whole(()))
-    return needs
+from autohet_ray.runtime.optim import STEP_KEY, needs_of_layout
 
 
 def holdings_of(engine) -> list[tuple[str, Chunk, int]]:

@@ -15,6 +15,17 @@ ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 STEP_KEY = "optim.step"
 
 
+def needs_of_layout(layout: dict) -> dict:
+    """What a rank must load: its parameters, their AdamW moments and the optimizer step counter."""
+    needs = {}
+    for name, (shape, chunk) in layout.items():
+        needs[name] = (tuple(shape), chunk)
+        for moment in ADAM_KEYS:
+            needs[f"optim.{name}.{moment}"] = (tuple(shape), chunk)
+    needs[STEP_KEY] = ((), Chunk.whole(()))
+    return needs
+
+
 def resolve_config(optimizer: OptimizerConfig | None, **overrides) -> OptimizerConfig:
     """`optimizer` (default: OptimizerConfig()) with the fields given in `overrides` (None: not given)."""
     given = {k: v for k, v in overrides.items() if v is not None}

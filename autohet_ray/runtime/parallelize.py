@@ -12,6 +12,8 @@ from torch import nn
 from autohet_ray.layout import Chunk, shard_chunk
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import StageModel, materialize
+from autohet_ray.plan.rankmap import build_rank_map
+from autohet_ray.plan.schema import Plan
 from autohet_ray.runtime.tp import ColumnParallelLinear, RowParallelLinear, TPContext, VocabParallelEmbedding
 
 COLUMN_PARALLEL = ("attn.qkv", "mlp.fc1", "mlp.gate_up", "head.out")
@@ -73,3 +75,22 @@ def build_stage_model(spec: ModelSpec, *, layers: tuple[int, int], first: bool, 
     layout = {name: (shape, param_chunk(name, shape, tp.size, tp.rank)) for name, shape in shapes.items()}
     materialize(model, seed=seed, num_layers=spec.num_layers, device=device, dtype=dtype, layout=layout)
     return model, layout
+
+
+def rank_layouts(plan: Plan, spec: ModelSpec) -> list[Layout]:
+    """Every plan rank's layout, as its Engine will build it, without building one (for the driver, which
+    moves a restore's chunks to the nodes that will need them while the workers start)."""
+    rank_map = build_rank_map(plan, spec.num_layers)
+    shapes: dict[tuple, dict[str, tuple[int, ...]]] = {}     # (layers, first, last) -> parameter global shapes
+    out = []
+    for info in rank_map.ranks:
+        stages = plan.pipelines[info.pipeline].stages
+        stage = (tuple(stages[info.stage].layers), info.stage == 0, info.stage == len(stages) - 1)
+        if stage not in shapes:
+            with torch.device("meta"):
+                model = StageModel(spec, layers=stage[0], first=stage[1], last=stage[2])
+            shapes[stage] = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        tp_size = len(rank_map.tp_group(info.rank))
+        out.append({name: (shape, param_chunk(name, shape, tp_size, info.tp_rank))
+                    for name, shape in shapes[stage].items()})
+    return out

@@ -70,6 +70,8 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
     assert rec["plan_source"] == "planned ahead"                      # no planner run inside the recovery
     assert rec["bytes_by_tier"].get("cloud", 0) == 0                 # peer replicas cover a single-node loss
     assert rec["bytes_by_tier"].get("keeper-a", 0) + rec["bytes_by_tier"].get("keeper-c", 0) > 0
+    # what the next plan's ranks lacked on their node was copied there while the workers restarted (staged in)
+    assert rec["stage_in_bytes"] > 0 and rec["bytes_from_other_nodes"] == 0, rec
     assert rec["lost_steps"] <= 1 and rec["restored_step"] in (2, 3)
     assert rec["reused_actors"] >= 1                                  # survivors on a and c keep their processes
     for phase in ("detect_s", "replan_s", "restart_s", "fetch_s", "load_s", "first_step_s"):

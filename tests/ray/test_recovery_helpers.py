@@ -66,9 +66,11 @@ def test_without_nodes_and_merge_restores():
         {"fetch_s": 1.0, "load_s": 0.1, "bytes_by_tier": {"keeper-a": 10, "cloud": 0},
          "tier_read_s": {"keeper-a": 0.5, "cloud": 0.0}, "fallbacks": []},
         {"fetch_s": 2.0, "load_s": 0.3, "bytes_by_tier": {"keeper-a": 5, "cloud": 7},
-         "tier_read_s": {"keeper-a": 0.2, "cloud": 1.5}, "fallbacks": ["x"]}])
+         "tier_read_s": {"keeper-a": 0.2, "cloud": 1.5}, "fallbacks": ["x"]}],
+        ["keeper-a", "keeper-b"], {"keeper-a", "keeper-b"})          # rank 1 (on b) read 5 bytes from a's store
     assert merged == {"fetch_s": 2.0, "load_s": 0.3, "bytes_by_tier": {"keeper-a": 15, "cloud": 7},
-                      "fetch_s_by_tier": {"keeper-a": 0.5, "cloud": 1.5}, "fallbacks": ["x"]}
+                      "bytes_from_other_nodes": 5, "fetch_s_by_tier": {"keeper-a": 0.5, "cloud": 1.5},
+                      "fallbacks": ["x"]}
 
 
 def _live_state_vs_state_dict(rank: int, world_size: int) -> bool:
@@ -76,7 +78,7 @@ def _live_state_vs_state_dict(rank: int, world_size: int) -> bool:
 
     from autohet_ray.model.spec import load_model
     from autohet_ray.data.synthetic import synthetic_batch
-    from autohet_ray.orchestrate.worker import needs_of_layout
+    from autohet_ray.runtime.optim import needs_of_layout
     from autohet_ray.plan.schema import plan_from_dict
     from autohet_ray.runtime.engine import Engine
     spec = load_model("tiny-gpt")

@@ -7,6 +7,7 @@ import pytest
 from autohet_ray.checkpoint import (ChunkUnavailableError, IncompleteStepError, LayoutMismatchError, LocalDirTier,
                                     TierUnavailableError, choose_restorable_step,
                                     find_manifest, latest_committed_step, merge_records, plan_reads, restore)
+from autohet_ray.checkpoint.holdings import stage_in_copies
 from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
 from autohet_ray.layout import Chunk, shard_chunk
 from test_checkpoint_helpers import SHAPES, MiniJob, assert_bit_exact, full_state, needs_of, rank_states
@@ -202,3 +203,57 @@ def test_choose_restorable_step_skips_a_step_whose_copies_are_all_lost(tmp_path)
     state, _ = restore(find_manifest(survivors, step), needs[1], survivors)
     assert_bit_exact(state, full_state(2))
     job.close()
+
+
+class LookupTier:
+    """A tier that looks keys up in one call (as a peer keeper does) and records what it was asked for."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.asked = inner, inner.name, []
+
+    def prefetch(self, keys):
+        self.asked += keys
+        return {key for key in keys if self.inner.has(key)}
+
+    def get_chunk(self, key):
+        return self.inner.get_chunk(key)
+
+
+def test_a_peer_is_asked_only_for_chunks_the_own_store_lacks(saved_tp2, tmp_path):
+    """A survivor's own store answers first; a peer prefetch of the rest (which copies the chunks across
+    nodes) leaves out what the own store holds, and a corrupt own copy still falls through to the peer."""
+    job, full = saved_tp2
+    manifest = find_manifest(job.all_tiers(), 4)
+    needs = needs_of(rank_states(full, 1))[0]
+    own = LocalDirTier(tmp_path, name="own", fsync=False)
+    keys = sorted(r.key for r in manifest.records)
+    for key in keys:
+        own.put_chunk(key, job.cloud.get_chunk(key))
+    absent, damaged = keys[0], keys[1]
+    own.delete(absent)
+    corrupt(own, damaged, "flip")
+    peer = LookupTier(job.cloud)
+    state, report = restore(manifest, needs, [own, peer])
+    assert_bit_exact(state, full)
+    assert peer.asked == [absent]                          # the damaged one is held: not prefetched, then read
+    assert report.tiers["cloud"].chunks_read == 2 and report.tiers["own"].corrupt == 1
+
+
+def test_staged_in_chunks_let_a_node_restore_from_its_own_store(saved_tp2):
+    """Node b is lost; the next plan puts one rank holding everything on node c. The copies stage_in_copies
+    names (from live holders, only what c's store lacks) make c's store alone enough for the restore."""
+    job, full = saved_tp2
+    manifest = find_manifest(job.all_tiers(), 4)
+    needs = needs_of(rank_states(full, 1))[0]
+    node_of = {"keeper-a": "a", "keeper-c": "c"}                 # b's store is gone
+    copies = stage_in_copies(manifest, {"c": [needs]}, node_of)
+    assert copies and set(copies) == {("a", "c")}
+    with pytest.raises(ChunkUnavailableError):                   # before the copies, c's store is not enough
+        restore(manifest, needs, [job.keepers["c"]])
+    for (source, target), keys in copies.items():
+        for key in keys:
+            assert not job.keepers[target].has(key)              # only what the target lacks
+            job.keepers[target].put_chunk(key, job.keepers[source].get_chunk(key))
+    state, report = restore(manifest, needs, [job.keepers["c"]])
+    assert_bit_exact(state, full)
+    assert stage_in_copies(manifest, {"c": [needs]}, {"keeper-c": "c"}) == {}   # no live holder: left to the restore

@@ -13,7 +13,7 @@ from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.runtime.bridge import route
 from autohet_ray.runtime.checks import check_batch, check_plan
 from autohet_ray.runtime.grad_sync import plan_grad_sync, unit_holders, unit_of
-from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
+from autohet_ray.runtime.parallelize import build_stage_model, rank_layouts, shard_dim
 from autohet_ray.runtime.tp import TPContext
 from autohet_ray.runtime.vocab_ce import vocab_parallel_cross_entropy
 
@@ -52,6 +52,23 @@ def test_stage_shards_are_slices_of_the_whole_model(name, tp):
             shape, chunk = layout[n]
             assert shape == tuple(full[n].shape)
             assert torch.equal(p.detach(), full[n].detach()[chunk.slices()]), n
+
+
+def test_rank_layouts_are_the_layouts_the_stages_build():
+    """The driver's layouts of every plan rank (no module built) equal what each rank's stage builds."""
+    spec = PRESETS["tiny-llama-kv4"]
+    plan = _plan(_pipe(2, (0, 1, 2), (1, 4, 4)), _pipe(1, (0, 3, 1), (3, 4, 2)))
+    layouts = rank_layouts(plan, spec)
+    infos = build_rank_map(plan, spec.num_layers).ranks
+    assert len(layouts) == len(infos) == 2 + 4 + 1 + 2
+    for info, layout in zip(infos, layouts):
+        stages = plan.pipelines[info.pipeline].stages
+        stage = stages[info.stage]
+        ctx = TPContext(size=stage.tp, rank=info.tp_rank, group=object() if stage.tp > 1 else None)
+        _, built = build_stage_model(spec, layers=stage.layers, first=info.stage == 0,
+                                     last=info.stage == len(stages) - 1, tp=ctx, seed=0,
+                                     device=torch.device("cpu"), dtype=torch.float32)
+        assert layout == built, info
 
 
 def test_vocab_ce_matches_torch_at_tp1():

@@ -68,6 +68,10 @@ class LocalDirTier:
     def has(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def prefetch(self, keys: list[str]) -> set[str]:
+        """The keys held (nothing to bring closer: the files are here); see restore's use of it."""
+        return {key for key in keys if self.has(key)}
+
     def list(self, prefix: str = "") -> list[str]:
         return [k for k in self._list_all(prefix) if not k.startswith(MANIFEST_PREFIX)]
 
