@@ -171,9 +171,9 @@ def _prefetch(tiers, keys: list[str]) -> None:
     would copy them into the object store and across nodes for nothing. A copy that proves corrupt later
     still falls through to the next tier, one call per chunk."""
     for tier in tiers:
-        prefetch = getattr(tier, "prefetch", None)
         if not keys:
             return
+        prefetch = getattr(tier, "prefetch", None)
         if prefetch is None:
             continue
         try:
