@@ -265,7 +265,8 @@ def cmd_profile_local(args) -> int:
     db = measure_profile(spec, args.device_type, parse_ints(args.tp, "--tp"),
                          parse_ints(args.micro_batch, "--micro-batch"), seq_len)
     add_in_situ_costs(db, spec, ranks=args.ranks)
-    db.optimizer_s_per_param[args.device_type] = update_s_per_param(spec)
+    if args.device_type not in db.optimizer_s_per_param:        # no group ran: time it on this rank alone
+        db.optimizer_s_per_param[args.device_type] = update_s_per_param(spec)
     db.meta["profile_time_s"] = time.perf_counter() - start
     db.save(args.out)
     for (dev, tp, mb), layers in sorted(db.entries.items()):
@@ -276,7 +277,8 @@ def cmd_profile_local(args) -> int:
     for tp, how in db.meta.get("tp_collectives", {}).items():
         print(f"tp={tp} collectives: {how}")
     print(f"{args.device_type} update (norm, clip, AdamW): "
-          f"{db.optimizer_s_per_param[args.device_type] * 1e9:.2f} ns/parameter (measured)")
+          f"{db.optimizer_s_per_param[args.device_type] * 1e9:.2f} ns/parameter (measured"
+          f"{', ' + db.meta['update'] if 'update' in db.meta else ''})")
     print(f"wrote {args.out} ({len(db.entries)} entries, {db.meta['profile_time_s']:.1f} s)")
     return 0
 

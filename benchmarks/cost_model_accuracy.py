@@ -1,40 +1,40 @@
 """Cost-model accuracy on this CPU, not circular: a measured CPU profile, real unpaced runs.
 
 1. Profile the CPU with `autohet profile --local --ranks <cores>` (one thread per rank, as each rank runs):
-   it times every entry in situ (runtime/in_situ_cost.py), the runtime's own stage of a few layers on all
-   cores at once, micro-batch after micro-batch as a step runs them, and the TP2 entry's collectives in a
-   real 2-rank gloo group, so TP is priced with what its all-reduces cost on this host, not from the link.
-   Measure what the cost model needs beside it: the gloo loopback link as the profiler measures it (mean
-   one-way p2p latency and bandwidth, and a collective's fixed overhead; profile/link_probe.py) and, for the
-   catalog entry only, the memory bandwidth and the fp32 matmul rate. The profile holds the optimizer's
-   measured rate (s/param).
+   it times every entry in situ (runtime/in_situ_cost.py): the runtime's own stage of a few layers on all
+   cores at once, micro-batch after micro-batch as a step runs them, the TP2 entry's collectives in a real
+   2-rank gloo group, and the update (norm, clip, AdamW) on every rank at once; each rep counts the slowest
+   rank (TP group), as a synchronous step waits for it, and the profile keeps the median rep. Measure what the
+   cost model needs beside it: the gloo loopback link as the profiler measures it (profile/link_probe.py)
+   and, for the catalog entry only, the memory bandwidth and the fp32 matmul rate.
 2. Describe the machine as a cluster of CPU "devices": one node with one device per core. Ranks are never
    more than cores: a second rank on a core would halve both ranks' speed, which the profile (measured one
-   rank per core) does not describe, so the error would be the oversubscription's, not the cost model's.
-3. Run each plan with the real runtime (Engine, gloo, one spawned process per rank, no pacer): the fastest of
-   the timed steps (the one least disturbed by other load), max over ranks. Price it with `evaluate_plan`
-   (fp32) and compare. Every run is bracketed by profiles: step 1 runs before the first plan and again after
-   each run, and a run is priced with the profile before it and the one after it, the mean of the two. On a
-   VM the host's speed and a woken rank's delay drift within minutes (in-situ figures taken minutes apart
-   differ by up to ~13% here), and a profile taken long before a run would measure the drift, not the cost
-   model. Step 3 repeats --passes times; a plan's error is the mean of its per-pass errors. The profile keeps
-   the median rep of each kind's compute and TP collectives (a step pays their typical time). The figures need an otherwise idle machine: the load average is printed before
-   and after, and on a machine busy with other work (load above the cores) the errors are the other work's,
-   not the cost model's; `--nice -15` (root only) raises this run's CPU priority (inherited by the profiler
-   and the ranks) so that it gets its cores on a shared machine, at the other work's expense for the few
-   minutes it runs.
+   rank per core) does not describe.
+3. Run each plan with the real runtime (Engine, gloo, one spawned process per rank, no pacer), paired with
+   its profile: after every step, the same processes run what the profiler times in situ (one rep of each TP
+   degree the plan uses, then one update) with the profiler's own code, and the run is priced (`evaluate_plan`,
+   fp32) with the profile of those reps, summed up as the profiler does. Measured: the median step (max over
+   ranks). Why paired: this VM's speed drifts by 10-50% within tens of seconds (in-situ figures a minute apart
+   differ that much), so a profile taken before a run measures the drift, not the cost model; interleaved step
+   by step, both see the same host. The price with the `autohet profile --local` profile of step 1, taken
+   minutes before, is printed beside it to show that drift. Each plan runs --passes times, interleaved; a
+   plan's error is the mean of its per-pass errors.
+   The figures need an otherwise idle machine: the load average is printed before and after; `--nice -15`
+   (root only) raises this run's CPU priority (inherited by the ranks) so that it gets its cores on a shared
+   machine.
 Plan shapes on 2 cores: PP2 (even split), PP2 with other stage boundaries (uneven split), TP2, DP2. Two
 pipelines of several stages each need at least 4 cores; with more cores, raise --cores and the plan list grows
 by a pair of two-stage pipelines with different boundaries.
 Ends with one JSON line: max_abs_error (the largest |measured / predicted - 1|, each the mean over passes) and
 the per-plan figures of every pass.
-Run: .venv/bin/python benchmarks/cost_model_accuracy.py [--steps 4] [--passes 2] [--cores 2] [--nice -15]
+Run: .venv/bin/python benchmarks/cost_model_accuracy.py [--steps 12] [--passes 2] [--cores 2] [--nice -15]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,9 +49,12 @@ from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.cost import allreduce_time, evaluate_plan
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
-from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile
+from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile, profile_from_dict
 from autohet_ray.profile.link_probe import probe_link
 from autohet_ray.runtime import Engine, run_world
+from autohet_ray.runtime.in_situ_cost import WARMUP_REPS as IN_SITU_WARMUP
+from autohet_ray.runtime.in_situ_cost import InSituTimer, kind_costs, update_s_per_param_in_situ, with_kind_costs
+from autohet_ray.runtime.update_rate import UpdateTimer
 
 MODEL = {"name": "acc-gpt", "family": "gpt", "num_layers": 8, "hidden": 256, "num_heads": 8, "num_kv_heads": 8,
          "ffn_hidden": 1024, "vocab_size": 2048, "max_seq_len": 64}
@@ -158,20 +161,50 @@ def cpu_cluster(cores: int, hbm_gbps: float, tflops: float, link: LinkProfile) -
             "nodes": [{"name": "cpu", "device": DEVICE, "count": cores}]}
 
 
-def _run_rank(rank: int, world_size: int, plan: Plan, steps: int) -> list[dict]:
-    engine = Engine(plan=plan, model_spec=model_from_dict(MODEL), rank=rank, lr=1e-4)
+def _paired_rank(rank: int, world_size: int, plan: Plan, steps: int, tps: tuple[int, ...]) -> dict:
+    """The plan's steps, each followed by what `autohet profile --local` times in situ (one rep of every TP
+    degree the plan uses, then one update, on every rank at once), so the profile and the run see the same
+    host."""
+    spec = model_from_dict(MODEL)
+    engine = Engine(plan=plan, model_spec=spec, rank=rank, lr=1e-4)
+    timers = {tp: InSituTimer(rank, world_size, spec, tp, MICRO_BATCH, plan.seq_len, torch.float32) for tp in tps}
+    update = UpdateTimer(spec, "cpu")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, MODEL["vocab_size"], (plan.global_batch, plan.seq_len), generator=g)
     batch = {"input_ids": ids, "labels": ids.roll(-1, dims=1)}
-    engine.train_step(batch)                                   # warm-up
-    return [engine.train_step(batch)["timings"] for _ in range(steps)]
+    out = {"steps": [], "in_situ": {tp: {label: [] for label in t.chains} for tp, t in timers.items()},
+           "update_s": [], "update_params": update.params}
+    for i in range(IN_SITU_WARMUP + steps):
+        timings = engine.train_step(batch)["timings"]
+        reps = {tp: t.rep() for tp, t in timers.items()}
+        update_s = update.rep()
+        if i < IN_SITU_WARMUP:
+            continue
+        out["steps"].append(timings)
+        for tp, rep in reps.items():
+            for label, seconds in rep.items():
+                out["in_situ"][tp][label].append(seconds)
+        out["update_s"].append(update_s)
+    return out
 
 
-def measure_plan(plan: Plan, steps: int) -> tuple[float, list[dict]]:
-    """(the fastest step's time, max over ranks; every rank's op seconds in that step)."""
-    per_rank = run_world(_run_rank, plan.num_devices, plan, steps)
-    best = min(range(steps), key=lambda s: max(r[s]["step"] for r in per_rank))
-    return max(r[best]["step"] for r in per_rank), [r[best] for r in per_rank]
+def paired_profile(base: ProfileDB, per_rank: list[dict]) -> ProfileDB:
+    """`base` with the in-situ entries and the update's rate of a paired run, summed up as the profiler does
+    (runtime/in_situ_cost.py)."""
+    profile = profile_from_dict(base.to_dict())
+    for tp in per_rank[0]["in_situ"]:
+        key = (DEVICE, tp, MICRO_BATCH)
+        profile.entries[key] = with_kind_costs(profile.entries[key], kind_costs([r["in_situ"][tp] for r in per_rank], tp))
+    profile.optimizer_s_per_param[DEVICE] = update_s_per_param_in_situ(per_rank)
+    return profile
+
+
+def median_step(per_rank: list[dict]) -> tuple[float, list[dict]]:
+    """(the median step's time, max over ranks; every rank's op seconds in that step)."""
+    steps = len(per_rank[0]["steps"])
+    order = sorted(range(steps), key=lambda s: max(r["steps"][s]["step"] for r in per_rank))
+    middle = order[steps // 2]
+    return max(r["steps"][middle]["step"] for r in per_rank), [r["steps"][middle] for r in per_rank]
 
 
 def _ops_line(timings: list[dict]) -> str:
@@ -187,32 +220,34 @@ def profile_this_cpu(workdir: Path, cores: int) -> ProfileDB:
     return profile
 
 
-def run_pass(shapes: dict[str, Plan], steps: int, workdir: Path, cores: int, cluster, model,
-             before: ProfileDB) -> tuple[dict[str, tuple], ProfileDB]:
-    """(plan name -> (predicted, measured seconds, drift), the last profile): each plan runs once between two profiles,
-    the one taken just before it (`before` for the first) and one taken just after; its prediction is the mean
-    of its prices with the two. The host's speed drifts within minutes, so a run is priced with profiles of
-    the host as it was around that run. The drift (price with the profile after / before - 1) is how far the
-    host's speed moved during the run: an error within it is within what this host can tell apart."""
-    out = {}
-    for name, plan in shapes.items():
-        seconds, ops = measure_plan(plan, steps)
-        after = profile_this_cpu(workdir, cores)
-        prices = [evaluate_plan(plan, cluster, model, p).iteration_time_s for p in (before, after)]
-        predicted = sum(prices) / 2
-        print(f"{name}: measured {seconds:.3f} s, predicted {predicted:.3f} s ({100 * (seconds / predicted - 1):+.1f}%; "
-              f"with the profile before {prices[0]:.3f} s, after {prices[1]:.3f} s); per rank, ms: {_ops_line(ops)}",
-              flush=True)
-        out[name] = (predicted, seconds, prices[1] / prices[0] - 1)
-        before = after
-    return out, before
+def run_plan(name: str, plan: Plan, steps: int, cluster, model, base: ProfileDB) -> dict:
+    """One paired run of a plan: its measured median step against its price with the profile of the same
+    run (and, to show what host drift does, with the `autohet profile --local` profile taken before)."""
+    tps = tuple(sorted({s.tp for p in plan.pipelines for s in p.stages}))
+    per_rank = run_world(_paired_rank, plan.num_devices, plan, steps, tps)
+    seconds, ops = median_step(per_rank)
+    profile = paired_profile(base, per_rank)
+    predicted = evaluate_plan(plan, cluster, model, profile).iteration_time_s
+    with_cli = evaluate_plan(plan, cluster, model, base).iteration_time_s
+    layer = profile.layer(DEVICE, tps[0], MICRO_BATCH, "layer")
+    ranks_layer = [[statistics.median(rep["layer"][part] for rep in r["in_situ"][tps[0]]["with"]) * 1e3
+                    for part in (0, 1)] for r in per_rank]
+    print(f"{name}: measured {seconds:.3f} s, predicted {predicted:.3f} s ({100 * (seconds / predicted - 1):+.1f}%; "
+          f"with the profile taken before {with_cli:.3f} s, {100 * (seconds / with_cli - 1):+.1f}%); in situ "
+          f"tp={tps[0]} layer {layer.fwd_s * 1e3:.2f}/{layer.bwd_s * 1e3:.2f} ms (each rank's median "
+          f"{', '.join(f'{f:.2f}/{b:.2f}' for f, b in ranks_layer)}); update "
+          f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; median step per rank, ms: {_ops_line(ops)}",
+          flush=True)
+    return {"predicted": predicted, "measured": seconds, "predicted_with_profile_before": with_cli}
 
 
-def plan_errors(runs: list[tuple[float, float, float]]) -> dict:
+def plan_errors(runs: list[dict]) -> dict:
     """A plan's figures over the passes; its error is the mean of the per-pass errors."""
-    errors = [measured / predicted - 1 for predicted, measured, _ in runs]
-    return {"predicted_s": [round(p, 4) for p, _, _ in runs], "measured_s": [round(m, 4) for _, m, _ in runs],
-            "profile_drift": [round(d, 4) for _, _, d in runs], "error": round(sum(errors) / len(errors), 4)}
+    errors = [r["measured"] / r["predicted"] - 1 for r in runs]
+    before = [r["measured"] / r["predicted_with_profile_before"] - 1 for r in runs]
+    return {"predicted_s": [round(r["predicted"], 4) for r in runs], "measured_s": [round(r["measured"], 4) for r in runs],
+            "error": round(sum(errors) / len(errors), 4),
+            "error_with_profile_before": round(sum(before) / len(before), 4)}
 
 
 def print_tp_diagnostics(profile: ProfileDB) -> dict:
@@ -248,7 +283,7 @@ def raise_priority(nice: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per run (after one warm-up step)")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per run (after the warm-up ones)")
     parser.add_argument("--passes", type=int, default=2, help="runs of every plan, interleaved")
     parser.add_argument("--cores", type=int, default=min(2, os.cpu_count() or 1),
                         help="CPU devices (ranks) to use; at most this machine's cores")
@@ -266,28 +301,30 @@ def main() -> None:
     shapes = {name: make_plan(pipelines) for name, pipelines in plan_shapes(args.cores).items()}
     if args.plans:
         shapes = {n: p for n, p in shapes.items() if n in args.plans.split(",")}
-    model, load_before, passes = model_from_dict(MODEL), os.getloadavg()[0], []
+    model, load_before = model_from_dict(MODEL), os.getloadavg()[0]
     profile = profile_this_cpu(workdir, args.cores)
     link = profile.links[f"intra:{DEVICE}"]
     raw_cluster = cpu_cluster(args.cores, hbm_gbps, tflops, link)
     (workdir / "cpu-cluster.yaml").write_text(yaml.safe_dump(raw_cluster))
     cluster = cluster_from_dict(raw_cluster)
+    print(f"link {link_line(link)}; optimizer {profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; "
+          f"memory {hbm_gbps:.1f} GB/s; matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
+    runs = {name: [] for name in shapes}
     for pass_index in range(args.passes):
-        print(f"pass {pass_index + 1}: link {link_line(profile.links[f'intra:{DEVICE}'])}; optimizer "
-              f"{profile.optimizer_s_per_param[DEVICE] * 1e9:.2f} ns/param; memory {hbm_gbps:.1f} GB/s; "
-              f"matmul {tflops * 1e3:.1f} GFLOPS (one thread); files in {workdir}", flush=True)
-        figures, profile = run_pass(shapes, args.steps, workdir, args.cores, cluster, model, profile)
-        passes.append(figures)
+        print(f"pass {pass_index + 1}", flush=True)
+        for name, plan in shapes.items():
+            runs[name].append(run_plan(name, plan, args.steps, cluster, model, profile))
     tp_us = print_tp_diagnostics(profile)
-    plans = {name: plan_errors([p[name] for p in passes]) for name in shapes}
+    plans = {name: plan_errors(r) for name, r in runs.items()}
     for name, figures in plans.items():
         print(f"{name:<36} predicted {figures['predicted_s']} s  measured {figures['measured_s']} s  "
-              f"error {100 * figures['error']:+.1f}% (mean over passes; the host drifted "
-              f"{', '.join(f'{100 * d:+.1f}%' for d in figures['profile_drift'])} during the runs)", flush=True)
+              f"error {100 * figures['error']:+.1f}% (mean over passes; with the profile taken before the runs "
+              f"{100 * figures['error_with_profile_before']:+.1f}%)", flush=True)
     worst = max(abs(p["error"]) for p in plans.values())
     load = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
     print(f"load average (1 min) before {load['before']}, after {load['after']} on {os.cpu_count()} cores")
     print(json.dumps({"max_abs_error": round(worst, 4), "cores": args.cores, "profile": "measured (this CPU, fp32)",
+                      "method": "each run paired step by step with the profiler's in-situ reps",
                       "compute": profile.meta.get("compute", {}),
                       "tp_collectives": profile.meta.get("tp_collectives", {}), "steps": args.steps,
                       "passes": args.passes, "tp_all_reduce_us": tp_us, "nice": os.nice(0), "load_average": load,

@@ -44,6 +44,7 @@ from autohet_ray.runtime.device import resolve_device
 from autohet_ray.runtime.launch import run_world
 from autohet_ray.runtime.parallelize import build_stage_model
 from autohet_ray.runtime.tp import TPContext
+from autohet_ray.runtime.update_rate import UpdateTimer
 from autohet_ray.runtime.vocab_ce import vocab_parallel_cross_entropy
 
 WARMUP_REPS = 2
@@ -143,50 +144,90 @@ def _tp_context(rank: int, world_size: int, tp: int) -> TPContext:
     return TPContext(size=tp, rank=rank % tp, group=groups[rank // tp])
 
 
+class InSituTimer:
+    """One rank's part of a TP degree's in-situ entry: the runtime's stage of a few layers and, with TP, the
+    bare shards. `rep()` times one rep of each, back to back, on every rank of the world at once (so each rank
+    of the world must build one, in the same order: the TP groups are created here)."""
+
+    def __init__(self, rank: int, world_size: int, spec: ModelSpec, tp: int, micro_batch: int, seq_len: int,
+                 dtype: torch.dtype):
+        self.device = resolve_device(None)          # this rank's GPU under NCCL, else the CPU
+        context = _tp_context(rank, world_size, tp)
+        gen = torch.Generator().manual_seed(0)      # the same ids on every rank, as a stage's ranks get them
+        ids = torch.randint(0, spec.vocab_size, (micro_batch, seq_len), generator=gen).to(self.device)
+        self.chains = {"with": _runtime_chain(spec, context, ids, self.device, dtype)}
+        if tp > 1:
+            self.chains["without"] = _bare_chain(spec, tp, ids, self.device, dtype)
+
+    def rep(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """label ("with", and "without" at TP > 1) -> kind -> mean (forward, backward) seconds of a
+        micro-batch."""
+        return {label: _rep(chain, self.device) for label, chain in self.chains.items()}
+
+
 def _rank(rank: int, world_size: int, spec_dict: dict, tp: int, micro_batch: int, seq_len: int,
           dtype_name: str) -> dict:
-    spec, dtype = model_from_dict(spec_dict), getattr(torch, dtype_name)
-    device = resolve_device(None)                   # this rank's GPU under NCCL, else the CPU
-    context = _tp_context(rank, world_size, tp)
-    gen = torch.Generator().manual_seed(0)          # the same ids on every rank, as a stage's ranks get them
-    ids = torch.randint(0, spec.vocab_size, (micro_batch, seq_len), generator=gen).to(device)
-    chains = {"with": _runtime_chain(spec, context, ids, device, dtype)}
-    if tp > 1:
-        chains["without"] = _bare_chain(spec, tp, ids, device, dtype)
-    times = {label: [] for label in chains}
+    spec = model_from_dict(spec_dict)
+    timer = InSituTimer(rank, world_size, spec, tp, micro_batch, seq_len, getattr(torch, dtype_name))
+    update = UpdateTimer(spec, timer.device)
+    times = {label: [] for label in timer.chains} | {"update_s": []}
     for rep in range(WARMUP_REPS + TIMED_REPS):
-        for label, chain in chains.items():
-            seconds = _rep(chain, device)
-            if rep >= WARMUP_REPS:
-                times[label].append(seconds)
-    return times
+        seconds = timer.rep()
+        update_s = update.rep()         # every rank updates at once, as a step's ranks do
+        if rep >= WARMUP_REPS:
+            for label in timer.chains:
+                times[label].append(seconds[label])
+            times["update_s"].append(update_s)
+    return times | {"update_params": update.params}
 
 
-def _median_of_group_mean(per_rank: list[list[dict]], tp: int, kind: str, part: int) -> float:
-    """Median over reps and TP groups of each rep's mean over the ranks of its group. Not the slowest rank:
-    a collective ends together on every rank, so a rank that waits for its peers counts the wait in the segment
-    before, and the slowest rank of each segment would count every wait twice."""
+def _median_of_slowest(per_rank: list[list], tp: int, figure: Callable[[object], float]) -> float:
+    """Median over reps of the slowest TP group's `figure` in that rep, a group's figure being the mean over its
+    ranks (one rank when t = 1). The slowest, not the typical: a step is synchronous (every hand-off between
+    stages and every gradient sync waits for the slower side), so it pays the slowest of the devices computing
+    at once. A group's mean, not its slowest rank: a collective ends together on every rank of a group, so a
+    rank that waits for its peers counts the wait in the segment before, and the slowest rank of each segment
+    would count every wait twice."""
     groups = [per_rank[s: s + tp] for s in range(0, len(per_rank), tp)]
-    return statistics.median(sum(rank[rep][kind][part] for rank in group) / tp
-                             for group in groups for rep in range(len(group[0])))
+    return statistics.median(max(sum(figure(rank[rep]) for rank in group) / tp for group in groups)
+                             for rep in range(len(per_rank[0])))
 
 
-def measure_in_situ(spec: ModelSpec, tp: int, ranks: int, micro_batch: int, seq_len: int, dtype: torch.dtype,
-                    backend: str) -> dict[str, KindCost]:
-    """kind -> its in-situ cost, on `ranks` processes at once (a multiple of `tp`) of `backend` ("gloo": CPU
-    ranks, one thread each; "nccl": one GPU per rank)."""
-    assert ranks % tp == 0, (ranks, tp)
-    results = run_world(_rank, ranks, spec.to_dict(), tp, micro_batch, seq_len, str(dtype).removeprefix("torch."),
-                        backend=backend)
-    with_tp = [r["with"] for r in results]
-    bare = [r["without"] for r in results] if tp > 1 else with_tp
+def kind_costs(per_rank: list[dict[str, list]], tp: int) -> dict[str, KindCost]:
+    """kind -> its in-situ cost, from every rank's timed reps (label -> [InSituTimer.rep()'s entry])."""
+    with_tp = [r["with"] for r in per_rank]
+    bare = [r["without"] for r in per_rank] if tp > 1 else with_tp
     out = {}
     for kind in LAYER_KINDS:
-        compute = [_median_of_group_mean(bare, tp, kind, part) for part in (0, 1)]
-        comm = [max(0.0, _median_of_group_mean(with_tp, tp, kind, part) - compute[part]) for part in (0, 1)]
+        compute = [_median_of_slowest(bare, tp, lambda rep: rep[kind][part]) for part in (0, 1)]
+        comm = [max(0.0, _median_of_slowest(with_tp, tp, lambda rep: rep[kind][part]) - compute[part])
+                for part in (0, 1)]
         out[kind] = KindCost(compute_fwd_s=compute[0], compute_bwd_s=compute[1],
                              tp_comm_fwd_s=comm[0] if tp > 1 else None, tp_comm_bwd_s=comm[1] if tp > 1 else None)
     return out
+
+
+def update_s_per_param_in_situ(per_rank: list[dict]) -> float:
+    """The update's seconds per parameter, from every rank's timed reps: the slowest rank's, median over reps."""
+    return _median_of_slowest([r["update_s"] for r in per_rank], 1, lambda seconds: seconds) / \
+        per_rank[0]["update_params"]
+
+
+def measure_in_situ(spec: ModelSpec, tp: int, ranks: int, micro_batch: int, seq_len: int, dtype: torch.dtype,
+                    backend: str) -> tuple[dict[str, KindCost], float]:
+    """(kind -> its in-situ cost, the update's seconds per parameter) on `ranks` processes at once (a multiple
+    of `tp`) of `backend` ("gloo": CPU ranks, one thread each; "nccl": one GPU per rank)."""
+    assert ranks % tp == 0, (ranks, tp)
+    results = run_world(_rank, ranks, spec.to_dict(), tp, micro_batch, seq_len, str(dtype).removeprefix("torch."),
+                        backend=backend)
+    return kind_costs(results, tp), update_s_per_param_in_situ(results)
+
+
+def with_kind_costs(layers: dict, costs: dict[str, KindCost]) -> dict:
+    """A profile entry (kind -> LayerProfile) with its compute and TP collectives replaced by in-situ costs."""
+    return {kind: replace(p, fwd_s=costs[kind].compute_fwd_s, bwd_s=costs[kind].compute_bwd_s,
+                          tp_comm_fwd_s=costs[kind].tp_comm_fwd_s, tp_comm_bwd_s=costs[kind].tp_comm_bwd_s)
+            for kind, p in layers.items()}
 
 
 def devices_on_host(device: torch.device) -> int:
@@ -210,11 +251,13 @@ def ranks_for(tp: int, ranks: int | None) -> int:
 def add_in_situ_costs(db: ProfileDB, spec: ModelSpec, ranks: int | None = None, device=None) -> None:
     """Replace the compute of every entry of a local measured profile by its in-situ figure, and give TP
     entries their collectives' measured cost, where this host can run the group; the others keep the
-    isolated compute of profile/measure.py and price TP collectives from the link. `db.meta` says which is
-    which ("compute", "tp_collectives")."""
+    isolated compute of profile/measure.py and price TP collectives from the link. Where a group ran, the
+    device type's update rate is the in-situ one (every rank updating at once; the median over the groups
+    run). `db.meta` says which is which ("compute", "tp_collectives", "update")."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, db.meta["dtype"])
     compute, collectives = db.meta.setdefault("compute", {}), db.meta.setdefault("tp_collectives", {})
+    update_rates: dict[str, list[float]] = {}
     for (device_type, tp, micro_batch), layers in sorted(db.entries.items()):
         n = ranks_for(tp, ranks)
         backend = group_backend(device, n)
@@ -223,12 +266,13 @@ def add_in_situ_costs(db: ProfileDB, spec: ModelSpec, ranks: int | None = None, 
             if tp > 1:
                 collectives[str(tp)] = f"priced from the link: this host cannot run {n} ranks on {device.type}"
             continue
-        costs = measure_in_situ(spec, tp, n, micro_batch, db.seq_len, dtype, backend)
-        db.entries[(device_type, tp, micro_batch)] = {
-            kind: replace(p, fwd_s=costs[kind].compute_fwd_s, bwd_s=costs[kind].compute_bwd_s,
-                          tp_comm_fwd_s=costs[kind].tp_comm_fwd_s, tp_comm_bwd_s=costs[kind].tp_comm_bwd_s)
-            for kind, p in layers.items()}
-        compute[str(tp)] = (f"in situ: the runtime's stage of {_chain_layers(spec)} layers on "
-                            f"{n} {backend} ranks at once, median of {TIMED_REPS} reps")
+        costs, update_rate = measure_in_situ(spec, tp, n, micro_batch, db.seq_len, dtype, backend)
+        db.entries[(device_type, tp, micro_batch)] = with_kind_costs(layers, costs)
+        update_rates.setdefault(device_type, []).append(update_rate)
+        compute[str(tp)] = (f"in situ: the runtime's stage of {_chain_layers(spec)} layers on {n} {backend} "
+                            f"ranks at once, the slowest rank's (TP group's), median of {TIMED_REPS} reps")
         if tp > 1:
             collectives[str(tp)] = f"measured in {n // tp} {tp}-rank {backend} group(s)"
+    for device_type, rates in update_rates.items():
+        db.optimizer_s_per_param[device_type] = statistics.median(rates)
+        db.meta["update"] = "in situ: every rank updating at once, the slowest rank's, median over reps"

@@ -19,37 +19,47 @@ STAGE_LAYERS = 4                       # timed on a stage's worth of layers, as 
 MAX_TIMED_PARAMS = 100_000_000         # but at most this many weights (1.6 GB of fp32 weights, grads, moments)
 
 
+class UpdateTimer:
+    """The engine's update (norm, clip, AdamW) of a stage's worth of transformer layers' weights (see
+    update_s_per_param); `rep()` times one update."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device | str | None = None):
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        named = {}
+        for i in range(timed_layers(spec)):
+            with torch.device("meta"):
+                block = Block(spec)
+            materialize(block, seed=0, num_layers=spec.num_layers, device=self.device, dtype=torch.float32)
+            named |= {f"layers.{i}.{n}": p for n, p in block.named_parameters()}
+        self.grads = [torch.randn_like(p) for p in named.values()]
+        self.fresh = [g.clone() for g in self.grads]
+        for p, g in zip(named.values(), self.grads):
+            p.grad = g
+        self.config = OptimizerConfig(weight_decay=0.1, clip_grad=1.0)
+        self.optimizer = build_adamw(named, self.config, tied_embeddings=False)
+        self.params = sum(p.numel() for p in named.values())
+
+    def rep(self) -> float:
+        """Seconds of one update."""
+        for g, f in zip(self.grads, self.fresh):      # clipped again and again, they would shrink into denormals
+            g.copy_(f)
+        sync_device(self.device)
+        start = time.perf_counter()
+        norm = float(squared_norm(self.grads).sqrt())
+        clip_(self.grads, norm, self.config.clip_grad)
+        self.optimizer.step()
+        sync_device(self.device)
+        return time.perf_counter() - start
+
+
 def update_s_per_param(spec: ModelSpec, device: torch.device | str | None = None) -> float:
     """Timed on the weights of a stage's worth of transformer layers (the median rep: a step pays the typical
     update), on `device` (default: this process's GPU where it has one, else the CPU, as measure_profile).
     A stage's worth, not one layer: on a CPU the update's working set decides its speed (one layer's weights,
     grads and moments partly stay in cache, a stage's do not), and a step updates a whole stage."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    named = {}
-    for i in range(timed_layers(spec)):
-        with torch.device("meta"):
-            block = Block(spec)
-        materialize(block, seed=0, num_layers=spec.num_layers, device=device, dtype=torch.float32)
-        named |= {f"layers.{i}.{n}": p for n, p in block.named_parameters()}
-    grads = [torch.randn_like(p) for p in named.values()]
-    fresh = [g.clone() for g in grads]
-    for p, g in zip(named.values(), grads):
-        p.grad = g
-    config = OptimizerConfig(weight_decay=0.1, clip_grad=1.0)
-    opt = build_adamw(named, config, tied_embeddings=False)
-    times = []
-    for rep in range(WARMUP_REPS + TIMED_REPS):
-        for g, f in zip(grads, fresh):      # clipped again and again, they would shrink into denormals
-            g.copy_(f)
-        sync_device(device)
-        start = time.perf_counter()
-        norm = float(squared_norm(grads).sqrt())
-        clip_(grads, norm, config.clip_grad)
-        opt.step()
-        sync_device(device)
-        if rep >= WARMUP_REPS:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) / sum(p.numel() for p in named.values())
+    timer = UpdateTimer(spec, device)
+    times = [timer.rep() for _ in range(WARMUP_REPS + TIMED_REPS)][WARMUP_REPS:]
+    return statistics.median(times) / timer.params
 
 
 def timed_layers(spec: ModelSpec) -> int:

@@ -40,6 +40,7 @@ def test_cli_profile_local_feeds_the_planner(tmp_path, capsys):
     # and the TP entries carry their collectives, measured
     assert set(db.meta["compute"]) == {"1", "2"} and all("2 gloo ranks" in v for v in db.meta["compute"].values())
     assert db.meta["tp_collectives"] == {"2": "measured in 1 2-rank gloo group(s)"}
+    assert db.meta["update"].startswith("in situ: every rank updating at once")
     for (_, tp, _), layers in db.entries.items():
         assert (layers["layer"].tp_comm_fwd_s is None) == (tp == 1)
         assert all(p.fwd_s > 0 and p.bwd_s > 0 for p in layers.values())
@@ -86,7 +87,8 @@ def test_tp_collectives_are_timed_where_the_runtime_runs_them():
     import torch
 
     from autohet_ray.runtime.in_situ_cost import measure_in_situ
-    costs = measure_in_situ(load_model("tiny-gpt"), 2, 2, 1, 16, torch.float32, "gloo")
+    costs, update_rate = measure_in_situ(load_model("tiny-gpt"), 2, 2, 1, 16, torch.float32, "gloo")
+    assert 1e-11 < update_rate < 1e-6                       # seconds per parameter on a CPU core
     assert set(costs) == {"embedding", "layer", "head"}
     assert all(c.tp_comm_fwd_s >= 0 and c.tp_comm_bwd_s >= 0 for c in costs.values())
     layer = costs["layer"]
@@ -106,7 +108,7 @@ def test_in_situ_compute_times_the_runtime_loss_not_torch_fused_one():
     spec = model_from_dict({"name": "wide-vocab", "family": "gpt", "num_layers": 2, "hidden": 64, "num_heads": 4,
                             "num_kv_heads": 4, "ffn_hidden": 256, "vocab_size": 8192, "max_seq_len": 64})
     isolated = measure_profile(spec, "CPU", (1,), (2,), 64).entries[("CPU", 1, 2)]
-    costs = measure_in_situ(spec, 1, 2, 2, 64, torch.float32, "gloo")
+    costs, _ = measure_in_situ(spec, 1, 2, 2, 64, torch.float32, "gloo")
     assert all(c.tp_comm_fwd_s is None for c in costs.values())
     assert costs["head"].compute_fwd_s > 1.1 * isolated["head"].fwd_s
 
@@ -116,10 +118,20 @@ def test_a_tp_group_segment_is_its_ranks_mean_not_the_slowest():
     """Rank 0 reaches the layers' last all-reduce 2 ms before rank 1 and waits; rank 1 then spends those 2 ms
     less in the head. The sum of the per-kind means is what a step of both ranks takes; the per-kind slowest
     ranks would add the wait twice."""
-    from autohet_ray.runtime.in_situ_cost import _median_of_group_mean
+    from autohet_ray.runtime.in_situ_cost import _median_of_slowest
     rep = lambda layer, head: {"embedding": (0.0, 0.0), "layer": (layer, 0.0), "head": (head, 0.0)}  # noqa: E731
     per_rank = [[rep(0.010, 0.003)] * 3, [rep(0.008, 0.005)] * 3]
-    total = sum(_median_of_group_mean(per_rank, 2, kind, 0) for kind in ("embedding", "layer", "head"))
+    total = sum(_median_of_slowest(per_rank, 2, lambda r, k=kind: r[k][0]) for kind in ("embedding", "layer", "head"))
     assert total == pytest.approx(0.013)
-    # at TP 1 every rank is a group of its own: the median over ranks and reps
-    assert _median_of_group_mean(per_rank + [[rep(0.009, 0.0)] * 3], 1, "layer", 0) == pytest.approx(0.009)
+
+
+def test_ranks_computing_at_once_are_priced_at_the_slowest_in_each_rep():
+    """A synchronous step waits for the slower rank at every hand-off, so each rep counts its slowest rank (at
+    TP 1) or its slowest TP group's mean (at TP 2). Here each rank is slow in a different rep: either rank's own
+    median is 8 ms, the median over reps of the slowest is 10 ms."""
+    from autohet_ray.runtime.in_situ_cost import _median_of_slowest
+    per_rank = [[0.010, 0.008, 0.008, 0.010, 0.008], [0.008, 0.010, 0.010, 0.008, 0.008]]
+    assert _median_of_slowest(per_rank, 1, lambda seconds: seconds) == pytest.approx(0.010)
+    # two TP groups of two ranks: the slower group's mean in each rep
+    groups = [[0.010, 0.004], [0.006, 0.004], [0.006, 0.009], [0.006, 0.009]]
+    assert _median_of_slowest(groups, 2, lambda seconds: seconds) == pytest.approx((0.008 + 0.009) / 2)
