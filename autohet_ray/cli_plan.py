@@ -12,7 +12,7 @@ from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.config_io import read_structured
 from autohet_ray.plan.schema import Plan, plan_from_dict
 from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
-from autohet_ray.planner.bound import lower_bound_iteration_s
+from autohet_ray.planner.background import lower_bound_in_background
 from autohet_ray.planner.search import token_cap_sizes
 from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import load_profile
@@ -57,6 +57,10 @@ def cmd_plan(args) -> int:
     seq_len = args.seq_len or model.max_seq_len
     sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)
     profile = _profile(args, model, cluster, seq_len, sizes)
+    check_request(model, profile, args.global_batch, seq_len, schedule_choices(args.schedule))
+    bound = lower_bound_in_background(cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
+                                      seq_len=seq_len, schedules=schedule_choices(args.schedule),
+                                      recompute=args.recompute)
     # the time limit covers the whole command: what loading took is spent already
     result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
                                             global_batch=args.global_batch, seq_len=seq_len,
@@ -67,9 +71,7 @@ def cmd_plan(args) -> int:
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
-    bound_s = lower_bound_iteration_s(cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
-                                      seq_len=seq_len, schedules=schedule_choices(args.schedule),
-                                      recompute=args.recompute)
+    bound_s = bound.result()
     report = plan_report(result, baselines, wall_s=time.perf_counter() - started) | {
         "lower_bound_iteration_s": bound_s, "dtype": profile.meta.get("dtype", "bfloat16")}
     if args.json:

@@ -26,6 +26,17 @@ from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.db import ProfileDB
 
 
+class _HolderSet(tuple):
+    """(pipeline, stage) per pipeline: as long as the pipelines (1,000 and more on large clusters) and hashed
+    for every holder it lists, so its hash is computed once."""
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("hash")
+        if cached is None:
+            cached = self.__dict__["hash"] = tuple.__hash__(self)
+        return cached
+
+
 def _holder_sets(plan: Plan, num_layers: int,
                  layer_elements: Callable[[tuple], float]) -> dict[tuple[int, int], dict[tuple, int]]:
     """(pipeline, stage) -> {(unit kind, holder set, lowest layer): units in that bucket}. The layers of one
@@ -36,16 +47,18 @@ def _holder_sets(plan: Plan, num_layers: int,
     owner = [[next(j for j, s in enumerate(p.stages) if s.layers[0] <= layer < s.layers[1])
               for layer in range(num_layers)] for p in plan.pipelines]
     current: dict[tuple, tuple[int, float]] = {}         # holders -> (lowest layer, elements) of the open bucket
+    interned: dict[_HolderSet, _HolderSet] = {}         # one object per distinct holder set
     for layer in range(num_layers):
-        holders = tuple((k, owner[k][layer]) for k in range(len(plan.pipelines)))
+        holders = _HolderSet((k, owner[k][layer]) for k in range(len(plan.pipelines)))
+        holders = interned.setdefault(holders, holders)
         lowest, filled = current.get(holders, (layer, 0.0))
         if filled >= SYNC_BUCKET_ELEMENTS:
             lowest, filled = layer, 0.0
         current[holders] = (lowest, filled + layer_elements(holders))
         for k, j in holders:
             buckets[(k, j)][("layer", holders, lowest)] += 1
-    firsts = tuple((k, 0) for k in range(len(plan.pipelines)))
-    lasts = tuple((k, len(p.stages) - 1) for k, p in enumerate(plan.pipelines))
+    firsts = _HolderSet((k, 0) for k in range(len(plan.pipelines)))
+    lasts = _HolderSet((k, len(p.stages) - 1) for k, p in enumerate(plan.pipelines))
     for k, j in firsts:
         buckets[(k, j)][("embedding", firsts, None)] += 1
     for k, j in lasts:
@@ -100,10 +113,17 @@ def _nic_lanes(buckets, stages) -> dict[str, int]:
     """Distinct cross-node all-reduce streams per node: stages on a node whose cross-node buckets have the same
     holder sets (the same stage of identical pipelines) are one stream."""
     streams: dict[str, set] = defaultdict(set)
+    spans: dict[tuple, bool] = {}            # holder set -> whether it spans nodes (shared by its holders)
     for key, bucket in buckets.items():
-        crossing = tuple(sorted(h for h in bucket if len({stages[s].node for s in h[1]}) > 1))
+        crossing = []
+        for unit in bucket:
+            holders = unit[1]
+            if holders not in spans:
+                spans[holders] = len({stages[s].node for s in holders}) > 1
+            if spans[holders]:
+                crossing.append(unit)
         if crossing:
-            streams[stages[key].node].add(crossing)
+            streams[stages[key].node].add(frozenset(crossing))
     return {node: len(s) for node, s in streams.items()}
 
 

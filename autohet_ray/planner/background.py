@@ -1,0 +1,23 @@
+"""The lower bound (planner/bound.py) solved in a child process while the search runs on this one: importing
+cvxpy alone takes about 2 s of CPU, and with the solve it would add to the whole command's wall time; a second
+core absorbs it."""
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
+
+
+def _solve_bound(kwargs: dict) -> float | None:
+    from autohet_ray.planner.bound import lower_bound_iteration_s
+    return lower_bound_iteration_s(**kwargs)
+
+
+def lower_bound_in_background(**kwargs) -> Future:
+    """`lower_bound_iteration_s(**kwargs)` in a child process; its result (or its exception) comes from
+    `.result()`. Forked where the platform can (the child inherits the loaded modules), else spawned."""
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
+    try:
+        return pool.submit(_solve_bound, kwargs)
+    finally:
+        pool.shutdown(wait=False)
