@@ -14,9 +14,9 @@ def _solve_bound(kwargs: dict) -> float | None:
 
 def lower_bound_in_background(**kwargs) -> Future:
     """`lower_bound_iteration_s(**kwargs)` in a child process; its result (or its exception) comes from
-    `.result()`. Forked where the platform can (the child inherits the loaded modules), else spawned."""
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=context)
+    `.result()`. Spawned, not forked: the caller may have threads (a test session, a Ray driver), and a fork
+    copies their locks in whatever state they are; the child imports cvxpy either way."""
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
     try:
         return pool.submit(_solve_bound, kwargs)
     finally:
