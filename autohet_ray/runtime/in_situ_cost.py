@@ -18,9 +18,10 @@ same shard shapes also run without collectives (profile/shards.py, the runtime's
 vocabulary), interleaved rep by rep so that both see the same host conditions. The layers run back to back,
 so each op follows the one before, as in a step.
 
-Per kind and direction, each rep's mean over the ranks of a TP group (one rank when t = 1), median over reps
-and groups: compute = the stage without collectives (the runtime's own stage when t = 1); collectives = the
-stage with them minus compute.
+Per kind and direction, each rep's slowest TP group (a group's figure: the mean over its ranks; one rank when
+t = 1), median over reps: compute = the stage without collectives (the runtime's own stage when t = 1);
+collectives = the stage with them minus compute. Each rep also times the engine's update on every rank at
+once (runtime/update_rate.py), the slowest rank's, median over reps.
 """
 from __future__ import annotations
 
