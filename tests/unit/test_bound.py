@@ -100,6 +100,7 @@ def test_bound_with_recomputation_never_above_exhaustive_optimum(nodes, name, la
     assert ev.iteration_time_s / bound["auto"] < 2.0
 
 
+@pytest.mark.cli
 def test_plan_json_bounds_a_recomputing_plan_and_prices_its_gain(tmp_path, capsys):
     """`autohet plan --recompute auto` on a mix that fits llama-13b only with recomputation: the JSON carries a
     bound below the plan (it was null for recomputing plans), and Whale, recomputing too, is the reference."""

@@ -41,6 +41,7 @@ def s3_url():
         yield url
 
 
+@pytest.mark.cli
 def test_sigkill_mid_multipart_leaves_an_upload_the_sweep_removes(s3_url, tmp_path):
     bucket = new_bucket(s3_url)
     marker = tmp_path / "first-part-done"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from autohet_ray import cli
 from autohet_ray.cluster.catalog import CATALOG
 
@@ -14,6 +16,7 @@ def _plan(capsys, dtype: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.cli
 def test_fp32_and_bf16_plans_differ_as_the_catalog_says(capsys):
     bf16, fp32 = _plan(capsys, "bf16"), _plan(capsys, "fp32")
     assert (bf16["dtype"], fp32["dtype"]) == ("bfloat16", "float32")
@@ -27,6 +30,7 @@ def test_fp32_and_bf16_plans_differ_as_the_catalog_says(capsys):
         assert 0 < report["lower_bound_iteration_s"] <= report["predicted"]["iteration_time_s"]
 
 
+@pytest.mark.cli
 def test_evaluate_prices_the_dtype_the_plan_was_made_for(capsys, tmp_path):
     fp32 = _plan(capsys, "fp32")
     path = tmp_path / "plan.json"

@@ -100,6 +100,7 @@ def _probe(rank, world_size):
     return probe_link(rank, 1 << 20, reps=10)
 
 
+@pytest.mark.dist
 def test_the_link_probe_measures_a_real_gloo_link():
     """Two spawned ranks on loopback: both report rank 0's figures, all positive and finite."""
     from autohet_ray.runtime import run_world

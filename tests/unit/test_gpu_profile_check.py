@@ -6,11 +6,14 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import gpu_profile_check  # noqa: E402
 
 
+@pytest.mark.dist
 def test_cpu_dry_run_compares_profile_and_engine(capsys):
     assert gpu_profile_check.main(["--steps", "2", "--warmup", "1", "--num-microbatches", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

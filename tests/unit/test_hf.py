@@ -322,6 +322,7 @@ def test_export_command_writes_the_jobs_tokenizer(tmp_path):
     assert main(["export", "--storage", str(tmp_path / "in"), "--out", str(tmp_path / "o2")]) == 2   # no job there
 
 
+@pytest.mark.cli
 def test_training_and_export_do_not_need_transformers():
     import subprocess
     import sys

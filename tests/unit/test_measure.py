@@ -15,6 +15,7 @@ CPU_DEVICE = {"bf16_tflops": 1, "fp32_tflops": 1, "memory_gb": 16, "hbm_gbps": 2
               "link_kind": "pcie", "nic_gbps": 10}
 
 
+@pytest.mark.dist
 def test_measure_profile_entries_are_positive():
     db = measure_profile(load_model("tiny-gpt"), "CPU", (1, 2), (1,), 16)
     assert db.kind == "measured" and set(db.entries) == {("CPU", 1, 1), ("CPU", 2, 1)}
@@ -28,6 +29,7 @@ def test_measure_profile_entries_are_positive():
     assert db.meta["versions"]["torch"]
 
 
+@pytest.mark.dist
 def test_cli_profile_local_feeds_the_planner(tmp_path, capsys):
     out = tmp_path / "prof.json"
     assert main(["profile", "--local", "--model", "tiny-gpt", "--out", str(out), "--tp", "1,2",
@@ -59,6 +61,7 @@ def test_bad_lists_are_config_errors():
         measure_profile(load_model("tiny-gpt"), "CPU", (3,), (1,), 16)
 
 
+@pytest.mark.dist
 def test_the_measured_optimizer_rate_prices_the_update(tmp_path):
     """The update's rate (the engine's norm + clip + AdamW, timed on a stage's worth of layers) survives a profile's save and
     load, the cost model prices a stage's update as its parameters times that rate, and `autohet profile
@@ -80,6 +83,7 @@ def test_the_measured_optimizer_rate_prices_the_update(tmp_path):
     assert gc.optimizer_s(spec.num_layers, True, True) == pytest.approx(params * rate)
 
 
+@pytest.mark.dist
 def test_tp_collectives_are_timed_where_the_runtime_runs_them():
     """In a real 2-rank gloo group: a block's forward and backward each run two all-reduces, the embedding's
     forward one and its backward none (runtime/tp.py), so the measured extra time lands on those and not on the
@@ -96,6 +100,7 @@ def test_tp_collectives_are_timed_where_the_runtime_runs_them():
     assert costs["embedding"].tp_comm_bwd_s < layer.tp_comm_bwd_s / 4
 
 
+@pytest.mark.dist
 def test_in_situ_compute_times_the_runtime_loss_not_torch_fused_one():
     """At TP 1 the in-situ stage is the runtime's own (runtime/parallelize.py), its loss the runtime's
     vocabulary-parallel cross-entropy: with a vocabulary 16x the hidden size the head's forward is mostly that

@@ -104,6 +104,7 @@ def _cli(*args):
     (["profile", "--local", "--model", "tiny-gpt", "--out", "{tmp}/p2.json", "--ranks", "999"],
      "--ranks=999 must lie in [1, "),
 ])
+@pytest.mark.cli
 def test_cli_bad_input_is_one_line_exit_2(args, fragment, tmp_path):
     (tmp_path / "small.yaml").write_text("name: small\nnodes: [{name: a, device: A10, count: 4}]\n")
     (tmp_path / "bad.yaml").write_text("name: [\n")
@@ -115,6 +116,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, fragment, tmp_path):
     assert fragment in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.cli
 def test_cli_plan_json_evaluate_and_show(tmp_path):
     plan_file = tmp_path / "plan.json"
     # 3 is not among the analytic profile's default sizes: the CLI adds an entry for the size asked for

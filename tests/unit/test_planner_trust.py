@@ -107,6 +107,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "autohet_ray.cli", *args], capture_output=True, text=True)
 
 
+@pytest.mark.cli
 def test_saved_profile_plans_and_json_plan_output_evaluates(tmp_path):
     cluster, spec = load_cluster("jobs/clusters/paper-24.yaml"), PRESETS["bert-large"]
     db = analytic_profile(spec, cluster, 512, micro_batches=(2, 4))
@@ -129,6 +130,7 @@ def test_saved_profile_plans_and_json_plan_output_evaluates(tmp_path):
         doc["predicted"]["iteration_time_s"])
 
 
+@pytest.mark.cli
 def test_same_input_same_plan_and_a_hit_limit_is_reported():
     runs = [_cli("plan", "--cluster", "jobs/clusters/uneven-4-4-16.yaml", "--model", "gpt3-1.3b",
                  "--global-batch", "256", "--json", *extra) for extra in ((), (), ("--time-limit", "0.01"))]

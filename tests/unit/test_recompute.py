@@ -55,6 +55,7 @@ def test_cost_model_keeps_layer_inputs_and_adds_a_forward():
         - in_flight * 8 * (plain.layer_act_bytes - again.layer_act_bytes) + plain.layer_act_bytes, abs=8)
 
 
+@pytest.mark.cli
 def test_auto_fits_what_none_cannot(tmp_path, capsys):
     cluster = _cluster_yaml(tmp_path, v100s=8)
     args = ["plan", "--cluster", cluster, "--model", "llama-13b", "--global-batch", "64", "--json"]
