@@ -6,27 +6,21 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
 import signal
-import socket
 import threading
 import time
 
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, new_port: int, out) -> None:
+def _worker(rank: int, store: str, new_store: str, out) -> None:
     import torch
     import torch.distributed as dist
     from autohet_ray.runtime.abort import CollectiveSockets
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     sockets = CollectiveSockets()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=3,
                             timeout=datetime.timedelta(seconds=60))
     pair = dist.new_group([0, 1])
     captured = sockets.capture()
@@ -35,7 +29,8 @@ def _worker(rank: int, port: int, new_port: int, out) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)         # gone without closing a socket
         return
     start = time.perf_counter()
-    threading.Timer(0.5 if rank == 1 else 1.0, lambda: out.put(("shut", rank, sockets.abort()))).start()
+    timer = threading.Timer(0.5 if rank == 1 else 1.0, lambda: out.put(("shut", rank, sockets.abort())))
+    timer.start()
     try:
         if rank == 1:
             dist.all_reduce(torch.ones(4))           # needs the stopped rank 2
@@ -45,21 +40,29 @@ def _worker(rank: int, port: int, new_port: int, out) -> None:
     except RuntimeError as err:
         out.put(("failed", rank, time.perf_counter() - start, "closed" in str(err).lower()))
     dist.destroy_process_group()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{new_port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{new_store}", rank=rank, world_size=2)
     t = torch.full((3,), float(rank + 1))
     dist.all_reduce(t)
     out.put(("new group", rank, t.tolist(), captured))
+    timer.join()             # a spawned process ends with os._exit, which would drop a timer still pending
 
 
-def test_abort_wakes_blocked_collectives_and_the_process_can_rejoin():
+def test_abort_wakes_blocked_collectives_and_the_process_can_rejoin(tmp_path):
+    # file stores, not TCP ports picked ahead: a port released by a probe can be taken as an ephemeral port
+    # by the first group's own connections before the rejoin binds it
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port, new_port = _free_port(), _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, new_port, out)) for r in range(3)]
+    stores = (str(tmp_path / "store"), str(tmp_path / "new-store"))
+    procs = [ctx.Process(target=_worker, args=(r, *stores, out)) for r in range(3)]
     for p in procs:
         p.start()
+    events = []
     try:
-        events = [out.get(timeout=120) for _ in range(6)]
+        for _ in range(6):
+            try:
+                events.append(out.get(timeout=120))
+            except queue.Empty:
+                raise AssertionError(f"events so far {events}; exit codes {[p.exitcode for p in procs]}")
     finally:
         for p in procs:
             if p.is_alive():
