@@ -120,6 +120,12 @@ def _train_parser(sub) -> None:
     t.add_argument("--loss-grace-s", type=float, default=TrainJob.loss_grace_s,
                    help="a node whose raylet stays silent this long is lost (a shorter stall costs nothing)")
     t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
+    t.add_argument("--max-recoveries", type=int, default=TrainJob.max_recoveries,
+                   help="recoveries allowed within --recovery-window steps without progress; one more failure "
+                        "stops the job (its newest committed step secured first; exit status 4, or 3 when that "
+                        "step could not reach the storage)")
+    t.add_argument("--recovery-window", type=int, default=TrainJob.recovery_window_steps, metavar="M",
+                   help="--max-recoveries counts the recoveries until the job gets M steps past where it was")
     t.add_argument("--spot-watch", action="store_true",
                    help="--elastic: watch each node's instance metadata for spot interruption notices")
     t.add_argument("--spot-provider", default="aws", help="--spot-watch: aws, gcp, azure, or auto (tries each)")

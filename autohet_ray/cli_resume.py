@@ -37,7 +37,8 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None):
 
 
 def cmd_resume(args) -> int:
-    from autohet_ray.cli_train import run_until, sigterm_as_exit
+    from autohet_ray.cli_signals import exit_status, stop_signals
+    from autohet_ray.cli_train import run_until
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.orchestrate.controller import Controller
     from autohet_ray.orchestrate.session import ray_session
@@ -47,18 +48,18 @@ def cmd_resume(args) -> int:
         raise ConfigError(f"--steps {args.steps} must exceed the committed step {newest} the job resumes from")
     print(f"resume: job {job_id} from {args.storage} (newest step there: {newest})", file=sys.stderr)
     with ray_session(cluster_from_dict(job.cluster), address=args.address, emulate=args.emulate), \
-            sigterm_as_exit():
+            stop_signals():
         ctl = Controller(job, job_id=job_id, profile=profile)
         target = args.steps if args.steps is not None else (newest or 0) + 1
         out = run_until(ctl, target, restore="local_first")
-    restored = out["launch"]["restored_step"]
+    restored = out["launch"].get("restored_step")
     print(f"resumed from step {restored}" + (f" (newest in the storage: {newest})" if newest != restored else ""),
           file=sys.stderr)
     out |= {"resumed_from": restored, "skipped_chunks": out["launch"].get("skipped_chunks", []),
             "recoveries": ctl.recoveries}
     if args.json:
         print(json.dumps(out, default=str))
-    return 0
+    return exit_status(out)
 
 
 def add_resume_parser(sub) -> None:

@@ -10,14 +10,13 @@ predicted time (`--time-scale`; auto: a predicted iteration lasts --iteration-wa
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import sys
 import time
 
 from autohet_ray import ConfigError
+from autohet_ray.cli_signals import Stopped, exit_status, signal_name, stop_signals
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
@@ -71,7 +70,8 @@ def job_fields(args) -> dict:
             "recompute": args.recompute,
             "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
-            "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s, **clock}
+            "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s,
+            "max_recoveries": args.max_recoveries, "recovery_window_steps": args.recovery_window, **clock}
 
 
 def _tensorboard_dir(args) -> str | None:
@@ -94,19 +94,6 @@ def optimizer_fields(args) -> dict:
             "betas": (args.adam_beta1, args.adam_beta2)}
 
 
-@contextlib.contextmanager
-def sigterm_as_exit():
-    """SIGTERM (a spot reclaim, `kill`, Kubernetes) raises SystemExit in the main thread, so the controller's
-    exit path runs as it does for Ctrl-C."""
-    def stop(signum, _frame):
-        raise SystemExit(128 + signum)
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _print_launch(ctl, launch: dict, seconds: float, tag: str) -> None:
     plan = ctl.plan
     shape = " | ".join("+".join(f"{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in p.stages)
@@ -121,9 +108,6 @@ def _print_launch(ctl, launch: dict, seconds: float, tag: str) -> None:
         print(f"  time scale {launch['time_scale']:.3g} wall s per emulated s (emulated)")
     if launch.get("restored_step") is not None:
         print(f"restored step {launch['restored_step']} ({launch['bytes_by_tier']} bytes)")
-        from autohet_ray.checkpoint.restore_report import describe_skipped
-        for entry in launch.get("skipped_chunks", []):
-            print(f"  skipped {describe_skipped(entry)}")
 
 
 def _between_steps(ctl) -> list[dict]:
@@ -138,9 +122,12 @@ def _between_steps(ctl) -> list[dict]:
 
 
 def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: str | None = None) -> dict:
-    """Start the controller, train until step `target`, close it on every exit path. The run's summary."""
+    """Start the controller, train until step `target`, close it on every exit path. The run's summary;
+    "failure": why the job stopped early (a step raised, recovery gave up), after securing its newest step."""
+    from autohet_ray.elastic.recovery import RecoveryFailed, StepFailed
     tag = " (emulated)" if ctl.job.paced else ""
     events: list[dict] = []
+    launch, failure, stopping, ctl.target_steps = {}, None, None, target
     try:
         start = time.perf_counter()
         launch = ctl.start(restore=restore)
@@ -160,11 +147,18 @@ def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: st
                   f"{_speed(m)}{tag}  {m['wall_s']:.2f} s  "
                   f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} "
                   f"predicted{tag}" + (f"  val loss {m['val_loss']:.4f}" if "val_loss" in m else ""), flush=True)
+    except (RecoveryFailed, StepFailed) as err:    # the job stops; close() secures its newest committed step
+        failure = str(err)
+    except (Stopped, KeyboardInterrupt) as exc:
+        stopping = signal_name(exc)
+        raise
     finally:
-        secured = ctl.close()
-        if secured.get("step") is not None:
+        secured = ctl.close(stopping=stopping)
+        if secured.get("step") is not None and secured.get("where"):
             print(f"committed step {secured['step']} is in {secured['where']}", flush=True)
-    return {"job_id": ctl.job_id, "launch": launch, "events": events, "secured": secured,
+    if failure:
+        print(f"autohet: stopped: {failure}", file=sys.stderr, flush=True)
+    return {"job_id": ctl.job_id, "launch": launch, "events": events, "secured": secured, "failure": failure,
             "steps": [{"step": m["step"], "loss": m["loss"], "lr": m["lr"], "wall_s": m["wall_s"]}
                       for m in ctl.history],
             "committed": ctl.committer.committed[-1:] if ctl.committer else [],
@@ -201,9 +195,10 @@ def cmd_train(args) -> int:
     from autohet_ray.orchestrate.session import ray_session
     job = job_from_dict(job_fields(args))          # bad values fail here, before a cluster starts
     with ray_session(load_cluster(args.cluster), address=args.address, emulate=args.emulate,
-                     on_start=_starting), sigterm_as_exit():
+                     on_start=_starting), stop_signals():
         out = run_until(Controller(job), args.steps, spot_provider=args.spot_provider if args.spot_watch else None)
-    if out["steps"]:
+    code = exit_status(out)
+    if out["steps"] and code == 0:
         print(f"done: {len(out['steps'])} steps, final loss {out['final_loss']:.4f}; iteration "
               f"{out['measured_iteration_s']:.4f} s measured (steady state) vs {out['predicted_iteration_s']:.4f} s "
               f"predicted{' (emulated)' if out['emulated'] else ''}")
@@ -211,7 +206,7 @@ def cmd_train(args) -> int:
               f"model)")
     if args.json:
         print(json.dumps(out, default=str))
-    return 0
+    return code
 
 
 def cmd_profile_ray(args) -> int:

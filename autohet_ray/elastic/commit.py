@@ -17,6 +17,7 @@ from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, 
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
 from autohet_ray.elastic.keeper import get_keeper, keeper_name
+from autohet_ray.elastic.report import one_line, report_failure
 from autohet_ray.elastic.tiers import build_tier
 from autohet_ray.orchestrate.actor_calls import settled_ok
 
@@ -40,9 +41,17 @@ class Committer:
         self.keeper_specs[node] = spec
         self.keepers[node] = build_tier(spec, keeper_timeout_s=10.0)
 
-    def drop_keeper(self, node: str) -> None:
-        self.keepers.pop(node, None)
+    def drop_keeper(self, node: str, reason: str = "no reason given") -> None:
+        """Stop committing to `node`'s keeper (its node is lost or leaving); printed, with `reason`."""
+        if self.keepers.pop(node, None) is not None:
+            spec = self.keeper_specs.get(node, {})
+            report_failure(self.committed[-1] if self.committed else None, f"keeper of node {node} dropped",
+                           spec.get("name"), reason)
         self.keeper_specs.pop(node, None)
+
+    def skip(self, step: int | None, what: str, tier: str | None, reason) -> None:
+        """Record and print a failure the job continues past (a missed commit, upload or collection)."""
+        self.skipped.append(report_failure(step, what, tier, reason))
 
     def commit_fast(self, step: int, records_per_rank: list[list]) -> None:
         records = [r for rank_records in records_per_rank for r in rank_records]
@@ -58,7 +67,7 @@ class Committer:
 
         def unavailable(tier, err):
             missed.append(tier)
-            self.skipped.append(f"step {step}: keeper of node {node_of[id(tier)]} unavailable ({err})")
+            self.skip(step, f"manifest commit to the keeper of node {node_of[id(tier)]}", tier.name, err)
         commit_step(step, records, list(self.keepers.values()), extra=self.extra | self.step_extra(step),
                     on_unavailable=unavailable)
         if len(missed) == len(self.keepers):
@@ -85,7 +94,7 @@ class Committer:
             try:
                 records = [r for rank_records in ray.get(refs) for r in rank_records]
             except ray.exceptions.RayError as err:     # an upload failed: this step stays off the storage
-                self.skipped.append(f"cloud step {step}: {str(err).splitlines()[0]}")
+                self.skip(step, "storage upload skipped", self.cloud.name, _cause(err))
                 del self.pending_cloud[step]
                 continue
             commit_step(step, records, [self.cloud], extra=self.extra | self.step_extra(step))
@@ -139,7 +148,7 @@ class Committer:
         try:
             return find_manifest(list(self.keepers.values()), self.committed[-1]) if self.committed else None
         except CheckpointError as err:
-            self.skipped.append(f"step {self.committed[-1]}: no copy made after the loss ({err})")
+            self.skip(self.committed[-1], "no second copy made after the loss", None, err)
             return None
 
     def send_copies(self, copies: dict[tuple, list[str]]) -> list:
@@ -175,7 +184,7 @@ class Committer:
                     todo += batches[node]
                 except ray.exceptions.RayTaskError as err:     # the upload itself failed: say why
                     raise CheckpointError(f"step {step}: node {node}'s store could not upload to the storage: "
-                                          f"{str(err.cause if err.cause else err).splitlines()[0]}") from None
+                                          f"{_cause(err)}") from None
         records = [replace(r, replicas=tuple(sorted({*r.replicas, self.cloud.name}))) for r in manifest.records]
         commit_step(step, records, [self.cloud], extra=manifest.extra)
         self.cloud_committed.append(step)
@@ -195,7 +204,7 @@ class Committer:
             try:
                 collect_garbage(tier, keep_last=2, committed=committed)
             except TierUnavailableError as err:
-                self.skipped.append(f"gc at step {step}: keeper of node {node} unavailable ({err})")
+                self.skip(step, f"collection of old steps on the keeper of node {node}", tier.name, err)
         if len(cloud_committed) >= 2 and not uploading:
             collect_garbage(self.cloud, keep_last=2, committed=cloud_committed)
 
@@ -220,3 +229,9 @@ class Committer:
         """Committed steps any reachable manifest tier holds, newest first."""
         return sorted(scan_manifests(self.manifest_tiers(mode)).steps, reverse=True)
 
+
+
+def _cause(err) -> str:
+    """A Ray task error's own message (its first line), without the remote traceback Ray wraps it in."""
+    cause = getattr(err, "cause", None)
+    return one_line(cause if cause is not None else err)

@@ -95,7 +95,7 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
     ctl.gone |= {ctl.found.node_ids[node] for node in lost["lost_nodes"]}
     salvage_start = time.perf_counter()
     for node in lost["lost_nodes"]:
-        ctl.committer.drop_keeper(node)
+        ctl.committer.drop_keeper(node, lost["message"])
     if mode == "local_first":
         start_stage_in(ctl, lost["lost_nodes"])
     step, orphans = ctl.committer.orphans_of_newest()
@@ -223,7 +223,7 @@ def check_notices(ctl, board) -> dict | None:
     ctl.draining.update(i for i, name in names.items() if name in noticed)
     report = replan(ctl, reason=f"spot notice: node(s) {noticed} will be preempted")
     for node in noticed:
-        ctl.committer.drop_keeper(node)
+        ctl.committer.drop_keeper(node, "spot notice or drain: the node is leaving")
     return report | {"nodes": noticed, "flush_s": flush_s}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from autohet_ray.checkpoint import find_manifest
 from autohet_ray.checkpoint.restore_report import (NothingToRestore, describe_skipped, merge_restores,
                                                    skipped_chunk, tier_order)
+from autohet_ray.elastic.report import report_failure
 
 
 def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dict, mode: str,
@@ -29,7 +30,11 @@ def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dic
         missing = [out["unavailable"] for out in outs if out.get("unavailable")]
         if missing:
             unique = {m["key"]: m for m in missing}.values()
-            skipped += [skipped_chunk(m, specs) for m in unique]
+            for entry in (skipped_chunk(m, specs) for m in unique):
+                skipped.append(entry)
+                report_failure(step, f"tensor {entry['tensor']} chunk {entry['chunk']} skipped on restore",
+                               ", ".join(t["tier"] for t in entry["tiers"]) or "none",
+                               "; ".join(f"{t['tier']}: {t['reason']}" for t in entry["tiers"]) or "no tier holds it")
             continue
         own = [keeper_specs[node]["name"] if node in keeper_specs else None for node in rank_nodes]
         return {"restored_step": step, "mode": mode, "skipped_chunks": skipped, "recorded": manifest.extra,

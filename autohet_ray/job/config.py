@@ -104,6 +104,12 @@ class TrainJob:
     loss_grace_s: float = 3.0
     """A node whose raylet stays silent (no refusal, Ray still lists it) is declared lost only after this
     many seconds of silence; a shorter stall (a network blip, a paused process) costs no recovery."""
+    max_recoveries: int = 5
+    """Recoveries allowed while the job makes no progress (see recovery_window_steps); one more failure then
+    stops the job (its newest committed step secured first)."""
+    recovery_window_steps: int = 10
+    """Recoveries count against max_recoveries until the job has completed this many steps beyond the newest
+    step it had reached when they happened."""
 
     def __post_init__(self):
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
@@ -117,6 +123,10 @@ class TrainJob:
         for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("max_recoveries", "recovery_window_steps"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
+                    or getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
         for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")

@@ -25,7 +25,9 @@ from autohet_ray.cluster.live import describe, without_nodes
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic import recovery
+from autohet_ray.elastic.budget import RecoveryBudget
 from autohet_ray.elastic.commit import Committer
+from autohet_ray.elastic.report import report_failure
 from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
@@ -36,6 +38,7 @@ from autohet_ray.metrics.step import step_metrics
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.data_prepare import local_dataset
 from autohet_ray.orchestrate.discovery import confirm_nodes, discover
+from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import location
@@ -62,6 +65,8 @@ class Controller:
         self.step_index = 0                  # completed optimizer steps of the live group
         self.history: list[dict] = []
         self.recoveries: list[dict] = []
+        self.budget = RecoveryBudget(job.max_recoveries, job.recovery_window_steps)
+        self.target_steps: int | None = None   # the step the caller trains to (named in the resume command)
         self.fault_at: float | None = None
         self.snapped: set[int] = set()       # steps the live group snapshotted
         self.inflight: list = []             # the running train_step calls (empty between steps)
@@ -218,9 +223,11 @@ class Controller:
                 metrics = self._step_once(fault_hook)
                 break
             except GroupFailure as failure:
+                self.budget.charge(failure)      # a failure that keeps coming back stops the job
                 fault_hook, self.state = None, "recovering"
                 recovered = recovery.recover(self, failure, mode=self.restore_mode)
                 self.state = "running"
+        self.budget.progressed(self.step_index)
         if recovered is None:
             return metrics
         recovered["first_step_s"] = metrics["wall_s"]
@@ -291,9 +298,10 @@ class Controller:
         return metrics
 
     # -- checkpoints and exits -------------------------------------------------------------------------------
-    def flush(self, timeout_s: float = 600.0) -> dict:
+    def flush(self, timeout_s: float = 600.0, *, wait_cloud: bool = True) -> dict:
         """Commit the newest completed step everywhere (a spot notice, a re-plan, or before stopping): its
-        snapshot (taken now when it had none), the node-store commit, then every pending storage upload."""
+        snapshot (taken now when it had none), the node-store commit, then (`wait_cloud`) every pending
+        storage upload."""
         step, committer = self.step_index, self.committer
         if committer is None:
             return {}
@@ -303,7 +311,7 @@ class Controller:
                 self.snapped.add(step)
             if step in self.snapped:
                 self._commit(step, self.group.call("fast_records", step, timeout_s=timeout_s))
-        committer.poll_cloud(wait=True, timeout_s=timeout_s)
+        committer.poll_cloud(wait=wait_cloud, timeout_s=timeout_s)
         return {"committed": committer.committed[-1:], "cloud_committed": committer.cloud_committed[-1:]}
 
     def secure(self, timeout_s: float = 600.0) -> dict:
@@ -315,25 +323,33 @@ class Controller:
             try:
                 self.flush(timeout_s)
             except (GroupFailure, ray.exceptions.RayError) as err:   # the group is broken: keep what is committed
-                print(f"autohet: the newest step could not be committed ({err}); keeping the newest committed "
-                      f"one", file=sys.stderr)
+                report_failure(self.step_index, "commit of the newest step (the newest committed one is kept)",
+                               None, err)
         newest = max(self.committer.committed, default=None)
         if newest is not None and newest not in self.committer.cloud_committed:
             self.committer.promote(newest, timeout_s)
         return {"step": newest, "where": location(self.job.storage, "")}
 
-    def close(self) -> dict:
+    def close(self, stopping: str | None = None) -> dict:
         """End the job (on every exit path): the newest committed step reaches the storage before any node
         store is removed; when it cannot, the node stores are kept and the message says where and how to
-        resume. Returns {"step", "where"} of the secured step (and "error" when securing failed)."""
+        resume. `stopping`: the signal that stops the job; the newest step is then first secured in the node
+        stores, and where it is printed (orchestrate/stopping.py). Returns {"step", "where"} of the secured
+        step, "completed" (the newest step the job reached), "in_storage" (whether the storage holds it) and
+        "error" when securing failed."""
         if self.state == "closed":
             return {}
         if self.planning_ahead is not None:      # no new planning competes with securing the newest step
             self.planning_ahead.stop()
+        if stopping and self.committer is not None and self.group is not None:
+            secure_nodes_first(self, stopping)
         try:
             outcome = self.secure()
         except BaseException as err:            # noqa: BLE001 - whatever failed, the stores must be kept
             outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
+        if self.committer is not None:
+            outcome["completed"] = max(self.step_index, *self.committer.committed, 0)
+            outcome["in_storage"] = outcome["completed"] in {0, *self.committer.cloud_committed}
         self.inflight = []
         if self.planning_ahead is not None:
             self.planning_ahead.wait(self.job.plan_time_limit_s + 10.0)
@@ -352,19 +368,13 @@ class Controller:
             self.data.close()
         if self.tensorboard_log is not None:
             self.tensorboard_log.close()
-        if "error" in outcome and self.keeper_specs:
-            print(self._kept_stores_message(outcome["error"]), file=sys.stderr)
-        else:
+        if outcome.get("in_storage") is False:
+            print(not_in_storage_message(self, outcome), file=sys.stderr, flush=True)
+        if "error" not in outcome:               # else kept: the message above says where and how to resume
             for spec in self.keeper_specs.values():
                 stop_keeper(self.job_id, spec["node_id"])
         self.state = "closed"
         return outcome
-
-    def _kept_stores_message(self, error: str) -> str:
-        dirs = ", ".join(f"{node}: {spec['dir']}" for node, spec in sorted(self.keeper_specs.items()))
-        return (f"autohet: the newest committed step could not be copied to the storage ({error}). The node "
-                f"stores of job {self.job_id} are kept ({dirs}); while their nodes live, "
-                f"`autohet resume --storage {location(self.job.storage, '')}` continues from them.")
 
     # -- events between steps ----------------------------------------------------------------------------------
     def watch_spot(self, **watcher_options):

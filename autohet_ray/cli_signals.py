@@ -1,0 +1,62 @@
+"""How `autohet train` and `autohet resume` end: stop signals, and the exit status of a run.
+
+SIGTERM (`ray job stop`, a spot reclaim, Kubernetes), SIGHUP (a closed terminal) and SIGINT (Ctrl-C) each
+raise in the main thread once, so the controller's exit path runs (Controller.close with the signal's name:
+the newest step secured in node stores and printed before the storage is tried). A second signal while it
+runs is noted and ignored: cutting the exit path short gains nothing that SIGKILL would not, and SIGKILL
+leaves a resumable state.
+
+Exit status: 0 done; 2 bad input (cli.py); EXIT_NOT_IN_STORAGE (3) when the newest step the job reached is
+not in the storage (the message says where it is); EXIT_GAVE_UP (4) when a step raised or recovery gave up
+but the newest committed step is in the storage; 128 + the signal's number when a signal stopped the job.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+
+from autohet_ray.elastic.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Stopped(SystemExit):
+    """A stop signal (SIGTERM or SIGHUP) in the main thread; exits with 128 + its number."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def signal_name(exc: BaseException) -> str:
+    return signal.Signals(exc.signum).name if isinstance(exc, Stopped) else "SIGINT"
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """Install the handlers of STOP_SIGNALS (the main thread only) for the block; restore the previous ones."""
+    received: list[int] = []
+
+    def stop(signum, _frame):
+        if received:
+            print(f"autohet: {signal.Signals(signum).name} again: still securing the newest step (SIGKILL "
+                  f"leaves it resumable)", file=sys.stderr, flush=True)
+            return
+        received.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Stopped(signum)
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def exit_status(out: dict) -> int:
+    """The exit status of a run that ended without a signal (see the module docstring)."""
+    if out["secured"].get("in_storage") is False:
+        return EXIT_NOT_IN_STORAGE
+    return EXIT_GAVE_UP if out.get("failure") else 0
