@@ -3,6 +3,7 @@ inside one recovery; this bounds a failure that comes back on every step)."""
 from __future__ import annotations
 
 from autohet_ray.elastic.recovery import RecoveryFailed
+from autohet_ray.elastic.report import report_failure
 
 
 class RecoveryExhausted(RecoveryFailed):
@@ -26,13 +27,16 @@ class RecoveryBudget:
     def progressed(self, step: int) -> None:
         self.high_water = max(self.high_water, step)
 
-    def charge(self, failure) -> None:
-        """Called at each failure, before its recovery: RecoveryExhausted when no recovery is left."""
+    def charge(self, failure, step: int) -> None:
+        """Called at each failure in `step`, before its recovery (printed): RecoveryExhausted when no recovery
+        is left."""
         self.recent = [h for h in self.recent if self.high_water - h < self.window_steps]
+        rank = getattr(failure, "rank", None)
         if len(self.recent) >= self.max_recoveries:
-            rank = getattr(failure, "rank", None)
             raise RecoveryExhausted(
                 f"{len(self.recent)} recoveries within {self.window_steps} steps without progress (the job "
                 f"reached step {self.high_water}); failing rank {rank}: {failure}",
                 rank=rank, last_error=str(failure))
         self.recent.append(self.high_water)
+        report_failure(step, f"rank {rank} failed", None,
+                       f"{failure} (recovery {len(self.recent)} of {self.max_recoveries} without progress)")

@@ -223,7 +223,7 @@ class Controller:
                 metrics = self._step_once(fault_hook)
                 break
             except GroupFailure as failure:
-                self.budget.charge(failure)      # a failure that keeps coming back stops the job
+                self.budget.charge(failure, self.step_index + 1)   # a failure that keeps coming back: stop
                 fault_hook, self.state = None, "recovering"
                 recovered = recovery.recover(self, failure, mode=self.restore_mode)
                 self.state = "running"

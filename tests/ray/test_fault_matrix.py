@@ -1,0 +1,325 @@
+"""The fault matrix: each way an elastic `autohet train` can end, and what it leaves. Every row asserts the exit
+code, the line that tells the user what happened, and that `autohet resume` restores the newest step committed
+anywhere (the storage or a node store, read from the files themselves before the resume). The rows share one
+emulated 3-node cluster; `ray job stop` gets its own `ray start` cluster (tests/ray/test_job_submit.py).
+Each row prints `MATRIX row | newest committed | restored | exit code | key line` (pytest -s shows it)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+ray = pytest.importorskip("ray")
+
+from autohet_ray.cli import main  # noqa: E402
+from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
+from autohet_ray.orchestrate.controller import Controller  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
+
+pytestmark = pytest.mark.timeout(400)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MANIFEST = re.compile(r"step-(\d{10})\.json$")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from autohet_ray.emulate.cluster import emulated_cluster
+    with emulated_cluster(cluster_from_dict(THREE_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
+        yield test_cluster
+
+
+def job_files(tmp_path) -> tuple[str, str]:
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(THREE_NODES))
+    (tmp_path / "plan.json").write_text(json.dumps(asymmetric_plan()))
+    return str(tmp_path / "cluster.yaml"), str(tmp_path / "plan.json")
+
+
+def train_args(tmp_path, storage: str, steps: int, *extra: str) -> list[str]:
+    cluster_file, plan = job_files(tmp_path)
+    return ["train", "--elastic", "--cluster", cluster_file, "--model", "tiny-gpt", "--global-batch", "4",
+            "--steps", str(steps), "--checkpoint-every", "2", "--plan", plan, "--storage", storage,
+            "--dtype", "float64", *extra]
+
+
+def committed_steps(storage: str, job_id: str) -> dict[str, set[int]]:
+    """Steps with a manifest, per place: "storage", and each node store of the job (read from the files)."""
+    from autohet_ray.checkpoint.node_store import default_store_root
+    places = {"storage": glob.glob(os.path.join(storage, "manifests", "*.json"))}
+    for store in glob.glob(os.path.join(default_store_root(), job_id, "*")):
+        places[os.path.basename(store)] = glob.glob(os.path.join(store, "manifests", "*.json"))
+    return {place: {int(MANIFEST.search(f).group(1)) for f in files if MANIFEST.search(f)}
+            for place, files in places.items()}
+
+
+def newest_anywhere(storage: str) -> int:
+    job_id = json.load(open(os.path.join(storage, "job.json")))["job_id"]
+    return max(step for steps in committed_steps(storage, job_id).values() for step in steps)
+
+
+def resume_in_process(storage: str, steps: int, capsys) -> tuple[int, dict, str]:
+    capsys.readouterr()
+    code = main(["resume", "--storage", storage, "--steps", str(steps), "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out.strip().splitlines()[-1]), captured.err
+
+
+def check_row(name: str, storage: str, capsys, *, code: int, expected_code: int, output: str, key: str) -> None:
+    """The exit code and key line of the stopped run, then resume: it restores the newest step committed
+    anywhere and trains one more step."""
+    assert code == expected_code, output[-4000:]
+    line = next((line for line in output.splitlines() if key in line), None)
+    assert line is not None, f"{key!r} not in:\n{output[-4000:]}"
+    newest = newest_anywhere(storage)
+    resumed_code, out, err = resume_in_process(storage, newest + 1, capsys)
+    assert resumed_code == 0, err[-3000:]
+    assert out["resumed_from"] == newest and [s["step"] for s in out["steps"]] == [newest + 1]
+    print(f"\nMATRIX {name} | {newest} | {out['resumed_from']} | {code} | {line.strip()}")
+
+
+def train_in_process(args: list[str], capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_normal_end(cluster, tmp_path, capsys):
+    storage = str(tmp_path / "storage")
+    code, output = train_in_process(train_args(tmp_path, storage, 3), capsys)
+    check_row("normal end", storage, capsys, code=code, expected_code=0, output=output,
+              key=f"committed step 3 is in {storage}")
+    assert newest_anywhere(storage) == 4            # the resume's own final step: no node store left behind
+
+
+def train_process(tmp_path, storage: str, address: str) -> subprocess.Popen:
+    """`autohet train --elastic` on this module's cluster, paced so that a step lasts about a second."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cmd = [sys.executable, "-m", "autohet_ray.cli", *train_args(tmp_path, storage, 20), "--address", address,
+           "--emulate", "--iteration-wall-s", "1.0"]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def signal_after_step(proc: subprocess.Popen, step: int, signum: int, delay_s: float) -> str:
+    """Send `signum` `delay_s` after the progress line of `step`; the whole output."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if f"step {step}/20:" in line:
+            time.sleep(delay_s)
+            proc.send_signal(signum)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    return "".join(lines) + rest
+
+
+@pytest.mark.parametrize("signum, delay_s", [(signal.SIGINT, 0.5), (signal.SIGTERM, 0.0), (signal.SIGHUP, 0.5)],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_stop_signal(cluster, tmp_path, capsys, signum, delay_s):
+    """The newest step is secured in two node stores and printed with the resume command before the storage
+    is tried; then it reaches the storage and the stores go."""
+    storage = str(tmp_path / "storage")
+    proc = train_process(tmp_path, storage, cluster.address)
+    output = signal_after_step(proc, 3, signum, delay_s)
+    name = signal.Signals(signum).name
+    assert re.search(rf"autohet: {name}: committed step 3 is in node stores keeper-\w, keeper-\w.* \(2 copies "
+                     rf"of each chunk at least\); if this process is killed now, `autohet resume --storage "
+                     rf"{re.escape(storage)} --steps 20` continues from it", output), output[-4000:]
+    secured_at = output.index(f"autohet: {name}: committed step 3")
+    assert output.index(f"committed step 3 is in {storage}") > secured_at      # the storage only after that
+    check_row(name, storage, capsys, code=proc.returncode, expected_code=128 + signum, output=output,
+              key=f"autohet: {name}: committed step 3")
+
+
+def test_sigkill_of_the_driver(cluster, tmp_path, capsys):
+    """Nothing runs on SIGKILL: the detached keepers keep the committed steps, and resume finds them."""
+    storage = str(tmp_path / "storage")
+    proc = train_process(tmp_path, storage, cluster.address)
+    output = signal_after_step(proc, 3, signal.SIGKILL, 0.5)
+    job_id = json.load(open(os.path.join(storage, "job.json")))["job_id"]
+    in_stores = {place: steps for place, steps in committed_steps(storage, job_id).items() if place != "storage"}
+    assert len(in_stores) == 3 and all(steps & {2, 3} for steps in in_stores.values()), in_stores
+    check_row("SIGKILL of the driver", storage, capsys, code=proc.returncode, expected_code=-signal.SIGKILL,
+              output=output, key="step 3/20: loss")
+
+
+def test_exception_in_a_worker(cluster, tmp_path, capsys, monkeypatch):
+    """Step 4's batch holds a token id past the vocabulary: the worker's embedding raises, on a healthy
+    cluster, so the job stops (no recovery into the same error) with step 3 secured, and says why."""
+    from autohet_ray.data.training import TrainingData
+    real_batch = TrainingData.batch
+
+    def bad_fourth_batch(self, step):
+        batch = real_batch(self, step)
+        if step == 3:
+            batch["input_ids"][0, 0] = self.model.vocab_size + 7
+        return batch
+    monkeypatch.setattr(TrainingData, "batch", bad_fourth_batch)
+    storage = str(tmp_path / "storage")
+    code, output = train_in_process(train_args(tmp_path, storage, 6), capsys)
+    assert re.search(r"autohet: stopped: a step failed with every node and worker alive: .*rank \d", output), \
+        output[-4000:]
+    assert f"committed step 3 is in {storage}" in output and "done:" not in output
+    monkeypatch.setattr(TrainingData, "batch", real_batch)
+    check_row("exception in a worker", storage, capsys, code=code, expected_code=4, output=output,
+              key="autohet: stopped: a step failed")
+
+
+def block_storage(storage: str, steps: range) -> list[str]:
+    """Make every chunk write of these steps fail: a plain file where the step's directory goes."""
+    os.makedirs(storage, exist_ok=True)
+    blockers = [os.path.join(storage, f"step-{step:010d}") for step in steps]
+    for path in blockers:
+        open(path, "w").close()
+    return blockers
+
+
+def test_storage_that_fails_every_upload(cluster, tmp_path, capsys):
+    """Each upload fails and is printed as it happens; at the end the newest step is in the node stores only:
+    the stores are kept, the message says where and how to resume, exit 3. Resume (the storage repaired)
+    restores it from the node stores."""
+    storage = str(tmp_path / "storage")
+    blockers = block_storage(storage, range(1, 6))
+    code, output = train_in_process(train_args(tmp_path, storage, 3), capsys)
+    assert re.search(r"autohet: step 2: storage upload skipped \[tier \S+\]: rank \d: upload of step 2 failed",
+                     output), output[-4000:]
+    assert f"autohet: step 3 did not reach the storage {storage}" in output, output[-4000:]
+    assert re.search(r"committed step 3 is in node stores keeper-a, keeper-b, keeper-c .*kept for job \w+ .*"
+                     rf"`autohet resume --storage {re.escape(storage)}` continues from it", output), output[-4000:]
+    assert "done:" not in output
+    for path in blockers:
+        os.remove(path)
+    check_row("storage that fails every upload", storage, capsys, code=code, expected_code=3, output=output,
+              key="did not reach the storage")
+
+
+def test_plain_job_whose_final_commit_fails(cluster, tmp_path, capsys):
+    """Without --elastic the storage is the only place: a failed final commit is printed (step, tier, reason),
+    and the run exits 3 instead of saying "done"."""
+    storage = str(tmp_path / "storage")
+    block_storage(storage, range(1, 4))
+    args = [a for a in train_args(tmp_path, storage, 3) if a != "--elastic"]
+    code, output = train_in_process(args, capsys)
+    assert code == 3 and "done:" not in output, output[-4000:]
+    assert re.search(r"autohet: step 3: commit of the newest step .*: .*", output), output[-4000:]
+    assert f"autohet: step 3 did not reach the storage {storage} " in output
+    assert "the newest step there is None" in output
+
+
+def test_worker_that_dies_on_every_step(cluster, tmp_path, capsys, monkeypatch):
+    """From step 4 on, a worker is killed in every step: each loss is recovered (restoring step 3) until
+    --max-recoveries 2; the third failure stops the job, step 3 secured, the failing rank and error named."""
+    real_step_once = Controller._step_once
+
+    def kill_a_worker_from_step_4(self, fault_hook=None):
+        if self.step_index >= 3:
+            fault_hook = lambda ctl: ray.kill(ctl.group.actors[-1])     # noqa: E731
+        return real_step_once(self, fault_hook)
+    monkeypatch.setattr(Controller, "_step_once", kill_a_worker_from_step_4)
+    storage = str(tmp_path / "storage")
+    code, output = train_in_process(train_args(tmp_path, storage, 8, "--max-recoveries", "2"), capsys)
+    failures = re.findall(r"autohet: step 4: rank 3 failed: .*\(recovery (\d) of 2 without progress\)", output)
+    assert failures == ["1", "2"] and "keeper of node" not in output, output[-4000:]
+    assert re.search(r"autohet: stopped: 2 recoveries within 10 steps without progress \(the job reached step "
+                     r"3\); failing rank 3: ", output), output[-4000:]
+    assert f"committed step 3 is in {storage}" in output
+    monkeypatch.setattr(Controller, "_step_once", real_step_once)
+    check_row("worker that dies on every step", storage, capsys, code=code, expected_code=4, output=output,
+              key="autohet: stopped: 2 recoveries")
+
+
+TWO_NODES = {"name": "two-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
+                                           {"name": "b", "device": "H800", "count": 1}]}
+
+
+def two_node_plan() -> dict:
+    """One single-stage pipeline on each node."""
+    from ray_helpers import stage
+    return {"schema_version": 1, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
+            "pipelines": [{"num_microbatches": 2, "stages": [stage((0, 4), 1, "H800", node, (0,))]}
+                          for node in ("a", "b")]}
+
+
+def ray_start(env: dict, log, *args: str) -> subprocess.Popen:
+    from test_job_submit import BIN
+    return subprocess.Popen([f"{BIN}/ray", "start", "--num-cpus=1", "--num-gpus=1", *args, "--block"], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def labels(node: str) -> str:
+    return f"--labels=ray.io/accelerator-type=H800,autohet.io/node={node},autohet.io/emulated=true"
+
+
+@pytest.fixture
+def two_node_ray_head(tmp_path):
+    """`ray start --head` (node a, with the job server) and `ray start --address` (node b), as users run them."""
+    from test_job_submit import BIN, _free_port, _wait_http
+    gcs, dash, client, agent = _free_port(), _free_port(), _free_port(), _free_port()
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    log = open(tmp_path / "ray.log", "w")
+    procs = [ray_start(env, log, "--head", f"--port={gcs}", labels("a"), "--include-dashboard=true",
+                       "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                       f"--dashboard-agent-listen-port={agent}")]
+    try:
+        _wait_http(f"http://127.0.0.1:{dash}/api/version", procs[0], 120)
+        procs.append(ray_start(env, log, f"--address=127.0.0.1:{gcs}", labels("b")))
+        yield f"http://127.0.0.1:{dash}", f"127.0.0.1:{gcs}", env
+    finally:
+        for proc in reversed(procs):             # each `ray start --block` stops its own processes on SIGTERM
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_ray_job_stop(two_node_ray_head, tmp_path):
+    """`ray job stop` on a submitted job: SIGTERM, then SIGKILL 3 s later. Before that, the job has printed
+    where its newest step is and the resume command; `autohet resume` on the same cluster continues from the
+    newest step committed anywhere."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    from test_job_submit import BIN
+    address, gcs, env = two_node_ray_head
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(TWO_NODES))
+    (tmp_path / "plan.json").write_text(json.dumps(two_node_plan()))
+    storage = str(tmp_path / "storage")
+    submit = [f"{BIN}/ray", "job", "submit", "--address", address, "--submission-id", "autohet-stop", "--no-wait",
+              "--working-dir", ".", "--", "python", "jobs/train.py", "--elastic", "--cluster",
+              str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"), "--model", "tiny-gpt",
+              "--global-batch", "4", "--steps", "30", "--checkpoint-every", "2", "--storage", storage,
+              "--dtype", "float64", "--emulate", "--iteration-wall-s", "1.0"]
+    done = subprocess.run(submit, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = JobSubmissionClient(address)
+    deadline = time.time() + 240
+    while "step 3/30:" not in (logs := client.get_job_logs("autohet-stop")):
+        assert client.get_job_status("autohet-stop") == JobStatus.RUNNING, logs[-3000:]
+        assert time.time() < deadline, logs[-3000:]
+        time.sleep(0.5)
+    stop = subprocess.run([f"{BIN}/ray", "job", "stop", "--address", address, "autohet-stop"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stderr[-3000:]
+    assert client.get_job_status("autohet-stop") == JobStatus.STOPPED
+    logs = client.get_job_logs("autohet-stop")
+    key = re.search(r"autohet: SIGTERM: committed step (\d+) is in node stores keeper-a, keeper-b .*\(2 copies "
+                    rf"of each chunk at least\); if this process is killed now, `autohet resume --storage "
+                    rf"{re.escape(storage)} --steps 30` continues from it", logs)
+    assert key is not None, logs[-4000:]
+    newest = newest_anywhere(storage)
+    assert newest == int(key.group(1))              # what it printed is the newest step committed anywhere
+    resumed = subprocess.run([sys.executable, "-m", "autohet_ray.cli", "resume", "--storage", storage, "--steps",
+                              str(newest + 1), "--address", gcs, "--json"], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    out = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert out["resumed_from"] == newest and [s["step"] for s in out["steps"]] == [newest + 1]
+    print(f"\nMATRIX ray job stop | {newest} | {out['resumed_from']} | STOPPED | {key.group(0)}")

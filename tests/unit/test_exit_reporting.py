@@ -1,0 +1,58 @@
+"""Failure lines, the recovery budget and the exit status of a run (no Ray, no process)."""
+from __future__ import annotations
+
+import pytest
+
+from autohet_ray.cli_signals import exit_status
+from autohet_ray.elastic.budget import RecoveryBudget, RecoveryExhausted
+from autohet_ray.elastic.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE, report_failure
+from autohet_ray.job.config import TrainJob
+from autohet_ray import ConfigError
+
+
+class Failure(RuntimeError):
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+def test_a_failure_is_one_line_with_step_what_tier_and_reason(capsys):
+    line = report_failure(4, "storage upload skipped", "cloud", "rank 1: upload failed\nTraceback (most recent)")
+    assert line == "step 4: storage upload skipped [tier cloud]: rank 1: upload failed"
+    assert capsys.readouterr().err == f"autohet: {line}\n"
+
+
+def test_recoveries_without_progress_run_out_and_name_the_rank(capsys):
+    budget = RecoveryBudget(max_recoveries=2, window_steps=3)
+    budget.progressed(5)
+    budget.charge(Failure("rank 3 died", 3), 6)
+    budget.charge(Failure("rank 3 died", 3), 6)
+    with pytest.raises(RecoveryExhausted, match=r"2 recoveries within 3 steps without progress \(the job reached "
+                                                r"step 5\); failing rank 3: rank 3 died") as info:
+        budget.charge(Failure("rank 3 died", 3), 6)
+    assert info.value.rank == 3 and info.value.last_error == "rank 3 died"
+    assert capsys.readouterr().err.count("autohet: step 6: rank 3 failed: rank 3 died (recovery") == 2
+
+
+def test_recoveries_stop_counting_once_the_job_gets_a_window_further():
+    budget = RecoveryBudget(max_recoveries=2, window_steps=3)
+    for step in (1, 2, 4, 7, 10, 13):      # a loss every 3 steps, each followed by progress: never exhausted
+        budget.progressed(step)
+        budget.charge(Failure("node lost", 0), step + 1)
+    budget.progressed(14)
+    budget.charge(Failure("node lost", 0), 15)
+    with pytest.raises(RecoveryExhausted):   # 13, 14, 14: the third within 3 steps of no progress
+        budget.charge(Failure("node lost", 0), 15)
+
+
+@pytest.mark.parametrize("field", ["max_recoveries", "recovery_window_steps"])
+def test_the_budget_fields_must_be_positive_integers(field):
+    with pytest.raises(ConfigError, match=f"{field}=0 must be an integer >= 1"):
+        TrainJob(model={}, cluster={}, global_batch=4, **{field: 0})
+
+
+@pytest.mark.parametrize("secured, failure, code", [
+    ({"in_storage": True}, None, 0), ({}, None, 0), ({"in_storage": False}, None, EXIT_NOT_IN_STORAGE),
+    ({"in_storage": True}, "a step failed", EXIT_GAVE_UP), ({"in_storage": False}, "gave up", EXIT_NOT_IN_STORAGE)])
+def test_exit_status(secured, failure, code):
+    assert exit_status({"secured": secured, "failure": failure}) == code
