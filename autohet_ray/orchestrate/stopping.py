@@ -21,11 +21,12 @@ FAST_TIMEOUT_S = 2.0        # a stopping job's node-store commit and second copi
 
 
 def resume_command(ctl) -> str:
-    """The exact `autohet resume` command that continues this job (to its target step, when known)."""
+    """The exact `autohet resume` command that continues this job (to its target step, when it is not reached)."""
     storage = ctl.job.storage
     endpoint = f" --endpoint-url {storage['endpoint_url']}" if storage.get("endpoint_url") else ""
-    steps = f" --steps {ctl.target_steps}" if ctl.target_steps else ""
-    return f"autohet resume --storage {location(storage, '')}{endpoint}{steps}"
+    newest = max(ctl.committer.committed, default=0) if ctl.committer else 0
+    steps = f" --steps {ctl.target_steps}" if ctl.target_steps and ctl.target_steps > newest else ""
+    return f"autohet resume --storage {location(storage, '').rstrip('/')}{endpoint}{steps}"
 
 
 def newest_places(ctl) -> dict:
@@ -82,7 +83,7 @@ def not_in_storage_message(ctl, outcome: dict) -> str:
     """Why the run's newest step is not in the storage, where it is instead, and the resume command."""
     newest_cloud = max(ctl.committer.cloud_committed, default=None)
     places = newest_places(ctl)
-    lines = [f"autohet: step {outcome['completed']} did not reach the storage {location(ctl.job.storage, '')}"
+    lines = [f"autohet: step {outcome['completed']} did not reach the storage {location(ctl.job.storage, '').rstrip('/')}"
              + (f" ({outcome['error']})" if outcome.get("error") else "")
              + f"; the newest step there is {newest_cloud}."]
     if places["step"] is not None and not places["in_storage"] and places["stores"]:
@@ -90,6 +91,8 @@ def not_in_storage_message(ctl, outcome: dict) -> str:
                          if spec["name"] in places["stores"])
         lines.append(f"autohet: {describe_places(ctl, places)}, kept for job {ctl.job_id} ({dirs}); while "
                      f"their nodes live, `{resume_command(ctl)}` continues from it.")
-    else:
+    elif newest_cloud is not None:
         lines.append(f"autohet: `{resume_command(ctl)}` continues from step {newest_cloud}.")
+    else:
+        lines.append("autohet: no step of this job was committed anywhere; `autohet train` starts it again.")
     return "\n".join(lines)
