@@ -29,14 +29,26 @@ class Stopped(SystemExit):
         self.signum = signum
 
 
-def signal_name(exc: BaseException) -> str:
-    return signal.Signals(exc.signum).name if isinstance(exc, Stopped) else "SIGINT"
+_received: list[int] = []        # the stop signal of the running block (stop_signals), once one came
+
+
+def stopped_by() -> int | None:
+    """The stop signal received inside the running stop_signals block, if any. Ask this rather than the
+    exception's type: Ray turns an exception raised by a signal handler during ray.wait into a plain
+    SystemExit(1)."""
+    return _received[0] if _received else None
+
+
+def as_raised(signum: int) -> BaseException:
+    """The exception a stop signal ends the run with (its exit status: 128 + its number)."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
 
 
 @contextlib.contextmanager
 def stop_signals():
     """Install the handlers of STOP_SIGNALS (the main thread only) for the block; restore the previous ones."""
-    received: list[int] = []
+    received = _received
+    received.clear()
 
     def stop(signum, _frame):
         if received:

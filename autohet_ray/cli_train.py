@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
 from autohet_ray import ConfigError
-from autohet_ray.cli_signals import Stopped, exit_status, signal_name, stop_signals
+from autohet_ray.cli_signals import as_raised, exit_status, stop_signals, stopped_by
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
@@ -149,9 +150,11 @@ def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: st
                   f"predicted{tag}" + (f"  val loss {m['val_loss']:.4f}" if "val_loss" in m else ""), flush=True)
     except (RecoveryFailed, StepFailed) as err:    # the job stops; close() secures its newest committed step
         failure = str(err)
-    except (Stopped, KeyboardInterrupt) as exc:
-        stopping = signal_name(exc)
-        raise
+    except BaseException:
+        if stopped_by() is None:
+            raise
+        stopping = signal.Signals(stopped_by()).name       # the newest step goes to two node stores first
+        raise as_raised(stopped_by()) from None
     finally:
         secured = ctl.close(stopping=stopping)
         if secured.get("step") is not None and secured.get("where"):

@@ -230,7 +230,6 @@ class Committer:
         return sorted(scan_manifests(self.manifest_tiers(mode)).steps, reverse=True)
 
 
-
 def _cause(err) -> str:
     """A Ray task error's own message (its first line), without the remote traceback Ray wraps it in."""
     cause = getattr(err, "cause", None)

@@ -27,8 +27,8 @@ from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic import recovery
 from autohet_ray.elastic.budget import RecoveryBudget
 from autohet_ray.elastic.commit import Committer
-from autohet_ray.elastic.report import report_failure
 from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
+from autohet_ray.elastic.report import report_failure
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.job.config import TrainJob

@@ -83,7 +83,8 @@ def not_in_storage_message(ctl, outcome: dict) -> str:
     """Why the run's newest step is not in the storage, where it is instead, and the resume command."""
     newest_cloud = max(ctl.committer.cloud_committed, default=None)
     places = newest_places(ctl)
-    lines = [f"autohet: step {outcome['completed']} did not reach the storage {location(ctl.job.storage, '').rstrip('/')}"
+    storage = location(ctl.job.storage, "").rstrip("/")
+    lines = [f"autohet: step {outcome['completed']} did not reach the storage {storage}"
              + (f" ({outcome['error']})" if outcome.get("error") else "")
              + f"; the newest step there is {newest_cloud}."]
     if places["step"] is not None and not places["in_storage"] and places["stores"]:

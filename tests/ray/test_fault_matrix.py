@@ -107,17 +107,22 @@ def train_process(tmp_path, storage: str, address: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def signal_after_step(proc: subprocess.Popen, step: int, signum: int, delay_s: float) -> str:
-    """Send `signum` `delay_s` after the progress line of `step`; the whole output."""
-    lines = []
+def signal_after_step(proc: subprocess.Popen, step: int, signum: int, delay_s: float) -> tuple[str, dict]:
+    """Send `signum` `delay_s` after the progress line of `step`; the whole output, and the seconds from the
+    signal to each line printed after it."""
+    lines, after = [], {}
     for line in proc.stdout:
         lines.append(line)
         if f"step {step}/20:" in line:
             time.sleep(delay_s)
             proc.send_signal(signum)
+            sent = time.perf_counter()
             break
-    rest, _ = proc.communicate(timeout=120)
-    return "".join(lines) + rest
+    for line in proc.stdout:
+        lines.append(line)
+        after.setdefault(line.strip(), time.perf_counter() - sent)
+    proc.wait(timeout=120)
+    return "".join(lines), after
 
 
 @pytest.mark.parametrize("signum, delay_s", [(signal.SIGINT, 0.5), (signal.SIGTERM, 0.0), (signal.SIGHUP, 0.5)],
@@ -127,13 +132,15 @@ def test_stop_signal(cluster, tmp_path, capsys, signum, delay_s):
     is tried; then it reaches the storage and the stores go."""
     storage = str(tmp_path / "storage")
     proc = train_process(tmp_path, storage, cluster.address)
-    output = signal_after_step(proc, 3, signum, delay_s)
+    output, after = signal_after_step(proc, 3, signum, delay_s)
     name = signal.Signals(signum).name
     assert re.search(rf"autohet: {name}: committed step 3 is in node stores keeper-\w, keeper-\w.* \(2 copies "
                      rf"of each chunk at least\); if this process is killed now, `autohet resume --storage "
                      rf"{re.escape(storage)} --steps 20` continues from it", output), output[-4000:]
     secured_at = output.index(f"autohet: {name}: committed step 3")
     assert output.index(f"committed step 3 is in {storage}") > secured_at      # the storage only after that
+    seconds = next(t for line, t in after.items() if line.startswith(f"autohet: {name}: committed step 3"))
+    print(f"\n{name}: the newest step's places printed {seconds:.2f} s after the signal")
     check_row(name, storage, capsys, code=proc.returncode, expected_code=128 + signum, output=output,
               key=f"autohet: {name}: committed step 3")
 
@@ -142,7 +149,7 @@ def test_sigkill_of_the_driver(cluster, tmp_path, capsys):
     """Nothing runs on SIGKILL: the detached keepers keep the committed steps, and resume finds them."""
     storage = str(tmp_path / "storage")
     proc = train_process(tmp_path, storage, cluster.address)
-    output = signal_after_step(proc, 3, signal.SIGKILL, 0.5)
+    output, _ = signal_after_step(proc, 3, signal.SIGKILL, 0.5)
     job_id = json.load(open(os.path.join(storage, "job.json")))["job_id"]
     in_stores = {place: steps for place, steps in committed_steps(storage, job_id).items() if place != "storage"}
     assert len(in_stores) == 3 and all(steps & {2, 3} for steps in in_stores.values()), in_stores

@@ -1,9 +1,13 @@
 """Failure lines, the recovery budget and the exit status of a run (no Ray, no process)."""
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
-from autohet_ray.cli_signals import exit_status
+from autohet_ray.cli_signals import Stopped, as_raised, exit_status, stop_signals, stopped_by
 from autohet_ray.elastic.budget import RecoveryBudget, RecoveryExhausted
 from autohet_ray.elastic.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE, report_failure
 from autohet_ray.job.config import TrainJob
@@ -56,3 +60,29 @@ def test_the_budget_fields_must_be_positive_integers(field):
     ({"in_storage": True}, "a step failed", EXIT_GAVE_UP), ({"in_storage": False}, "gave up", EXIT_NOT_IN_STORAGE)])
 def test_exit_status(secured, failure, code):
     assert exit_status({"secured": secured, "failure": failure}) == code
+
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGHUP, 129),
+                                            (signal.SIGINT, KeyboardInterrupt)])
+def test_a_stop_signal_raises_once_and_is_remembered(signum, raised, capsys):
+    before = signal.getsignal(signum)
+    with pytest.raises(KeyboardInterrupt if raised is KeyboardInterrupt else Stopped) as info:
+        with stop_signals():
+            os.kill(os.getpid(), signum)
+            time.sleep(1)                       # the handler runs in the main thread, between bytecodes
+    if raised is not KeyboardInterrupt:
+        assert info.value.code == raised
+    assert stopped_by() == signum and isinstance(as_raised(signum), type(info.value))
+    assert signal.getsignal(signum) is before
+
+
+def test_a_second_stop_signal_is_noted_and_ignored(capsys):
+    with pytest.raises(Stopped):
+        with stop_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            finally:                            # the exit path runs: a second signal must not cut it short
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+    assert "SIGTERM again: still securing the newest step" in capsys.readouterr().err
