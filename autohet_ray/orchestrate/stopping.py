@@ -55,10 +55,11 @@ def newest_places(ctl) -> dict:
 def secure_nodes_first(ctl, signal_name: str) -> dict:
     """On a stop signal: commit the newest completed step to the node stores, give each of its chunks a
     second copy where it has one, and print where it is and how to resume. Returns newest_places."""
-    try:
-        ctl.flush(FAST_TIMEOUT_S, wait_cloud=False)
-    except (GroupFailure, CheckpointError, ray.exceptions.RayError) as err:
-        report_failure(ctl.step_index, "node-store commit on stopping", None, err)
+    if ctl.committer.keepers:                # a plain job's commit is the storage's: Controller.secure's work
+        try:
+            ctl.flush(FAST_TIMEOUT_S, wait_cloud=False)
+        except (GroupFailure, CheckpointError, ray.exceptions.RayError) as err:
+            report_failure(ctl.step_index, "node-store commit on stopping", None, err)
     places = newest_places(ctl)
     if places["step"] is not None and places["copies"] < 2 and ctl.committer.rereplicate_newest():
         copies = ctl.committer.copies
