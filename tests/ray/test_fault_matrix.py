@@ -71,7 +71,8 @@ def resume_in_process(storage: str, steps: int, capsys) -> tuple[int, dict, str]
     return code, json.loads(captured.out.strip().splitlines()[-1]), captured.err
 
 
-def check_row(name: str, storage: str, capsys, *, code: int, expected_code: int, output: str, key: str) -> None:
+def check_row(name: str, storage: str, capsys, *, code: int, expected_code: int, output: str, key: str,
+              note: str = "") -> None:
     """The exit code and key line of the stopped run, then resume: it restores the newest step committed
     anywhere and trains one more step."""
     assert code == expected_code, output[-4000:]
@@ -81,7 +82,7 @@ def check_row(name: str, storage: str, capsys, *, code: int, expected_code: int,
     resumed_code, out, err = resume_in_process(storage, newest + 1, capsys)
     assert resumed_code == 0, err[-3000:]
     assert out["resumed_from"] == newest and [s["step"] for s in out["steps"]] == [newest + 1]
-    print(f"\nMATRIX {name} | {newest} | {out['resumed_from']} | {code} | {line.strip()}")
+    print(f"\nMATRIX {name} | {newest} | {out['resumed_from']} | {code} | {line.strip()}{note}")
 
 
 def train_in_process(args: list[str], capsys) -> tuple[int, str]:
@@ -140,9 +141,8 @@ def test_stop_signal(cluster, tmp_path, capsys, signum, delay_s):
     secured_at = output.index(f"autohet: {name}: committed step 3")
     assert output.index(f"committed step 3 is in {storage}") > secured_at      # the storage only after that
     seconds = next(t for line, t in after.items() if line.startswith(f"autohet: {name}: committed step 3"))
-    print(f"\n{name}: the newest step's places printed {seconds:.2f} s after the signal")
     check_row(name, storage, capsys, code=proc.returncode, expected_code=128 + signum, output=output,
-              key=f"autohet: {name}: committed step 3")
+              key=f"autohet: {name}: committed step 3", note=f" (printed {seconds:.2f} s after the signal)")
 
 
 def test_sigkill_of_the_driver(cluster, tmp_path, capsys):
