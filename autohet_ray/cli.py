@@ -122,8 +122,7 @@ def _train_parser(sub) -> None:
     t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
     t.add_argument("--max-recoveries", type=int, default=TrainJob.max_recoveries,
                    help="recoveries allowed within --recovery-window steps without progress; one more failure "
-                        "stops the job (its newest committed step secured first; exit status 4, or 3 when that "
-                        "step could not reach the storage)")
+                        "stops the job (its newest committed step secured first; exit status 4)")
     t.add_argument("--recovery-window", type=int, default=TrainJob.recovery_window_steps, metavar="M",
                    help="--max-recoveries counts the recoveries until the job gets M steps past where it was")
     t.add_argument("--spot-watch", action="store_true",

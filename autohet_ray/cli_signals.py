@@ -6,9 +6,10 @@ the newest step secured in node stores and printed before the storage is tried).
 runs is noted and ignored: cutting the exit path short gains nothing that SIGKILL would not, and SIGKILL
 leaves a resumable state.
 
-Exit status: 0 done; 2 bad input (cli.py); EXIT_NOT_IN_STORAGE (3) when the newest step the job reached is
-not in the storage (the message says where it is); EXIT_GAVE_UP (4) when a step raised or recovery gave up
-but the newest committed step is in the storage; 128 + the signal's number when a signal stopped the job.
+Exit status: 0 done; 2 bad input (cli.py); EXIT_GAVE_UP (4) when a step raised or recovery gave up (after
+securing what was committed; the messages say where it is); EXIT_NOT_IN_STORAGE (3) when the job ended
+otherwise but the newest step it reached is not in the storage (the message says where it is instead);
+128 + the signal's number when a signal stopped the job.
 """
 from __future__ import annotations
 
@@ -69,6 +70,6 @@ def stop_signals():
 
 def exit_status(out: dict) -> int:
     """The exit status of a run that ended without a signal (see the module docstring)."""
-    if out["secured"].get("in_storage") is False:
-        return EXIT_NOT_IN_STORAGE
-    return EXIT_GAVE_UP if out.get("failure") else 0
+    if out.get("failure"):
+        return EXIT_GAVE_UP
+    return EXIT_NOT_IN_STORAGE if out["secured"].get("in_storage") is False else 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-EXIT_NOT_IN_STORAGE = 3      # the newest committed step did not reach the storage (it is in node stores, or lost)
-EXIT_GAVE_UP = 4             # the job stopped on a failure: a step raised, or recovery gave up
+EXIT_NOT_IN_STORAGE = 3      # the newest step did not reach the storage (it is in node stores, or was lost)
+EXIT_GAVE_UP = 4             # the job stopped on a failure: a step raised, or recovery gave up (before 3)
 
 
 def one_line(reason) -> str:

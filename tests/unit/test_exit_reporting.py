@@ -57,7 +57,7 @@ def test_the_budget_fields_must_be_positive_integers(field):
 
 @pytest.mark.parametrize("secured, failure, code", [
     ({"in_storage": True}, None, 0), ({}, None, 0), ({"in_storage": False}, None, EXIT_NOT_IN_STORAGE),
-    ({"in_storage": True}, "a step failed", EXIT_GAVE_UP), ({"in_storage": False}, "gave up", EXIT_NOT_IN_STORAGE)])
+    ({"in_storage": True}, "a step failed", EXIT_GAVE_UP), ({"in_storage": False}, "gave up", EXIT_GAVE_UP)])
 def test_exit_status(secured, failure, code):
     assert exit_status({"secured": secured, "failure": failure}) == code
 
