@@ -6,16 +6,15 @@ import json
 import os
 import pathlib
 import sys
-import time
 
 import boto3
 import pytest
-import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from autohet_ray import ConfigError  # noqa: E402
 from autohet_ray.safe_names import UnsafeNameError, path_inside, plain_name, relative_name  # noqa: E402
+from crafted_inputs import Sentinel, crafted_names, hf_dir, index_with, manifest_with  # noqa: E402
 from s3_server import CREDENTIALS, moto_endpoint  # noqa: E402
 
 W = {"where": "/d/index.json", "field": "shards[0].file"}
@@ -58,70 +57,19 @@ def test_bad_sub_paths_are_refused(name, why):
 
 # ---- crafted files ------------------------------------------------------------------------------------------
 
-class Sentinel:
-    """A file outside the directory under test. Inside `with`, its atime lies in the past (below its ctime),
-    so any read moves it (relatime); afterwards `untouched()`: not read, not written, nothing new beside it."""
-
-    def __init__(self, folder: pathlib.Path):
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder, self.path = folder, folder / "sentinel.bin"
-        self.content = b"\x01\x00" * 8
-        self.path.write_bytes(self.content)
-        self.mtime, self.listing = self.path.stat().st_mtime_ns, sorted(os.listdir(folder))
-        self.atime = None
-        _check_reads_are_seen(folder.parent / "control.bin")
-
-    def __enter__(self):
-        self.atime = time.time_ns() - 3 * 86400 * 10**9
-        os.utime(self.path, ns=(self.atime, self.mtime))
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def untouched(self) -> bool:
-        info = self.path.stat()
-        unread = info.st_atime_ns == self.atime
-        return (unread and info.st_mtime_ns == self.mtime and self.path.read_bytes() == self.content
-                and sorted(os.listdir(self.folder)) == self.listing)
-
-
-def _check_reads_are_seen(control: pathlib.Path) -> None:
-    """This filesystem moves the atime of a file read after its atime was set into the past."""
-    control.write_bytes(b"x")
-    past = time.time_ns() - 3 * 86400 * 10**9
-    os.utime(control, ns=(past, past))
-    control.read_bytes()
-    assert control.stat().st_atime_ns != past, "this filesystem does not record reads (noatime)"
-    control.unlink()
-
-
-def _crafted_names(sentinel: Sentinel, directory: pathlib.Path) -> list[str]:
-    """A `..` path and an absolute path, both to the sentinel."""
-    return [os.path.relpath(sentinel.path, directory), str(sentinel.path)]
-
-
-def _index(file: str, data: bytes) -> dict:
-    """A dataset index whose one shard is `file` (its hash and fingerprint right: only the name is wrong)."""
-    from autohet_ray.data.index import DataIndex, ShardInfo, hash_bytes
-    shard = ShardInfo(file=file, num_tokens=len(data) // 2, num_documents=1, xxh3_64=hash_bytes(data))
-    return DataIndex(dtype="uint16", vocab_size=100, eos_id=0, mask_id=None, tokenizer_fingerprint="xxh3-64:0",
-                     shards=(shard,), train_tokens=len(data) // 2).to_dict()
-
-
 def test_a_local_index_naming_a_file_outside_is_refused(tmp_path):
     from autohet_ray.data import Dataset
     sentinel = Sentinel(tmp_path / "outside")
     data = tmp_path / "data"
     data.mkdir()
-    for name in _crafted_names(sentinel, data):
-        (data / "index.json").write_text(json.dumps(_index(name, sentinel.path.read_bytes())))
+    for name in crafted_names(sentinel, data):
+        (data / "index.json").write_text(json.dumps(index_with(name, sentinel.path.read_bytes())))
         with sentinel, pytest.raises(UnsafeNameError) as err:
             Dataset.open(str(data))
         assert str(err.value).startswith(f"{data / 'index.json'}: shards[0].file {name!r}"), err.value
         assert sentinel.untouched()
     (data / "shard-00000.bin").write_bytes(sentinel.path.read_bytes())        # the control: a plain name opens
-    (data / "index.json").write_text(json.dumps(_index("shard-00000.bin", sentinel.path.read_bytes())))
+    (data / "index.json").write_text(json.dumps(index_with("shard-00000.bin", sentinel.path.read_bytes())))
     assert Dataset.open(str(data)).index.num_tokens == 8
 
 
@@ -135,40 +83,22 @@ def test_an_s3_index_naming_a_file_outside_is_refused_before_the_download(tmp_pa
     with moto_endpoint() as endpoint:
         s3 = boto3.client("s3", endpoint_url=endpoint, **CREDENTIALS)
         s3.create_bucket(Bucket="data")
-        for name in _crafted_names(sentinel, cache):
+        for name in crafted_names(sentinel, cache):
             s3.put_object(Bucket="data", Key=f"ds/{name.lstrip('/')}", Body=b"evil")
-            s3.put_object(Bucket="data", Key="ds/index.json", Body=json.dumps(_index(name, b"evil")).encode())
+            s3.put_object(Bucket="data", Key="ds/index.json", Body=json.dumps(index_with(name, b"evil")).encode())
             with sentinel, pytest.raises(UnsafeNameError, match=r"index\.json: shards\[0\]\.file"):
                 download_dataset("s3://data/ds", str(cache), endpoint_url=endpoint)
             assert sentinel.untouched() and not cache.exists()          # nothing written, not even the cache
-
-
-def _manifest_with(tmp_path, name: str, chunk: dict | None = None):
-    """A committed manifest in a directory tier, hash right, whose one tensor is `name`."""
-    from autohet_ray.checkpoint import ChunkRecord, LocalDirTier, Manifest
-    from autohet_ray.layout import Chunk
-    tier = LocalDirTier(tmp_path / "ckpt", name="cloud")
-    record = ChunkRecord(step=1, name=name, global_shape=(2,), chunk=Chunk.whole((2,)), dtype="float32",
-                         digest="xxh3-64:0", nbytes=8, replicas=("cloud",))
-    body = json.loads(Manifest(step=1, records=(record,)).to_json())
-    if chunk is not None:
-        from autohet_ray.checkpoint.codec import digest
-        body["body"]["tensors"][name]["chunks"][0]["chunk"] = chunk
-        canonical = json.dumps(body["body"], sort_keys=True, separators=(",", ":"))
-        body["digest"] = digest(canonical.encode())
-    (tmp_path / "ckpt" / "manifests").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "ckpt" / "manifests" / "step-0000000001.json").write_text(json.dumps(body))
-    return tier
 
 
 @pytest.mark.parametrize("crafted", ["dotdot", "absolute", "offsets"])
 def test_a_manifest_naming_a_chunk_outside_is_refused(crafted, tmp_path):
     from autohet_ray.checkpoint import latest_committed_step, load_manifest
     sentinel = Sentinel(tmp_path / "outside")
-    names = dict(zip(("dotdot", "absolute"), _crafted_names(sentinel, tmp_path / "ckpt" / "step-0000000001")))
+    names = dict(zip(("dotdot", "absolute"), crafted_names(sentinel, tmp_path / "ckpt" / "step-0000000001")))
     name = names.get(crafted, "w")
     chunk = {"offsets": ["../../outside/sentinel.bin"], "sizes": [2]} if crafted == "offsets" else None
-    tier = _manifest_with(tmp_path, name, chunk)
+    tier = manifest_with(tmp_path, name, chunk)
     field = "tensor name" if crafted != "offsets" else r"tensors\['w'\]\.chunks\[0\]\.chunk\.offsets"
     with sentinel, pytest.raises(UnsafeNameError, match=rf"^manifest manifests/step-0000000001\.json in tier "
                                                         rf"'cloud': {field}"):
@@ -178,28 +108,17 @@ def test_a_manifest_naming_a_chunk_outside_is_refused(crafted, tmp_path):
     assert sentinel.untouched()
 
 
-def _hf_dir(path: pathlib.Path) -> None:
-    """tiny-gpt as a sharded Hugging Face directory (config.json, two safetensors files and their index)."""
-    from autohet_ray.model.spec import PRESETS
-    from autohet_ray.nn import build_model
-    from autohet_ray.nn.hf import save_hf_dir
-    torch.manual_seed(0)
-    spec = PRESETS["tiny-gpt"]
-    state = {n: t.detach() for n, t in build_model(spec).state_dict().items()}
-    assert len(save_hf_dir(str(path), spec, state, max_shard_bytes=30_000)) > 1
-
-
 def test_an_hf_index_naming_a_file_outside_is_refused(tmp_path):
     from autohet_ray.checkpoint.hf_weights import SliceReader, check_hf_dir
     from autohet_ray.model.spec import PRESETS
     from autohet_ray.nn.hf import INDEX_FILE, load_hf_dir
     hf = tmp_path / "hf"
-    _hf_dir(hf)
+    hf_dir(hf)
     check_hf_dir(str(hf), PRESETS["tiny-gpt"])                        # the control: it loads as written
     index = json.loads((hf / INDEX_FILE).read_text())
     sentinel = Sentinel(tmp_path / "outside")
     tensor = sorted(index["weight_map"])[0]
-    for name in _crafted_names(sentinel, hf):
+    for name in crafted_names(sentinel, hf):
         (hf / INDEX_FILE).write_text(json.dumps({**index, "weight_map": {**index["weight_map"], tensor: name}}))
         for load in (lambda: check_hf_dir(str(hf), PRESETS["tiny-gpt"]), lambda: SliceReader(str(hf)),
                      lambda: load_hf_dir(str(hf))):

@@ -14,10 +14,9 @@ import boto3
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from s3_server import CREDENTIALS, moto_endpoint, new_bucket  # noqa: E402
-from test_safe_names import Sentinel, _crafted_names, _hf_dir, _index, _manifest_with  # noqa: E402
+from crafted_inputs import Sentinel, crafted_names, hf_dir, index_with, manifest_with  # noqa: E402
 
 pytestmark = [pytest.mark.cli, pytest.mark.timeout(300)]
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -160,8 +159,8 @@ def test_data_check_refuses_an_index_naming_files_outside(tmp_path):
     sentinel = Sentinel(tmp_path / "outside")
     data = tmp_path / "data"
     data.mkdir()
-    for name in _crafted_names(sentinel, data):
-        (data / "index.json").write_text(json.dumps(_index(name, sentinel.content)))
+    for name in crafted_names(sentinel, data):
+        (data / "index.json").write_text(json.dumps(index_with(name, sentinel.content)))
         with sentinel:
             line = one_error_line(autohet("data", "check", str(data)), "data")
         assert line.startswith(f"{data / 'index.json'}: shards[0].file {name!r} ") and sentinel.untouched(), line
@@ -169,8 +168,8 @@ def test_data_check_refuses_an_index_naming_files_outside(tmp_path):
 
 def test_export_refuses_a_manifest_naming_chunks_outside(tmp_path):
     sentinel = Sentinel(tmp_path / "outside")
-    for name in _crafted_names(sentinel, tmp_path / "ckpt" / "step-0000000001"):
-        _manifest_with(tmp_path, name)
+    for name in crafted_names(sentinel, tmp_path / "ckpt" / "step-0000000001"):
+        manifest_with(tmp_path, name)
         (tmp_path / "ckpt" / "job.json").write_bytes(job_files()["job.json"])
         with sentinel:
             done = autohet("export", "--storage", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"))
@@ -182,11 +181,11 @@ def test_export_refuses_a_manifest_naming_chunks_outside(tmp_path):
 def test_train_refuses_an_hf_index_naming_files_outside(tmp_path):
     from autohet_ray.nn.hf import INDEX_FILE
     hf = tmp_path / "hf"
-    _hf_dir(hf)
+    hf_dir(hf)
     index = json.loads((hf / INDEX_FILE).read_text())
     sentinel = Sentinel(tmp_path / "outside")
     tensor = sorted(index["weight_map"])[0]
-    for name in _crafted_names(sentinel, hf):
+    for name in crafted_names(sentinel, hf):
         (hf / INDEX_FILE).write_text(json.dumps({**index, "weight_map": {**index["weight_map"], tensor: name}}))
         with sentinel:
             done = autohet(*TRAIN, "--init-from", str(hf), "--storage", str(tmp_path / "run"))
@@ -197,7 +196,7 @@ def test_train_refuses_an_hf_index_naming_files_outside(tmp_path):
 def test_resume_refuses_a_job_id_naming_a_path_outside(tmp_path):
     sentinel = Sentinel(tmp_path / "outside")
     storage = tmp_path / "run"
-    for job_id in _crafted_names(sentinel, storage):
+    for job_id in crafted_names(sentinel, storage):
         write_dir(storage, job_files(job_id=job_id))
         with sentinel:
             line = one_error_line(autohet("resume", "--storage", str(storage), "--steps", "9"), "resume")
