@@ -81,8 +81,9 @@ def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster)
 
     # keeper-to-keeper replication: a pushes its own chunks to c as well
     own_a = [r.key for r in manifest.records if r.replicas[0] == "keeper-a"]
-    sent = ray.get(keepers["a"].replicate.remote(own_a, f"keeper-{JOB}-{node_ids['c']}"), timeout=60)
-    assert sent > 0 and all(tiers["c"].has(key) for key in own_a)
+    digests = {r.key: r.digest for r in manifest.records if r.key in own_a}
+    sent = ray.get(keepers["a"].replicate.remote(digests, f"keeper-{JOB}-{node_ids['c']}"), timeout=60)
+    assert sent["bytes"] > 0 and not sent["refused"] and all(tiers["c"].has(key) for key in own_a)
 
     # a real node loss: keeper a dies with its node; the peer copies on b and c restore everything
     cluster_obj.remove_node(nodes["a"], allow_graceful=False)
@@ -129,7 +130,7 @@ def test_after_a_loss_chunks_left_with_one_copy_get_a_second_one(cluster, tmp_pa
         committer.commit_fast(5, [records])
         committer.drop_keeper("c")                                      # c is lost
         assert committer.rereplicate_newest() == len(find_manifest(list(committer.keepers.values()), 5).records)
-        assert sum(ray.get(committer.copies, timeout=60)) > 0
+        assert sum(out["bytes"] for out in ray.get(committer.copies, timeout=60)) > 0
         stop_keeper(job, where["b"])                                    # b is lost as well: h alone holds step 5
         head = KeeperTier(get_keeper(job, where["h"]), "keeper-h", timeout_s=20)
         state, _ = restore(find_manifest([head], 5), helpers.needs_of([whole])[0], [head])
