@@ -39,7 +39,7 @@ from autohet_ray.orchestrate.discovery import confirm_nodes, discover
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import location
-from autohet_ray.storage.sweep import sweep_or_warn
+from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
 
 
 class Controller:
@@ -73,6 +73,7 @@ class Controller:
         self.staging: list = []              # copies toward the next plan's nodes, started at a loss (recovery)
         self.time_scale = 0.0                # the emulated clock's scale, once the first launch fixed it
         self.started_at = time.time()        # temporaries in the storage older than this are a dead writer's
+        self.sweeper: StorageSweeper | None = None
 
     # -- setup ---------------------------------------------------------------------------------------------
     def start(self, *, restore: str | None = None) -> dict:
@@ -91,7 +92,8 @@ class Controller:
                                  seq_len=self.seq_len, seed=self.job.seed)
         if self.job.storage:
             self._record_job()
-            sweep_or_warn(self.job.storage, self.started_at, "start")
+            self.sweeper = StorageSweeper(self.job.storage, self.started_at)
+            sweep_or_warn(self.sweeper.at_start, self.job.storage, "start")
             if self.job.elastic:
                 self.start_keepers()
             self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
@@ -352,7 +354,7 @@ class Controller:
             except Exception as err:             # noqa: BLE001 - a failed collection of old steps loses nothing
                 print(f"autohet: collecting old checkpoint steps failed: {err}", file=sys.stderr)
         if self.committer is not None:           # the storage was in use (a failed start touches nothing)
-            sweep_or_warn(self.job.storage, self.started_at, "close")
+            sweep_or_warn(self.sweeper.at_close, self.job.storage, "close")
         if self.data is not None:
             self.data.close()
         if self.tensorboard_log is not None:
