@@ -7,6 +7,7 @@ is a series of numbered part objects (`metrics.jsonl.parts/00000000`, ...): each
 it fills (at most PART_LINES lines), never the whole log. `read_lines` reads either as one log."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -15,14 +16,19 @@ from autohet_ray.storage.durable import append_line, write_atomic
 from autohet_ray.storage.spec import location
 
 JOB_FILE, PROFILE_FILE, PLAN_FILE, METRICS_FILE = "job.json", "profile.json", "plan.json", "metrics.jsonl"
-PART_LINES = 32                  # lines per metrics part on S3: each step uploads at most this many
+PART_LINES = 16                  # lines per metrics part on S3: each step uploads at most this many
 PARTS_SUFFIX = ".parts/"
 
 
 def _s3(spec: dict):
+    return s3_client(spec["bucket"], spec.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL"))
+
+
+@functools.lru_cache(maxsize=16)
+def s3_client(bucket: str, endpoint_url: str | None):
+    """The boto3 client of one storage, made once (a LineLog writes every step; boto3 clients are thread-safe)."""
     from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
-    endpoint_url = spec.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
-    return make_client(S3Config(bucket=spec["bucket"], endpoint_url=endpoint_url))
+    return make_client(S3Config(bucket=bucket, endpoint_url=endpoint_url))
 
 
 def write_text(spec: dict, name: str, text: str) -> str:
