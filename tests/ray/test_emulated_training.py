@@ -4,6 +4,7 @@ final step in the storage; clear errors for missing GPUs, unschedulable workers,
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -42,8 +43,13 @@ def test_discovery_reads_labels(three_node_cluster):
 def test_emulated_asymmetric_training_matches_reference_and_leaves_its_model(three_node_cluster, tmp_path):
     import torch
     ctl = Controller(job(time_scale=1.0, storage=storage_spec(str(tmp_path)), checkpoint_every=2))
+    dead = tmp_path / "step-0000000009" / "w" / ".0-4.tmp-dead"        # a dead writer's, from before the start
+    dead.parent.mkdir(parents=True)
+    dead.write_bytes(b"x")
+    os.utime(dead, (time.time() - 60, time.time() - 60))
     try:
         ctl.start()
+        assert not dead.exists()                                 # swept at the start
         where = ctl.group.call("where", timeout_s=30)
         nodes = {loc["rank"]: loc["labels"]["autohet.io/node"] for loc in where}
         assert nodes == {0: "c", 1: "c", 2: "a", 3: "b"}        # every rank on the node its stage names
