@@ -15,7 +15,6 @@ import ray
 from autohet_ray.cluster.node_probe import probe_all
 from autohet_ray.elastic.liveness import detect_failure, raylet_addresses, refused_raylets
 from autohet_ray.job.stage_in import copies_after_loss
-from autohet_ray.orchestrate.actor_calls import settled_ok
 
 MAX_RECOVERIES_IN_A_ROW = 5
 

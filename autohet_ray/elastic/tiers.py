@@ -31,7 +31,8 @@ def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
 class KeeperPushTier:
     """Replicas made keeper to keeper: `put_chunk` asks the local keeper (which took the chunk just before,
     as the snapshotter writes the node tier first) to push it to the peer keeper; the blob argument is not
-    sent again, only its hash, which the peer checks what it receives against. Reads are not served here (restores read the peer keeper itself)."""
+    sent again, only its hash, which the peer checks the bytes it receives against. Reads are not served here
+    (restores read the peer keeper itself)."""
 
     def __init__(self, via, peer_actor_name: str, name: str, *, timeout_s: float = 30.0):
         self.via, self.peer_actor_name, self.name, self.timeout_s = via, peer_actor_name, name, timeout_s
