@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.copy_check import checked, read_checked
 from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
 from autohet_ray.safe_names import plain_name
 
@@ -91,6 +92,36 @@ class NodeStore(LocalDirTier):
                 self._active_writes -= 1
                 self._writes.notify_all()
         return sum(len(blob) for _, blob in items)
+
+    def put_checked(self, items: list[tuple[str, bytes]], digests: dict[str, str], source: str) -> dict:
+        """Store the chunks copied from store `source` whose bytes hash to `digests` (key -> the manifest's hash);
+        the rest are refused: {"bytes": taken, "refused": [copy_check refusals]}."""
+        good, refused = [], []
+        for key, blob in items:
+            problem = checked(key, blob, digests[key], source=source, target=self.name)
+            if problem:
+                refused.append(problem)
+            else:
+                good.append((key, blob))
+        return {"bytes": self.put_many(good), "refused": refused}
+
+    def upload_checked(self, digests: dict[str, str], tier) -> dict:
+        """Copy these chunks (key -> the manifest's hash), as stored, to `tier`, each only when its bytes hash to
+        the manifest's: {"bytes": copied, "copied": [keys], "refused": [copy_check refusals]}."""
+        out = {"bytes": 0, "copied": [], "refused": []}
+        for key, expected in digests.items():
+            blob, problem = read_checked(self._stored, key, expected, source=self.name, target=tier.name)
+            if problem:
+                out["refused"].append(problem)
+                continue
+            tier.put_chunk(key, bytes(blob))           # boto3 takes no memoryview
+            out["bytes"] += len(blob)
+            out["copied"].append(key)
+        return out
+
+    def _stored(self, key: str):
+        """The chunk as the directory holds it (ChunkMissingError when absent)."""
+        return LocalDirTier.get_chunk(self, key)
 
     def close(self) -> None:
         """Remove the node store once the writes in progress are done."""
