@@ -128,6 +128,8 @@ def _train_parser(sub) -> None:
     t.add_argument("--spot-watch", action="store_true",
                    help="--elastic: watch each node's instance metadata for spot interruption notices")
     t.add_argument("--spot-provider", default="aws", help="--spot-watch: aws, gcp, azure, or auto (tries each)")
+    t.add_argument("--break-lease", action="store_true", help="take the storage's lease even though another run "
+                   "holds it (only when that run is gone; one on this host that is gone is broken without this)")
 
 
 def _optimizer_options(parser) -> None:

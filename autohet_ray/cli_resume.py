@@ -20,16 +20,16 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None):
     from autohet_ray.elastic.tiers import build_tier
     from autohet_ray.storage.spec import check_storage, storage_spec
     from autohet_ray.storage import job_files
+    from autohet_ray.storage.job_record import read_job_record
     from autohet_ray.job.config import job_from_dict
     from autohet_ray.profile.db import profile_from_dict
     spec = storage_spec(storage_url, endpoint_url=endpoint_url)
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         raise ConfigError(f"storage {storage_url!r} is not a directory; give the --storage the job wrote to")
     check_storage(spec, create=False)
-    recorded = job_files.read_text(spec, job_files.JOB_FILE)
-    if recorded is None:
+    saved = read_job_record(spec)                  # its job_id checked: it names node stores removed at close
+    if saved is None:
         raise ConfigError(f"storage {storage_url!r} holds no {job_files.JOB_FILE}: no autohet job wrote there")
-    saved = json.loads(recorded)
     profile = job_files.read_text(spec, job_files.PROFILE_FILE)
     job = job_from_dict(saved["job"] | {"storage": spec, "plan": None})   # the nodes may have changed: plan afresh
     newest = max(scan_manifests([build_tier(spec)]).steps, default=None)
@@ -43,15 +43,18 @@ def cmd_resume(args) -> int:
     from autohet_ray.orchestrate.controller import Controller
     from autohet_ray.orchestrate.session import ray_session
 
-    job, job_id, profile, newest = resume_job(args.storage, endpoint_url=args.endpoint_url)
-    if newest is not None and args.steps is not None and args.steps <= newest:
-        raise ConfigError(f"--steps {args.steps} must exceed the committed step {newest} the job resumes from")
-    print(f"resume: job {job_id} from {args.storage} (newest step there: {newest})", file=sys.stderr)
-    with ray_session(cluster_from_dict(job.cluster), address=args.address, emulate=args.emulate), \
-            stop_signals():
-        ctl = Controller(job, job_id=job_id, profile=profile)
-        target = args.steps if args.steps is not None else (newest or 0) + 1
-        out = run_until(ctl, target, restore="local_first")
+    from autohet_ray.storage.lease import storage_lease
+    job, job_id, _, _ = resume_job(args.storage, endpoint_url=args.endpoint_url)   # a job's storage, before a lease
+    with storage_lease(job.storage, args.storage, job_id=job_id, break_lease=args.break_lease):
+        job, job_id, profile, newest = resume_job(args.storage, endpoint_url=args.endpoint_url)   # as it is now
+        if newest is not None and args.steps is not None and args.steps <= newest:
+            raise ConfigError(f"--steps {args.steps} must exceed the committed step {newest} the job resumes from")
+        print(f"resume: job {job_id} from {args.storage} (newest step there: {newest})", file=sys.stderr)
+        with ray_session(cluster_from_dict(job.cluster), address=args.address, emulate=args.emulate), \
+                stop_signals():
+            ctl = Controller(job, job_id=job_id, profile=profile)
+            target = args.steps if args.steps is not None else (newest or 0) + 1
+            out = run_until(ctl, target, restore="local_first")
     restored = out["launch"].get("restored_step")
     print(f"resumed from step {restored}" + (f" (newest in the storage: {newest})" if newest != restored else ""),
           file=sys.stderr)
@@ -70,3 +73,5 @@ def add_resume_parser(sub) -> None:
     r.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
     r.add_argument("--emulate", action="store_true", help="start an emulated cluster from the job's cluster file")
     r.add_argument("--json", action="store_true", help="end with one JSON line")
+    r.add_argument("--break-lease", action="store_true", help="take the storage's lease even though another run "
+                   "holds it (only when that run is gone; one on this host that is gone is broken without this)")

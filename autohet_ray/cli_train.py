@@ -33,6 +33,7 @@ def _bar(done: int, total: int) -> str:
 def job_fields(args) -> dict:
     """TrainJob fields from the `autohet train` arguments (checked before any cluster starts)."""
     from autohet_ray.cloud.notices import check_provider
+    from autohet_ray.storage.job_record import refuse_existing_job
     from autohet_ray.storage.spec import check_storage, storage_spec
     if args.spot_watch:
         check_provider(args.spot_provider)
@@ -43,6 +44,7 @@ def job_fields(args) -> dict:
         args.storage = os.path.abspath(os.path.join("autohet-runs", time.strftime("%Y%m%d-%H%M%S")))
         print(f"storage: {args.storage} (the default; --storage DIR|s3://... chooses)", flush=True)
     storage = storage_spec(args.storage, endpoint_url=args.endpoint_url)
+    refuse_existing_job(storage, args.storage)     # before anything is made in the storage
     if not default_storage:
         check_storage(storage)
     elif not os.access(os.getcwd(), os.W_OK | os.X_OK):   # the default is made when the job starts
@@ -196,10 +198,16 @@ def cmd_train(args) -> int:
     from autohet_ray.orchestrate.controller import Controller
     from autohet_ray.job.config import job_from_dict
     from autohet_ray.orchestrate.session import ray_session
+    from autohet_ray.storage.job_record import refuse_existing_job
+    from autohet_ray.storage.lease import new_job_id, storage_lease
     job = job_from_dict(job_fields(args))          # bad values fail here, before a cluster starts
-    with ray_session(load_cluster(args.cluster), address=args.address, emulate=args.emulate,
-                     on_start=_starting), stop_signals():
-        out = run_until(Controller(job), args.steps, spot_provider=args.spot_provider if args.spot_watch else None)
+    job_id = new_job_id()
+    with storage_lease(job.storage, args.storage, job_id=job_id, break_lease=args.break_lease):
+        refuse_existing_job(job.storage, args.storage)     # again under the lease: a train that began meanwhile
+        with ray_session(load_cluster(args.cluster), address=args.address, emulate=args.emulate,
+                         on_start=_starting), stop_signals():
+            out = run_until(Controller(job, job_id=job_id), args.steps,
+                            spot_provider=args.spot_provider if args.spot_watch else None)
     code = exit_status(out)
     if out["steps"] and code == 0:
         print(f"done: {len(out['steps'])} steps, final loss {out['final_loss']:.4f}; iteration "

@@ -14,6 +14,7 @@ from autohet_ray.checkpoint.codec import digest
 from autohet_ray.checkpoint.errors import CheckpointError, IncompleteStepError
 from autohet_ray.checkpoint.keys import chunk_key
 from autohet_ray.layout import Chunk, covers_exactly
+from autohet_ray.safe_names import UnsafeNameError, plain_name
 
 SCHEMA_VERSION = 1
 
@@ -81,6 +82,7 @@ class Manifest:
             raise CheckpointError(f"manifest {where} has schema_version {body.get('schema_version')!r}, "
                                   f"this code reads {SCHEMA_VERSION}")
         step = int(body["step"])
+        _check_names(body, f"manifest {where}".rstrip())
         records = []
         for name, entry in body["tensors"].items():
             for raw_chunk in entry["chunks"]:
@@ -89,6 +91,24 @@ class Manifest:
                     chunk=Chunk.from_dict(raw_chunk["chunk"]), dtype=entry["dtype"], digest=raw_chunk["digest"],
                     nbytes=int(raw_chunk["nbytes"]), replicas=tuple(raw_chunk["replicas"])))
         return Manifest(step=step, records=tuple(records), extra=body.get("extra", {}))
+
+
+def _check_names(body: dict, where: str) -> None:
+    """UnsafeNameError unless every tensor name is a plain name and every chunk's offsets and sizes are
+    non-negative integers: together they make each chunk's key, a path in a directory tier."""
+    tensors = body.get("tensors")
+    if not isinstance(tensors, dict):
+        raise UnsafeNameError(f"{where}: field 'tensors' must be a map of tensor name to chunks, not "
+                              f"{type(tensors).__name__}")
+    for name, entry in tensors.items():
+        plain_name(name, where=where, field="tensor name")
+        for number, raw_chunk in enumerate(entry.get("chunks", []) if isinstance(entry, dict) else []):
+            chunk = raw_chunk.get("chunk") if isinstance(raw_chunk, dict) else None
+            for part in ("offsets", "sizes"):
+                values = chunk.get(part) if isinstance(chunk, dict) else None
+                if not isinstance(values, list) or not all(type(v) is int and v >= 0 for v in values):
+                    raise UnsafeNameError(f"{where}: tensors[{name!r}].chunks[{number}].chunk.{part} {values!r} "
+                                          "must be a list of non-negative integers")
 
 
 def _problems(step: int, records) -> list[str]:

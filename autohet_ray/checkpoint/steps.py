@@ -13,7 +13,7 @@ from autohet_ray import ConfigError
 from autohet_ray.checkpoint.errors import (CheckpointError, ChunkMissingError, IncompleteStepError,
                                            TierUnavailableError)
 from autohet_ray.checkpoint.faults import NO_FAULTS, Faults
-from autohet_ray.checkpoint.keys import step_of_key, step_prefix
+from autohet_ray.checkpoint.keys import manifest_key, step_of_key, step_prefix
 from autohet_ray.checkpoint.manifest import Manifest, merge_records
 
 
@@ -41,7 +41,7 @@ def commit_step(step: int, records, tiers, *, faults: Faults = NO_FAULTS, extra:
 
 def load_manifest(tier, step: int) -> Manifest:
     """The committed manifest of `step` in `tier`, checked (its own hash, coverage, single step)."""
-    manifest = Manifest.from_json(tier.get_manifest(step), where=f"of step {step} in tier {tier.name!r}")
+    manifest = Manifest.from_json(tier.get_manifest(step), where=f"{manifest_key(step)} in tier {tier.name!r}")
     if manifest.step != step:
         raise CheckpointError(f"manifest of step {step} in tier {tier.name!r} says step {manifest.step}")
     problems = manifest.problems()

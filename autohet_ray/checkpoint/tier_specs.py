@@ -6,7 +6,8 @@
     {"kind": "keeper_push", "name": "keeper-c", "node_id": "<c>", "job_id": "...", "via_node_id": "<a>"}
                                  write-only peer tier: keeper a pushes chunks it already holds to keeper c
                                  (the writing rank sends its bytes once, to its own node's keeper)
-    {"kind": "dir", ...} or {"kind": "s3", ...}: the durable storage (storage/spec.py: storage_spec)
+    {"kind": "dir", ...} or {"kind": "s3", ...}: the durable storage (storage/spec.py: storage_spec); a "dir"
+                                 fsyncs every file and its directory unless it carries "fsync": False
 Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic cloud link).
 Every built tier is wrapped in a TimedTier that records how long reads from it took (wall span and bytes).
 The keeper kinds reached through an actor are built in elastic/tiers.py (Ray); the rest here.
@@ -34,10 +35,10 @@ def push_spec(peer: dict, local: dict) -> dict:
 def direct_tier(spec: dict):
     """The tier of a spec read without an actor: a node store's own directory (on its node), "dir" or "s3"."""
     kind = spec.get("kind")
-    if kind == "keeper":
+    if kind == "keeper":                           # a node store: RAM (/dev/shm), fsync has nothing to flush to
         return LocalDirTier(spec["dir"], name=spec["name"], fsync=False)
-    if kind == "dir":
-        return LocalDirTier(spec["path"], name=spec["name"], fsync=spec.get("fsync", False))
+    if kind == "dir":                              # the storage: durable by default (storage/durable.py)
+        return LocalDirTier(spec["path"], name=spec["name"], fsync=spec.get("fsync", True))
     if kind == "s3":
         from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
         return S3Tier(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),

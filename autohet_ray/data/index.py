@@ -15,6 +15,7 @@ import numpy as np
 import xxhash
 
 from autohet_ray import ConfigError
+from autohet_ray.safe_names import plain_name
 
 INDEX_FILE = "index.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -121,6 +122,8 @@ def index_from_dict(raw: dict, where: str) -> DataIndex:
                           shards=shards, train_tokens=raw["split"]["train_tokens"])
     except (KeyError, TypeError, AssertionError) as err:
         raise ConfigError(f"{where} is malformed ({type(err).__name__}: {err})") from None
+    for number, shard in enumerate(shards):          # each becomes a path in the dataset's directory
+        plain_name(shard.file, where=where, field=f"shards[{number}].file")
     if raw.get("fingerprint") != index.fingerprint:
         raise ConfigError(f"{where}: recorded fingerprint {raw.get('fingerprint')!r} does not match its content "
                           f"({index.fingerprint}); the index was edited or damaged")

@@ -14,6 +14,7 @@ from dataclasses import replace
 import ray
 
 from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
+from autohet_ray.checkpoint.copy_check import report_refused
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
 from autohet_ray.elastic.keeper import get_keeper, keeper_name
@@ -86,6 +87,7 @@ class Committer:
 
     def poll_cloud(self, *, wait: bool = False, timeout_s: float = 600.0) -> None:
         """Commit the storage manifest of every step whose uploads all finished (all of them when `wait`)."""
+        self.settle_copies()
         for step in sorted(self.pending_cloud):
             refs = self.pending_cloud[step]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s if wait else 0)
@@ -140,7 +142,7 @@ class Committer:
             return 0
         manifest = self.newest_manifest()
         copies = second_copies(manifest.records, self.node_of_store(), also_held or {}) if manifest else {}
-        self.copies += self.send_copies(copies)
+        self.copies += self.send_copies(copies, manifest)
         return sum(len(keys) for keys in copies.values())
 
     def newest_manifest(self):
@@ -151,14 +153,34 @@ class Committer:
             self.skip(self.committed[-1], "no second copy made after the loss", None, err)
             return None
 
-    def send_copies(self, copies: dict[tuple, list[str]]) -> list:
-        """Start keeper-to-keeper copies ((source node, target node) -> keys); the calls' references."""
+    def send_copies(self, copies: dict[tuple, list[str]], manifest) -> list:
+        """Start keeper-to-keeper copies ((source node, target node) -> keys of `manifest`'s chunks, each kept
+        only when it hashes to the manifest's digest); the calls' references (see `copied_bytes`)."""
+        digest_of = {r.key: r.digest for r in manifest.records} if copies else {}
         refs = []
         for (source, target), keys in copies.items():
             dst = self.keeper_specs[target]
             with contextlib.suppress(ValueError):   # the source's keeper is gone: the restore reads elsewhere
-                refs.append(self._keeper(source).replicate.remote(keys, keeper_name(dst["job_id"], dst["node_id"])))
+                refs.append(self._keeper(source).replicate.remote({k: digest_of[k] for k in keys},
+                                                                  keeper_name(dst["job_id"], dst["node_id"])))
         return refs
+
+    def copied_bytes(self, refs: list) -> int:
+        """The bytes the settled keeper copies `refs` made; each copy they refused is printed (and kept in
+        `skipped`)."""
+        total = 0
+        for ref in refs:
+            if settled_ok(ref):
+                out = ray.get(ref)
+                report_refused(out["refused"], self.skipped)
+                total += out["bytes"]
+        return total
+
+    def settle_copies(self) -> None:
+        """Report the background re-replications that finished (refused copies printed), keep the rest."""
+        if self.copies:
+            ready, self.copies = ray.wait(self.copies, num_returns=len(self.copies), timeout=0)
+            self.copied_bytes(ready)
 
     def promote(self, step: int, timeout_s: float = 600.0) -> int:
         """Copy committed node-store step `step` to the storage and commit it there: every chunk is uploaded
@@ -167,28 +189,45 @@ class Committer:
         manifest = find_manifest(list(self.keepers.values()), step)
         node_of = self.node_of_store()
         todo = list(manifest.records)
-        uploaded, dead = 0, set()
+        uploaded, dead, bad = 0, set(), {}              # bad: key -> stores whose copy failed its hash
         while todo:
             batches = spread_uploads(todo, node_of, dead)
             if batches is None:
-                raise CheckpointError(f"step {step}: chunk {todo[0].key!r} has no live node store to upload it "
-                                      f"from (held by {list(todo[0].replicas)}; lost: {sorted(dead)})")
-            refs = {node: self._keeper(node).upload.remote([r.key for r in records], self.cloud_spec)
+                raise CheckpointError(f"step {step}: chunk {todo[0].key!r} has no live node store with a good "
+                                      f"copy to upload it from (held by {list(todo[0].replicas)}; lost: "
+                                      f"{sorted(dead)}; refused copies from: {sorted(bad.get(todo[0].key, ()))})")
+            refs = {node: self._keeper(node).upload.remote({r.key: r.digest for r in records}, self.cloud_spec)
                     for node, records in batches.items()}
             todo = []
             for node, ref in refs.items():
                 try:
-                    uploaded += ray.get(ref, timeout=timeout_s)
+                    out = ray.get(ref, timeout=timeout_s)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ValueError):
                     dead.add(node)                      # its keeper (or node) is gone: another holder uploads
                     todo += batches[node]
+                    continue
                 except ray.exceptions.RayTaskError as err:     # the upload itself failed: say why
                     raise CheckpointError(f"step {step}: node {node}'s store could not upload to the storage: "
                                           f"{_cause(err)}") from None
-        records = [replace(r, replicas=tuple(sorted({*r.replicas, self.cloud.name}))) for r in manifest.records]
+                uploaded += out["bytes"]
+                todo += self._refused_uploads(out["refused"], batches[node], bad)
+        records = [replace(r, replicas=tuple(sorted({*r.replicas, self.cloud.name} - bad.get(r.key, set()))))
+                   for r in manifest.records]
         commit_step(step, records, [self.cloud], extra=manifest.extra)
         self.cloud_committed.append(step)
         return uploaded
+
+    def _refused_uploads(self, refused: list[dict], batch: list, bad: dict[str, set]) -> list:
+        """Print the refused uploads of one holder's `batch`; its records to upload again from another holder
+        (the refusing store no longer counts as one)."""
+        report_refused(refused, self.skipped)
+        again = []
+        by_key = {r.key: r for r in batch}
+        for refusal in refused:
+            bad.setdefault(refusal["key"], set()).add(refusal["source"])
+            record = by_key[refusal["key"]]
+            again.append(replace(record, replicas=tuple(x for x in record.replicas if x not in bad[record.key])))
+        return again
 
     def maybe_collect(self, step: int) -> None:
         """Collect old steps in the background (one collection at a time; a busy collector skips a turn)."""

@@ -20,10 +20,12 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.copy_check import refusal
 from autohet_ray.checkpoint.errors import ChunkMissingError, ManifestExistsError, TierUnavailableError
 from autohet_ray.checkpoint.node_store import NodeStore
 
 KEEPER_NAMESPACE = "autohet-keepers"
+REPLICATE_TIMEOUT_S = 300.0     # a peer keeper that takes no chunks for this long is stuck
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)   # died, unreachable, too slow
 
 
@@ -57,10 +59,6 @@ class NodeKeeper(NodeStore):
                 continue
         return out
 
-    def _stored(self, key: str):
-        """The chunk as the directory holds it (ChunkMissingError when absent)."""
-        return super().get_chunk(key)
-
     def get_chunk(self, key: str) -> np.ndarray | None:
         try:
             return _wire(self._stored(key))
@@ -81,19 +79,24 @@ class NodeKeeper(NodeStore):
         except ChunkMissingError:
             return None
 
-    def upload(self, keys: list[str], spec: dict) -> int:
-        """Copy these chunks (as stored, so their hashes hold) to the durable tier of `spec`; returns bytes."""
+    def upload(self, digests: dict[str, str], spec: dict) -> dict:
+        """Copy these chunks (key -> the manifest's hash) to the durable tier of `spec`, each only when its
+        bytes hash to the manifest's (NodeStore.upload_checked: {"bytes", "copied", "refused"})."""
         from autohet_ray.elastic.tiers import build_tier
-        tier = build_tier(spec)
-        blobs = [(key, bytes(self._stored(key))) for key in keys]   # boto3 takes no memoryview
-        for key, blob in blobs:
-            tier.put_chunk(key, blob)
-        return sum(len(blob) for _, blob in blobs)
+        return self.upload_checked(digests, build_tier(spec))
 
-    def replicate(self, keys: list[str], peer_actor_name: str) -> int:
-        """Push these chunks to the keeper named `peer_actor_name`; returns the bytes sent."""
+    def replicate(self, digests: dict[str, str], peer_actor_name: str) -> dict:
+        """Push these chunks (key -> the manifest's hash) to the keeper named `peer_actor_name`, which keeps
+        those whose bytes hash to it: {"bytes": taken, "refused": [...]} (a missing chunk is refused here)."""
         peer = ray.get_actor(peer_actor_name, namespace=KEEPER_NAMESPACE)
-        return ray.get(peer.put_many.remote([(key, _wire(self._stored(key))) for key in keys]))
+        items, refused = [], []
+        for key in digests:
+            try:
+                items.append((key, _wire(self._stored(key))))
+            except ChunkMissingError:
+                refused.append(refusal(key, self.name, peer_actor_name, "missing in the source store"))
+        out = ray.get(peer.put_checked.remote(items, digests, self.name), timeout=REPLICATE_TIMEOUT_S)
+        return {"bytes": out["bytes"], "refused": refused + out["refused"]}
 
 
 def _wire(blob) -> np.ndarray:

@@ -15,7 +15,6 @@ import ray
 from autohet_ray.cluster.node_probe import probe_all
 from autohet_ray.elastic.liveness import detect_failure, raylet_addresses, refused_raylets
 from autohet_ray.job.stage_in import copies_after_loss
-from autohet_ray.orchestrate.actor_calls import settled_ok
 
 MAX_RECOVERIES_IN_A_ROW = 5
 
@@ -122,7 +121,7 @@ def start_stage_in(ctl, lost_nodes: list[str]) -> None:
     manifest = ctl.committer.newest_manifest()
     copies = copies_after_loss(ctl.plan_cache, ctl.found.cluster, lost_nodes, ctl.model, manifest,
                                ctl.committer.node_of_store()) if manifest else {}
-    ctl.staging = ctl.committer.send_copies(copies)
+    ctl.staging = ctl.committer.send_copies(copies, manifest)
 
 
 def wait_stage_in(ctl, timeout_s: float) -> dict:
@@ -130,7 +129,7 @@ def wait_stage_in(ctl, timeout_s: float) -> dict:
     start, refs, ctl.staging = time.perf_counter(), ctl.staging, []
     ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0] if refs else []
     return {"stage_in_wait_s": time.perf_counter() - start,
-            "stage_in_bytes": sum(ray.get(ref) for ref in ready if settled_ok(ref))}
+            "stage_in_bytes": ctl.committer.copied_bytes(ready) if ready else 0}
 
 
 def rescue_orphans(alive: dict, nodes: list[str], step: int, orphans: list, errors: list[str],

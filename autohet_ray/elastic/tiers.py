@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import ray
 
-from autohet_ray.checkpoint.errors import TierUnavailableError
+from autohet_ray.checkpoint.codec import digest
+from autohet_ray.checkpoint.copy_check import report_refused
+from autohet_ray.checkpoint.errors import CorruptChunkError, TierUnavailableError
 from autohet_ray.checkpoint.tier_specs import GoneTier, direct_tier, wrap_tier
 from autohet_ray.elastic.keeper import KeeperTier, get_keeper, keeper_name
 
@@ -29,7 +31,8 @@ def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):
 class KeeperPushTier:
     """Replicas made keeper to keeper: `put_chunk` asks the local keeper (which took the chunk just before,
     as the snapshotter writes the node tier first) to push it to the peer keeper; the blob argument is not
-    sent again. Reads are not served here (restores read the peer keeper itself)."""
+    sent again, only its hash, which the peer checks the bytes it receives against. Reads are not served here
+    (restores read the peer keeper itself)."""
 
     def __init__(self, via, peer_actor_name: str, name: str, *, timeout_s: float = 30.0):
         self.via, self.peer_actor_name, self.name, self.timeout_s = via, peer_actor_name, name, timeout_s
@@ -39,9 +42,13 @@ class KeeperPushTier:
 
     def put_chunks(self, items: list[tuple[str, bytes]]) -> None:
         """One keeper-to-keeper push for all of them."""
-        keys = [key for key, _ in items]
+        digests = {key: digest(blob) for key, blob in items}      # the bytes this rank wrote to its own store
         try:
-            sent = ray.get(self.via.replicate.remote(keys, self.peer_actor_name), timeout=self.timeout_s)
+            out = ray.get(self.via.replicate.remote(digests, self.peer_actor_name), timeout=self.timeout_s)
         except (ray.exceptions.RayError, ValueError) as err:
             raise TierUnavailableError(self.name, f"push via local keeper: {type(err).__name__}") from err
-        assert sent == sum(len(blob) for _, blob in items), (keys, sent)
+        if out["refused"]:                            # the replica does not count: this lane fails
+            report_refused(out["refused"])
+            first = out["refused"][0]
+            raise CorruptChunkError(first["key"], first["step"] or 0, self.name, first["reason"])
+        assert out["bytes"] == sum(len(blob) for _, blob in items), (list(digests), out)

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from autohet_ray import ConfigError
 from autohet_ray.model.hf_config import hf_config_from_spec, spec_from_hf_dir
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.safe_names import plain_name
 
 # non-parameter entries some HF versions keep in a state dict
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
@@ -174,7 +175,10 @@ def weight_map(path: str) -> dict[str, str]:
     index = os.path.join(path, INDEX_FILE)
     if os.path.exists(index):
         with open(index) as f:
-            return dict(json.load(f)["weight_map"])
+            files = dict(json.load(f)["weight_map"])
+        for tensor, file in files.items():               # each becomes a path in the directory
+            plain_name(file, where=index, field=f"weight_map[{tensor!r}]")
+        return files
     single = os.path.join(path, SINGLE_FILE)
     if not os.path.exists(single):
         raise ConfigError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")

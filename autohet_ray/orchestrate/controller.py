@@ -42,6 +42,7 @@ from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_node
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import location
+from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
 
 
 class Controller:
@@ -76,6 +77,8 @@ class Controller:
         self.planning_ahead = None           # the PlanAhead thread of the states one loss away (elastic jobs)
         self.staging: list = []              # copies toward the next plan's nodes, started at a loss (recovery)
         self.time_scale = 0.0                # the emulated clock's scale, once the first launch fixed it
+        self.started_at = time.time()        # temporaries in the storage older than this are a dead writer's
+        self.sweeper: StorageSweeper | None = None
 
     # -- setup ---------------------------------------------------------------------------------------------
     def start(self, *, restore: str | None = None) -> dict:
@@ -94,6 +97,8 @@ class Controller:
                                  seq_len=self.seq_len, seed=self.job.seed)
         if self.job.storage:
             self._record_job()
+            self.sweeper = StorageSweeper(self.job.storage, self.started_at)
+            sweep_or_warn(self.sweeper.at_start, self.job.storage, "start")
             if self.job.elastic:
                 self.start_keepers()
             self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
@@ -364,6 +369,8 @@ class Controller:
                 self.committer.close()
             except Exception as err:             # noqa: BLE001 - a failed collection of old steps loses nothing
                 print(f"autohet: collecting old checkpoint steps failed: {err}", file=sys.stderr)
+        if self.committer is not None:           # the storage was in use (a failed start touches nothing)
+            sweep_or_warn(self.sweeper.at_close, self.job.storage, "close")
         if self.data is not None:
             self.data.close()
         if self.tensorboard_log is not None:

@@ -11,6 +11,9 @@ import pytest
 
 from ray_helpers import reference_losses
 
+from autohet_ray.storage.job_files import read_metrics
+from autohet_ray.storage.spec import storage_spec
+
 pytestmark = pytest.mark.timeout(400)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON = ["--emulate", "--json"]
@@ -45,7 +48,7 @@ def test_elastic_needs_storage():
     assert done.returncode == 2 and "--elastic needs --storage" in done.stderr
 
 
-def test_elastic_train_and_resume_through_s3(tmp_path):
+def test_elastic_train_and_resume_through_s3(tmp_path, monkeypatch):
     import boto3
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from s3_server import CREDENTIALS, moto_endpoint, new_bucket
@@ -58,8 +61,12 @@ def test_elastic_train_and_resume_through_s3(tmp_path):
         first = autohet(*TRAIN, "--steps", "3", "--storage", url, "--endpoint-url", endpoint, env_extra=creds)
         assert first["cloud_committed"] == [3] and first["secured"]["step"] == 3   # no checkpoint step: copied
         s3 = boto3.client("s3", endpoint_url=endpoint, **CREDENTIALS)
-        lines = s3.get_object(Bucket=bucket, Key="runs/one/metrics.jsonl")["Body"].read().decode().splitlines()
-        assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+        parts = s3.list_objects_v2(Bucket=bucket, Prefix="runs/one/metrics.jsonl")["Contents"]
+        assert [p["Key"] for p in parts] == ["runs/one/metrics.jsonl.parts/00000000"]   # no whole-log object
+        for name, value in creds.items():
+            monkeypatch.setenv(name, value)
+        metrics = read_metrics(storage_spec(url, endpoint_url=endpoint))
+        assert [m["step"] for m in metrics] == [1, 2, 3]
         resumed = autohet("resume", "--storage", url, "--endpoint-url", endpoint, "--steps", "4", env_extra=creds)
     assert resumed["resumed_from"] == 3 and resumed["launch"]["bytes_by_tier"]["cloud"] > 0
     assert [s["step"] for s in resumed["steps"]] == [4]

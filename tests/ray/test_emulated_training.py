@@ -4,6 +4,7 @@ final step in the storage; clear errors for missing GPUs, unschedulable workers,
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import ray
 
 from autohet_ray import ConfigError
 from autohet_ray.elastic.recovery import RecoveryFailed
+from autohet_ray.storage.job_files import read_metrics
 from autohet_ray.storage.spec import storage_spec
 from autohet_ray.model.spec import load_model
 from autohet_ray.orchestrate.controller import Controller
@@ -41,16 +43,21 @@ def test_discovery_reads_labels(three_node_cluster):
 def test_emulated_asymmetric_training_matches_reference_and_leaves_its_model(three_node_cluster, tmp_path):
     import torch
     ctl = Controller(job(time_scale=1.0, storage=storage_spec(str(tmp_path)), checkpoint_every=2))
+    dead = tmp_path / "step-0000000009" / "w" / ".0-4.tmp-dead"        # a dead writer's, from before the start
+    dead.parent.mkdir(parents=True)
+    dead.write_bytes(b"x")
+    os.utime(dead, (time.time() - 60, time.time() - 60))
     try:
         ctl.start()
+        assert not dead.exists()                                 # swept at the start
         where = ctl.group.call("where", timeout_s=30)
         nodes = {loc["rank"]: loc["labels"]["autohet.io/node"] for loc in where}
         assert nodes == {0: "c", 1: "c", 2: "a", 3: "b"}        # every rank on the node its stage names
         metrics = []
         for i in range(3):
             metrics.append(ctl.step())
-            lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-            assert len(lines) == i + 1 and json.loads(lines[-1])["step"] == i + 1    # appended every step
+            lines = read_metrics(storage_spec(str(tmp_path)))
+            assert len(lines) == i + 1 and lines[-1]["step"] == i + 1                # appended every step
     finally:
         secured = ctl.close()
     losses = [m["loss"] for m in metrics]
@@ -199,7 +206,7 @@ def test_cli_train_writes_speed_metrics_to_jsonl_and_tensorboard(three_node_clus
     out = capsys.readouterr().out
     assert code == 0
     assert "step 2/2:" in out and "tok/s" in out and "MFU" in out and "H20" in out
-    lines = [json.loads(x) for x in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(storage_spec(str(tmp_path / "job")))
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:
         assert m["clock"] == "emulated" and m["mfu_peak_dtype"] == "float32"     # CPU workers compute fp32

@@ -140,7 +140,7 @@ def test_second_node_lost_during_recovery_is_recovered_too(cluster, tmp_path, ca
         if not second:                                      # node a is the head: this process's own node
             newest_at_restore.append(max(ctl.committer.committed))
             second.append(min(s["node"] for s in group.slots if s["node"] != "a"))
-            cluster.remove_node(handles.pop(second[0]), allow_graceful=False)
+            remove_and_wait_until_dead(cluster, handles.pop(second[0]))
         return real_restore(group, *args, **kw)
 
     def lose_b(controller):
@@ -168,6 +168,17 @@ def test_second_node_lost_during_recovery_is_recovered_too(cluster, tmp_path, ca
     assert losses[3:] == pytest.approx(ref[committed:committed + 2], rel=1e-6)
     assert secured["step"] == committed + 2
     check_resumed(resume(storage, committed + 3, capsys), committed + 2, committed + 3)
+
+
+def remove_and_wait_until_dead(cluster, node, timeout_s: float = 120.0) -> None:
+    """Kill a node's raylet and wait until Ray marks the node dead. Without the wait, a restore that starts at
+    once can still reach the node's workers (they exit a moment after their raylet) and succeed: the loss then
+    shows up one step later instead of during the restore."""
+    cluster.remove_node(node, allow_graceful=False)
+    deadline = time.monotonic() + timeout_s
+    while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, f"node {node.node_id} still alive {timeout_s} s after its removal"
+        time.sleep(0.2)
 
 
 def node_handles(cluster, ctl) -> dict:

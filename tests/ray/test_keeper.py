@@ -81,8 +81,9 @@ def test_keepers_survive_worker_death_and_peer_copies_survive_node_loss(cluster)
 
     # keeper-to-keeper replication: a pushes its own chunks to c as well
     own_a = [r.key for r in manifest.records if r.replicas[0] == "keeper-a"]
-    sent = ray.get(keepers["a"].replicate.remote(own_a, f"keeper-{JOB}-{node_ids['c']}"), timeout=60)
-    assert sent > 0 and all(tiers["c"].has(key) for key in own_a)
+    digests = {r.key: r.digest for r in manifest.records if r.key in own_a}
+    sent = ray.get(keepers["a"].replicate.remote(digests, f"keeper-{JOB}-{node_ids['c']}"), timeout=60)
+    assert sent["bytes"] > 0 and not sent["refused"] and all(tiers["c"].has(key) for key in own_a)
 
     # a real node loss: keeper a dies with its node; the peer copies on b and c restore everything
     cluster_obj.remove_node(nodes["a"], allow_graceful=False)
@@ -129,7 +130,7 @@ def test_after_a_loss_chunks_left_with_one_copy_get_a_second_one(cluster, tmp_pa
         committer.commit_fast(5, [records])
         committer.drop_keeper("c")                                      # c is lost
         assert committer.rereplicate_newest() == len(find_manifest(list(committer.keepers.values()), 5).records)
-        assert sum(ray.get(committer.copies, timeout=60)) > 0
+        assert sum(out["bytes"] for out in ray.get(committer.copies, timeout=60)) > 0
         stop_keeper(job, where["b"])                                    # b is lost as well: h alone holds step 5
         head = KeeperTier(get_keeper(job, where["h"]), "keeper-h", timeout_s=20)
         state, _ = restore(find_manifest([head], 5), helpers.needs_of([whole])[0], [head])
@@ -137,3 +138,55 @@ def test_after_a_loss_chunks_left_with_one_copy_get_a_second_one(cluster, tmp_pa
     finally:
         for node_id in where.values():
             stop_keeper(job, node_id)
+
+
+def _corrupt_every_chunk(store_dir: str, step: int) -> int:
+    """Flip the last byte of every chunk file of `step` in a node store; how many."""
+    files = [p for p in (Path(store_dir) / f"step-{step:010d}").rglob("*") if p.is_file()]
+    for path in files:
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(raw)
+    return len(files)
+
+
+def test_promote_uploads_only_chunks_that_pass_their_hash(cluster, tmp_path, capfd):
+    """Step 6 is in the stores of b and c; every chunk b holds is corrupted: the chunks b was to upload are
+    refused (one stderr line each) and uploaded from c, and the storage manifest no longer lists b for them.
+    Step 7's chunks are corrupted in both stores: promote fails and commits nothing to the storage."""
+    from autohet_ray.checkpoint import CheckpointError, scan_manifests
+    from autohet_ray.elastic.commit import Committer
+    from autohet_ray.elastic.keeper import keeper_spec
+    from autohet_ray.storage.spec import storage_spec
+    cluster_obj, nodes, node_ids = cluster
+    job = "checked-copy-test-job"
+    specs = {name: keeper_spec(job, node_ids[name], name) for name in "bc"}
+    committer = Committer(keeper_specs=specs, cloud_spec=storage_spec(str(tmp_path)), extra={}, gc_every=0)
+    try:
+        full = helpers.full_state(3)
+        whole = helpers.rank_states(full, 1)[0]
+        owned = assign_writers({0: [(n, c, t.numel()) for n, (t, _, c) in whole.items()]})
+        rank = Rank.options(resources={"node_b": 0.01}).remote()
+        for step in (6, 7):
+            records = ray.get(rank.save.remote(step, whole, owned[0], (node_ids["b"], "keeper-b"),
+                                               [(node_ids["c"], "keeper-c")], job), timeout=120)
+            committer.commit_fast(step, [records])
+        ray.kill(rank, no_restart=True)
+        assert _corrupt_every_chunk(specs["b"]["dir"], 6) == len(records)
+        capfd.readouterr()
+        committer.promote(6)
+        refused = [line for line in capfd.readouterr().err.splitlines() if "copy refused" in line]
+        assert refused and all("step 6" in line and "keeper-b -> cloud: hash mismatch" in line for line in refused)
+        stored = find_manifest([committer.cloud], 6)
+        assert sum("keeper-b" not in r.replicas for r in stored.records) == len(refused)
+        state, _ = restore(stored, helpers.needs_of([whole])[0], [committer.cloud])
+        helpers.assert_bit_exact(state, full)                            # the storage holds good bytes only
+        for name in "bc":
+            _corrupt_every_chunk(specs[name]["dir"], 7)
+        with pytest.raises(CheckpointError, match="no live node store with a good copy"):
+            committer.promote(7)
+        assert list(scan_manifests([committer.cloud]).steps) == [6]     # no manifest over refused bytes
+    finally:
+        committer.close()
+        for name in "bc":
+            stop_keeper(job, node_ids[name])

@@ -22,6 +22,7 @@ ray = pytest.importorskip("ray")
 from autohet_ray.cli import main  # noqa: E402
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.data import Dataset  # noqa: E402
+from autohet_ray.storage.job_files import read_metrics  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import model_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
@@ -144,7 +145,7 @@ def test_sigint_then_resume_reads_each_sample_exactly_once(cluster, dataset, uni
     assert proc.returncode == 130, output[-3000:]
     capsys.readouterr()
     assert main(["resume", "--storage", str(storage), "--steps", str(STEPS), "--json"]) == 0
-    history = [json.loads(line) for line in (storage / "metrics.jsonl").read_text().splitlines()]
+    history = read_metrics(storage_spec(str(storage)))
     assert record(history) == record(uninterrupted)                      # metrics.jsonl: every step, appended
     by_step = {m["step"]: m["loss"] for m in history}
     assert [by_step[s] for s in range(1, STEPS + 1)] == pytest.approx([m["loss"] for m in uninterrupted],

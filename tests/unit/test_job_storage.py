@@ -12,7 +12,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from autohet_ray import ConfigError  # noqa: E402
 from autohet_ray.storage.spec import check_storage, storage_spec  # noqa: E402
 from autohet_ray.job.config import job_from_dict  # noqa: E402
-from autohet_ray.storage.job_files import LineLog, read_text, write_text  # noqa: E402
+from autohet_ray.storage.job_files import LineLog, read_lines, read_text, write_text  # noqa: E402
 from s3_server import CREDENTIALS, moto_endpoint  # noqa: E402
 
 
@@ -20,7 +20,7 @@ def test_directory_storage(tmp_path):
     spec = storage_spec(str(tmp_path / "run"))
     where = write_text(spec, "plan.json", "{}")
     assert pathlib.Path(where).read_text() == "{}" and read_text(spec, "plan.json") == "{}"
-    assert not list((tmp_path / "run").glob("*.tmp")) and read_text(spec, "absent.json") is None
+    assert not list((tmp_path / "run").glob(".*tmp*")) and read_text(spec, "absent.json") is None
     log = LineLog(spec, "metrics.jsonl")
     log.append('{"step": 1}')
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1}\n'     # durable after each line
@@ -46,9 +46,10 @@ def test_s3_storage(monkeypatch):
         where = write_text(spec, "plan.json", "{}")
         assert where == "s3://runs/job-1/plan.json" and read_text(spec, "nothing") is None
         LineLog(spec, "metrics.jsonl").append('{"step": 1}')
-        LineLog(spec, "metrics.jsonl").append('{"step": 2}')
-        body = s3.get_object(Bucket="runs", Key="job-1/metrics.jsonl")["Body"].read()
-        assert body == b'{"step": 1}\n{"step": 2}\n'
+        LineLog(spec, "metrics.jsonl").append('{"step": 2}')                     # a resumed job: a new part
+        assert read_lines(spec, "metrics.jsonl") == ['{"step": 1}', '{"step": 2}']
+        body = s3.get_object(Bucket="runs", Key="job-1/metrics.jsonl.parts/00000001")["Body"].read()
+        assert body == b'{"step": 2}\n'
 
 
 @pytest.mark.parametrize("storage, fragment", [("gs://bucket/x", "unknown scheme"), ("s3://", "names no bucket")])

@@ -1,4 +1,4 @@
-"""The layering rules of DESIGN.md §2, checked by walking every module's imports."""
+"""The layering rules of docs/design.md ("Layers"), checked by walking every module's imports."""
 import ast
 import pathlib
 

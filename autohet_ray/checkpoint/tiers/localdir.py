@@ -1,19 +1,18 @@
-"""Local-directory tier: the embedded default "cloud". Write-then-rename with fsync; manifests are
-created with a hard link, which fails if the name exists (an atomic create-if-absent)."""
+"""Local-directory tier: the embedded default "cloud". Write-then-rename with fsync of the file and then of its
+directory (storage/durable.py); manifests are created with a hard link, which fails if the name exists (an
+atomic create-if-absent)."""
 from __future__ import annotations
 
 import mmap
 import os
 import time
-import uuid
 from pathlib import Path
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.errors import ChunkMissingError
 from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, manifest_key, step_of_manifest_key
 from autohet_ray.checkpoint.tiers.base import resolve_existing_manifest
-
-_TMP_MARK = ".tmp-"
+from autohet_ray.storage.durable import TMP_MARK, fsync_dir, is_temporary, write_atomic, write_temporary
 MMAP_MIN_BYTES = 1 << 20      # bigger chunks are mapped (private copy-on-write) instead of read into memory
 
 
@@ -30,29 +29,12 @@ class LocalDirTier:
         assert key and not key.startswith("/") and ".." not in key.split("/"), key
         return self.root / key
 
-    def _write_tmp(self, final: Path, blob: bytes) -> Path:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}{_TMP_MARK}{uuid.uuid4().hex}")
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            if self._fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        return tmp
-
     def _sync_dir(self, path: Path) -> None:
-        if not self._fsync:
-            return
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self._fsync:
+            fsync_dir(path)
 
     def put_chunk(self, key: str, blob: bytes) -> None:
-        final = self._path(key)
-        os.replace(self._write_tmp(final, blob), final)
-        self._sync_dir(final.parent)
+        write_atomic(self._path(key), blob, fsync=self._fsync)
 
     def get_chunk(self, key: str) -> bytes | memoryview:
         """The chunk's bytes; from MMAP_MIN_BYTES on, a private copy-on-write mapping of the file (no copy
@@ -80,7 +62,7 @@ class LocalDirTier:
         for dirpath, _, files in os.walk(self.root):
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for fname in files:
-                if fname.startswith(".") and _TMP_MARK in fname:
+                if is_temporary(fname):
                     continue
                 key = fname if rel == "." else f"{rel}/{fname}"
                 if key.startswith(prefix):
@@ -106,7 +88,7 @@ class LocalDirTier:
 
     def put_manifest(self, step: int, body: bytes) -> None:
         final = self._path(manifest_key(step))
-        tmp = self._write_tmp(final, body)
+        tmp = write_temporary(final, body, fsync=self._fsync)
         try:
             os.link(tmp, final)                   # atomic; FileExistsError when already committed
         except FileExistsError:
@@ -133,7 +115,7 @@ class LocalDirTier:
         """Remove temporary files left by writers that died before their rename (the local analog of
         abandoned multipart uploads). Returns the removed paths, relative to the root."""
         cutoff, removed = time.time() - older_than_s, []
-        for path in self.root.rglob(f".*{_TMP_MARK}*"):
+        for path in self.root.rglob(f".*{TMP_MARK}*"):
             if path.is_file() and path.stat().st_mtime < cutoff:
                 path.unlink(missing_ok=True)
                 removed.append(path.relative_to(self.root).as_posix())

@@ -262,6 +262,22 @@ class S3Tier:
                     aborted.append(key)
         return sorted(aborted)
 
+    def multipart_ids(self) -> dict[str, str]:
+        """Upload id -> key of the multipart uploads in progress (or abandoned) under this prefix."""
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.config.bucket, Prefix=self.config.prefix)
+        return {u["UploadId"]: u["Key"][len(self.config.prefix):] for p in pages for u in p.get("Uploads", [])}
+
+    def abort_multipart(self, upload_ids) -> list[str]:
+        """Abort those of these uploads that are still pending; returns their keys."""
+        pending = self.multipart_ids()
+        aborted = []
+        for upload_id in sorted(set(upload_ids) & set(pending)):
+            self.client.abort_multipart_upload(Bucket=self.config.bucket, Key=self._key(pending[upload_id]),
+                                               UploadId=upload_id)
+            aborted.append(pending[upload_id])
+        return sorted(aborted)
+
     def pending_multipart(self) -> list[str]:
         """Keys of multipart uploads in progress (or abandoned) under this prefix."""
         pages = self.client.get_paginator("list_multipart_uploads").paginate(
