@@ -21,6 +21,7 @@ class ShardCase:
     flags: tuple | None = None             # per pipeline, per stage shard_optimizer; None: every stage
     shard_weights: dict | None = None      # plan rank -> relative slice size
     resume_after: int | None = None        # sharded run only: rebuild from its (gathered) state_dict here
+    reference: bool = True                 # compare with the one-process reference (not for random tied init)
 
     @property
     def plan(self):

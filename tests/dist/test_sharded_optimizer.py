@@ -16,6 +16,7 @@ import torch
 
 from _harness import FAMILY_SPECS, TP4_SPECS, _rel, compare, pipeline, reference_run
 from _sharded_worker import ShardCase, run_pairs
+from autohet_ray.profile.precision import precision
 from autohet_ray.runtime import run_world
 
 EXACT = 1e-10
@@ -43,7 +44,9 @@ CASES = {
     5: [ShardCase(name="stages_2_vs_3-llama-uneven", spec=FAMILY_SPECS["llama"], pipelines=STAGES_2_VS_3,
                   shard_weights={0: 3.0, 1: 1.0, 2: 1.0, 3: 2.0, 4: 0.5})],
     6: [ShardCase(name="mixed-bert", spec=FAMILY_SPECS["bert"], pipelines=MIXED),
-        ShardCase(name="mixed-gpt-tied", spec=TIED_GPT, pipelines=MIXED),
+        # the one-process reference initializes a tied head its own way: checked against the unsharded run,
+        # and the two copies on the single-stage pipeline's rank against each other
+        ShardCase(name="mixed-gpt-tied", spec=TIED_GPT, pipelines=MIXED, reference=False),
         ShardCase(name="tp4_vs_tp2-llama", spec=TP4_SPECS["llama"], pipelines=TP4_VS_TP2),
         ShardCase(name="zb-gpt", spec=FAMILY_SPECS["gpt"], pipelines=ZB, schedule="zb-h1"),
         ShardCase(name="zb-llama-bf16", spec=FAMILY_SPECS["llama"], pipelines=ZB, schedule="zb-h1",
@@ -79,8 +82,25 @@ def test_fp64_sharded_equals_unsharded_and_reference(size, case, worlds):
             assert abs(b - a) <= EXACT * abs(a), f"rank {rank} step {step}: {b} vs {a}"
         assert _worst_state(none["state"], sharded["state"]) <= EXACT, rank
         assert _worst_state(none["grads"], sharded["grads"]) <= EXACT, rank
-    report = compare(case, [r["sharded"] for r in per_rank], reference_run(case))
-    assert not report.problems, "\n".join(report.problems[:20])
+    if case.spec.tie_embeddings:
+        both = [r["sharded"]["state"] for r in per_rank if "head.out.weight" in r["sharded"]["state"]
+                and "embedding.tok.weight" in r["sharded"]["state"]]
+        assert both and all(torch.equal(s["head.out.weight"][0], s["embedding.tok.weight"][0]) for s in both)
+    if case.reference:
+        report = compare(case, [r["sharded"] for r in per_rank], reference_run(case))
+        assert not report.problems, "\n".join(report.problems[:20])
+
+
+def test_resident_optimizer_bytes_fall_by_the_predicted_factor(worlds):
+    """bf16 on two pipelines with different stage boundaries: every unit has two holders, so each rank keeps
+    the fp32 master and moments of half its parameters (cost/terms.GroupCost.resident_bytes_per_param)."""
+    bf16 = precision("bfloat16")
+    case = next(c for c in CASES[4] if c.name == "layerwise-llama-bf16")
+    ways = len(case.pipelines)
+    predicted = (bf16.sharded_state_bytes / ways) / bf16.optimizer_state_bytes
+    for rank, r in enumerate(r[case.name] for r in worlds(4)):
+        measured = r["sharded"]["optimizer_bytes"] / r["none"]["optimizer_bytes"]
+        assert abs(measured / predicted - 1) <= 0.05, f"rank {rank}: {measured:.4f} vs predicted {predicted:.4f}"
 
 
 @pytest.mark.parametrize("size,case", [x for x in ALL if x[1].dtype == torch.bfloat16], ids=lambda x: getattr(x, "name", ""))
