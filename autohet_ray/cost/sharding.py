@@ -37,13 +37,16 @@ def sharded_buckets(plan: Plan, buckets: dict, precision: Precision) -> tuple[di
     return out, gather
 
 
-def saved_bytes(plan: Plan, evaluation_tables, k: int, j: int) -> float:
-    """Bytes per device stage j of pipeline k saves by sharding (0 when it does not)."""
-    ways = shard_ways(plan, k, j)
-    if ways == 1:
-        return 0.0
-    stage, p = plan.pipelines[k].stages[j], len(plan.pipelines[k].stages)
-    gc = evaluation_tables[k].get(stage.device_type, stage.tp, stage.recompute, 1)
-    sharded = evaluation_tables[k].get(stage.device_type, stage.tp, stage.recompute, ways)
-    params = gc.stage_params(stage.num_layers, j == 0, j == p - 1)
-    return params * (gc.resident_bytes_per_param - sharded.resident_bytes_per_param)
+def saved_bytes(plan: Plan, cluster, model, profile) -> dict[tuple[int, int], float]:
+    """Per (pipeline, stage): bytes each of its devices saves by sharding (0.0 where it does not shard)."""
+    from autohet_ray.cost.evaluate import plan_tables
+    tables = plan_tables(plan, cluster, model, profile)
+    out = {}
+    for k, pipeline in enumerate(plan.pipelines):
+        for j, stage in enumerate(pipeline.stages):
+            ways, p = shard_ways(plan, k, j), len(pipeline.stages)
+            whole = tables[k].get(stage.device_type, stage.tp, stage.recompute, 1)
+            sharded = tables[k].get(stage.device_type, stage.tp, stage.recompute, ways)
+            params = whole.stage_params(stage.num_layers, j == 0, j == p - 1)
+            out[(k, j)] = params * (whole.resident_bytes_per_param - sharded.resident_bytes_per_param)
+    return out

@@ -20,6 +20,14 @@ READABLE_VERSIONS = (1, 2, 3)
 RECOMPUTE_MODES = ("none", "full", "auto")     # what a planning request may ask for (planner/recompute.py)
 
 
+SHARDING_MODES = ("none", "dp", "auto")   # optimizer state sharding a planning request may ask for (planner/sharding.py)
+
+
+def check_sharding(mode: str) -> None:
+    if mode not in SHARDING_MODES:
+        raise ConfigError(f"optimizer_sharding={mode!r}; valid: {', '.join(SHARDING_MODES)}")
+
+
 def check_recompute(mode: str) -> None:
     if mode not in RECOMPUTE_MODES:
         raise ConfigError(f"recompute={mode!r}; valid: {', '.join(RECOMPUTE_MODES)}")

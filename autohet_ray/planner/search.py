@@ -144,9 +144,9 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
     check_recompute(recompute)
     check_sharding(optimizer_sharding)
     if optimizer_sharding == "auto":
-        return plan_auto_sharding(lambda flag, limit: plan_training(
+        return plan_auto_sharding(lambda flag, limit, seeds: plan_training(
             cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
-            micro_batch=micro_batch, time_limit_s=limit, incumbents=incumbents, schedules=schedules,
+            micro_batch=micro_batch, time_limit_s=limit, incumbents=incumbents + seeds, schedules=schedules,
             recompute=recompute, optimizer_sharding="dp" if flag else "none"),
             time_limit_s, cluster, model, profile, schedules)
     request = dict(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,

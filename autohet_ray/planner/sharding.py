@@ -14,16 +14,11 @@ from typing import Callable
 
 from autohet_ray import ConfigError
 from autohet_ray.cost.evaluate import best_schedule
+from autohet_ray.plan.schema import SHARDING_MODES, check_sharding  # noqa: F401  (re-exported)
 
-SHARDING_MODES = ("none", "dp", "auto")
 # Holders the search assumes: every plan that shards has at least two pipelines, so its stages keep at most
 # half the state (a lower bound on the saving, hence never a plan priced to fit that does not).
 SEARCH_SHARD_WAYS = 2
-
-
-def check_sharding(mode: str) -> None:
-    if mode not in SHARDING_MODES:
-        raise ConfigError(f"optimizer_sharding={mode!r}; valid: {', '.join(SHARDING_MODES)}")
 
 
 def search_ways(shard: bool) -> int:
@@ -31,15 +26,16 @@ def search_ways(shard: bool) -> int:
 
 
 def plan_auto_sharding(plan_once: Callable, time_limit_s: float, cluster, model, profile, schedules):
-    """`plan_once(shard: bool, time_limit_s) -> PlanResult` without and with sharding (half the time each),
-    the faster result, sharding kept only on the stages where it fits the plan or makes it faster."""
+    """`plan_once(shard: bool, time_limit_s, incumbents) -> PlanResult` without, then with sharding (half the
+    time each; the unsharded plan seeds the sharded search, so that one is never worse), the faster result,
+    sharding kept only on the stages where it fits the plan or makes it faster."""
     from autohet_ray.planner.search import PlanResult
     start = time.perf_counter()
     results, errors = [], []
     for flag in (False, True):
         left = time_limit_s - (time.perf_counter() - start)
         try:
-            results.append(plan_once(flag, left / 2 if not flag else left))
+            results.append(plan_once(flag, left / 2 if not flag else left, tuple(r.plan for r in results)))
         except ConfigError as err:          # nothing fits this way
             errors.append(err)
     if not results:

@@ -19,9 +19,6 @@ from autohet_ray.runtime.grad_sync import GradSync, SyncOp, unit_holders
 from autohet_ray.runtime.shard_layout import Piece, owned_pieces, slice_bounds
 
 
-SHARDING_MODES = ("none", "dp", "auto")       # --optimizer-sharding (planner/sharding.py decides under auto)
-
-
 def sharded_units(plan, rank_map, num_layers: int, *, tied: bool, mode: str | None = None) -> frozenset:
     """Units whose optimizer state is sharded: those held by any stage with `shard_optimizer` ("dp": every
     unit, "none": none). None in a one-pipeline plan: a unit has no data-parallel co-holders there."""
