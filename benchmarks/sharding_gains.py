@@ -46,6 +46,7 @@ def _plan(model, cluster, profile, batch, seq, mode, limit):
             "iteration_s": r.evaluation.iteration_time_s, "pipelines": len(r.plan.pipelines),
             "stages": len(stages), "recompute_stages": sum(s.recompute for s in stages),
             "sharded_stages": sum(s.shard_optimizer for s in stages), "micro_batch": r.plan.micro_batch,
+            "hit_time_limit": r.hit_time_limit,
             "wall_s": time.perf_counter() - start}
 
 

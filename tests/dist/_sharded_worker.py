@@ -78,3 +78,25 @@ def _run(case: ShardCase, rank: int, sharding: str | None) -> dict:
 def run_pairs(rank: int, world_size: int, cases: list[ShardCase]) -> dict:
     """case name -> {"none": unsharded run, "sharded": the plan's sharding} on this rank."""
     return {c.name: {"none": _run(c, rank, "none"), "sharded": _run(c, rank, None)} for c in cases}
+
+
+def train_then_state(rank: int, world_size: int, case: ShardCase, steps: int, sharding: str | None) -> dict:
+    """`steps` steps of `case`'s plan from scratch: losses and the (gathered) state dict to checkpoint."""
+    engine = _engine(case, rank, sharding)
+    losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in range(steps)]
+    return {"losses": losses, "state": engine.state_dict(), "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
+
+
+def restore_then_train(rank: int, world_size: int, case: ShardCase, root: str, steps: range,
+                       sharding: str | None) -> dict:
+    """Restore the newest committed step of the checkpoint under `root` onto `case`'s plan (resharded to this
+    rank's chunks by checkpoint.restore), then train `steps`."""
+    from autohet_ray.checkpoint import LocalDirTier, find_manifest, latest_committed_step, restore
+    from autohet_ray.runtime.optim import needs_of_layout
+    engine = _engine(case, rank, sharding)
+    tier = LocalDirTier(root)
+    manifest = find_manifest([tier], latest_committed_step([tier]))
+    state, _ = restore(manifest, needs_of_layout(engine.layout), [tier])
+    engine.load_state_dict(state)
+    losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in steps]
+    return {"losses": losses, "step": engine.step, "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
