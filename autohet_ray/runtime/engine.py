@@ -260,12 +260,19 @@ class Engine:
         full = self.sharded.gathered(shapes, pick, moments=moments)
         return {key: (t.cpu(), *self.layout[name]) for key, (t, name) in full.items()}
 
-    def live_state(self) -> StateDict:
+    def live_state(self, *, gather: bool = True) -> StateDict:
         """The state_dict's entries as views of the live tensors (no copy): valid until the next update. Under
-        sharded optimizer state, gathered copies (a collective, like state_dict)."""
-        if self.sharded is not None:
+        sharded optimizer state, gathered copies (a collective, like state_dict); with `gather=False` (no
+        collective: survivors after a loss) only what this rank holds whole: its unsharded tensors, and the
+        sharded parameters' weights where the compute dtype is the master dtype."""
+        if self.sharded is None:
+            return live_views(self.optimizer, self.masters, self.layout)
+        if gather:
             return self.state_dict()
-        return live_views(self.optimizer, self.masters, self.layout)
+        out = live_views(self.optimizer, self.local_masters, self.layout) if self.optimizer is not None else {}
+        if self.mixed is None:
+            out.update({n: (self.params[n].detach(), *self.layout[n]) for n in self.grad_sync.sharded_names()})
+        return out
 
     def grads(self) -> StateDict:
         """The gradients of the last step (synced and clipped), in the state_dict format (sharded ones gathered:

@@ -133,3 +133,23 @@ def test_lower_bound_with_sharding_stays_below_sharded_plans():
     plain, shard = lower_bound_iteration_s(**kw), lower_bound_iteration_s(**kw, optimizer_sharding="auto")
     assert shard <= plain and math.isfinite(shard)
     assert shard <= evaluate_plan(_two_pipelines(True), cluster, SMALL, profile).iteration_time_s
+
+
+def test_sharding_makes_a_plan_fit_that_nothing_replicated_fits():
+    """Two layers, four one-GPU nodes (no TP, at most two stages): a stage with a layer and the embedding
+    (or head) needs ~1.04 GB replicated, 0.69 GB sharded two ways; 0.75 GB are usable. Only a search that
+    prices sharded state while it enumerates finds the two sharded pipelines."""
+    from autohet_ray.model.spec import model_from_dict
+    model = model_from_dict({"name": "wide2", "family": "gpt", "num_layers": 2, "hidden": 2048, "num_heads": 16,
+                             "num_kv_heads": 16, "ffn_hidden": 8192, "vocab_size": 4096, "max_seq_len": 64})
+    cluster = cluster_from_dict({"name": "t", "network": {"inter_node_gbps": 100},
+                                 "devices": {"X": DEVICE | {"memory_gb": 2.75}},
+                                 "nodes": [{"name": f"n{i}", "device": "X", "count": 1} for i in range(4)]})
+    profile = analytic_profile(model, cluster, 64)
+    kw = dict(cluster=cluster, model=model, profile=profile, global_batch=8, seq_len=64, time_limit_s=300)
+    with pytest.raises(ConfigError, match="fits nowhere"):
+        plan_training(**kw, optimizer_sharding="none")
+    for mode in ("dp", "auto"):
+        result = plan_training(**kw, optimizer_sharding=mode)
+        assert result.evaluation.feasible and len(result.plan.pipelines) == 2
+        assert all(s.shard_optimizer for p in result.plan.pipelines for s in p.stages)
