@@ -6,12 +6,13 @@ Predictions of the cost model with the analytic profile (bf16), not measurements
 the time limit: it runs the unsharded search (half its time, as long as `none`'s) and the sharded one, so the
 deterministic unsharded half finds what `none` finds. Ends with one JSON line.
 
-    python benchmarks/sharding_gains.py [--time-limit 30]
+    python benchmarks/sharding_gains.py [--time-limit 30] [--global-batch N] [--fleets N]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import time
 
@@ -60,10 +61,13 @@ def _cell(x: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--global-batch", type=int, help="every fleet at this global batch (default: each its own)")
+    ap.add_argument("--fleets", type=int, default=len(FLEETS), help="only the first N fleets")
     args = ap.parse_args()
     rows = []
     print(f"{'model':<11} {'fleet':<20} {'none':>26}   {'auto':>26}   gain")
-    for name, fleet, batch, seq, why in FLEETS:
+    for name, fleet, batch, seq, why in FLEETS[:args.fleets]:
+        batch = args.global_batch or batch
         model, cluster = PRESETS[name], load_cluster(str(CLUSTERS / f"{fleet}.yaml"))
         profile = analytic_profile(model, cluster, seq, with_micro_batches(*token_cap_sizes(seq)))
         none = _plan(model, cluster, profile, batch, seq, "none", args.time_limit)
@@ -74,7 +78,8 @@ def main() -> None:
                      "none": none, "auto": auto, "gain": gain})
         shown = f"{gain:.3f}x" if isinstance(gain, float) else str(gain)
         print(f"{name:<11} {fleet:<20} {_cell(none)}   {_cell(auto)}   {shown}", flush=True)
-    print(json.dumps({"bench": "sharding_gains", "time_limit_s": args.time_limit, "rows": rows}))
+    print(json.dumps({"bench": "sharding_gains", "time_limit_s": args.time_limit, "load_average": os.getloadavg(),
+                      "rows": rows}))
 
 
 if __name__ == "__main__":

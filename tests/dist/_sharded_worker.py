@@ -84,7 +84,8 @@ def train_then_state(rank: int, world_size: int, case: ShardCase, steps: int, sh
     """`steps` steps of `case`'s plan from scratch: losses and the (gathered) state dict to checkpoint."""
     engine = _engine(case, rank, sharding)
     losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in range(steps)]
-    return {"losses": losses, "state": engine.state_dict(), "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
+    return {"losses": losses, "state": engine.state_dict(), "pipeline": engine.info.pipeline,
+            "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
 
 
 def restore_then_train(rank: int, world_size: int, case: ShardCase, root: str, steps: range,

@@ -13,6 +13,7 @@ import pytest
 from _harness import FAMILY_SPECS, pipeline, reference_run
 from _sharded_worker import ShardCase, restore_then_train, train_then_state
 from autohet_ray.checkpoint import AsyncSnapshotter, LocalDirTier, assign_writers, commit_step
+from autohet_ray.checkpoint.holdings import tiling_holdings
 from autohet_ray.runtime import run_world
 
 SPEC = FAMILY_SPECS["llama"]
@@ -27,9 +28,11 @@ OTHER = ShardCase(name="tp2_and_3stage", spec=SPEC, pipelines=(pipeline(2, (0, 2
 TOL = 1e-6
 
 
-def _write_checkpoint(states: list[dict], root) -> None:
+def _write_checkpoint(ranks: list[dict], root) -> None:
+    """One writer per chunk of one tiling per tensor (checkpoint/holdings.py, as the elastic job picks them)."""
+    states = [r["state"] for r in ranks]
     holdings = {r: [(n, c, t.numel() * t.element_size()) for n, (t, _, c) in s.items()] for r, s in enumerate(states)}
-    owned = assign_writers(holdings)
+    owned = assign_writers(tiling_holdings(holdings, {rank: r["pipeline"] for rank, r in enumerate(ranks)}))
     tier = LocalDirTier(root)
     records = []
     for rank, state in enumerate(states):
@@ -52,7 +55,7 @@ def test_restore_across_plans_and_sharding(first, second, tmp_path):
     reference = reference_run(ShardCase(name="ref", spec=SPEC, pipelines=SHARDED.pipelines, steps=STEPS))["losses"]
     before = run_world(train_then_state, _world_size(case_a), case_a, SAVED_AT, mode_a)
     assert bool(before[0]["sharded_ops"]) == (mode_a is None)
-    _write_checkpoint([r["state"] for r in before], tmp_path)
+    _write_checkpoint(before, tmp_path)
     after = run_world(restore_then_train, _world_size(case_b), case_b, str(tmp_path), range(SAVED_AT, STEPS), mode_b)
     assert bool(after[0]["sharded_ops"]) == (mode_b is None)
     for r in before:

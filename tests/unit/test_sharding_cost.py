@@ -124,7 +124,6 @@ def test_megatron_baseline_shards_across_its_replicas_when_allowed():
     assert not any(s.shard_optimizer for p in whale.plan.pipelines for s in p.stages)
 
 
-@pytest.mark.cli            # cvxpy in a spawned child would be a process: keep it out of the unit tier's budget
 def test_lower_bound_with_sharding_stays_below_sharded_plans():
     from autohet_ray.planner.bound import lower_bound_iteration_s
     cluster = _cluster(memory_gb=80)
