@@ -69,6 +69,10 @@ def _schedule_option(parser) -> None:
     parser.add_argument("--recompute", default="none", choices=("none", "full", "auto"),
                         help="activation recomputation: none, full (every stage), or auto (the planner picks it "
                              "per stage where it makes the plan fit or faster)")
+    parser.add_argument("--optimizer-sharding", default="none", choices=("none", "dp", "auto"),
+                        help="shard optimizer state (fp32 master, AdamW moments) across each layer's data-parallel "
+                             "holders: none, dp (every stage), or auto (the planner picks it per stage where it "
+                             "makes the plan fit or faster)")
 
 
 def _train_parser(sub) -> None:

@@ -38,17 +38,32 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.1f} GB"
 
 
-def plan_table(plan: Plan, memory: dict[str, int]) -> str:
+def plan_table(plan: Plan, memory: dict[str, int], saved: dict | None = None) -> str:
+    """One row per stage. `saved`: (pipeline, stage) -> bytes per device its sharded optimizer state saves."""
     rows = [f"{'pipe':>4} {'micro':>5} {'stage':>5} {'layers':>9} {'tp':>3} {'device':<10} {'node':<10} "
-            f"{'gpus':<16} {'peak mem':>9} recompute"]
+            f"{'gpus':<16} {'peak mem':>9} recompute  optimizer state"]
     for k, p in enumerate(plan.pipelines):
         for j, s in enumerate(p.stages):
             mem = memory.get(f"{s.node}:{s.devices[0]}", 0)
             micro = f"{p.num_microbatches}x{plan.micro_batch_of(k)}" if j == 0 else ""
             rows.append(f"{k:>4} {micro:>5} {j:>5} "
                         f"{f'[{s.layers[0]},{s.layers[1]})':>9} {s.tp:>3} {s.device_type:<10} {s.node:<10} "
-                        f"{','.join(map(str, s.devices)):<16} {_gb(mem):>9} {'yes' if s.recompute else 'no'}")
+                        f"{','.join(map(str, s.devices)):<16} {_gb(mem):>9} {'yes' if s.recompute else 'no':<9}  "
+                        f"{_sharding(plan, k, j, saved)}")
     return "\n".join(rows)
+
+
+def _sharding(plan: Plan, k: int, j: int, saved: dict | None) -> str:
+    from autohet_ray.cost.sharding import shard_ways
+    ways = shard_ways(plan, k, j)
+    if ways == 1:
+        return "replicated"
+    return f"sharded {ways}-way" + (f", saves {_gb(saved[(k, j)])}" if saved else "")
+
+
+def _savings(plan: Plan, cluster, model, profile) -> dict:
+    from autohet_ray.cost.sharding import saved_bytes
+    return saved_bytes(plan, cluster, model, profile)
 
 
 def cmd_plan(args) -> int:
@@ -60,14 +75,16 @@ def cmd_plan(args) -> int:
     check_request(model, profile, args.global_batch, seq_len, schedule_choices(args.schedule))
     bound = lower_bound_in_background(cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
                                       seq_len=seq_len, schedules=schedule_choices(args.schedule),
-                                      recompute=args.recompute)
+                                      recompute=args.recompute,
+                                      optimizer_sharding=args.optimizer_sharding)
     # the time limit covers the whole command: what loading took is spent already
     result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
                                             global_batch=args.global_batch, seq_len=seq_len,
                                             micro_batch=args.micro_batch,
                                             time_limit_s=args.time_limit - (time.perf_counter() - started),
                                             schedules=schedule_choices(args.schedule),
-                                            recompute=args.recompute)
+                                            recompute=args.recompute,
+                                      optimizer_sharding=args.optimizer_sharding)
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
@@ -81,7 +98,7 @@ def cmd_plan(args) -> int:
     print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {args.global_batch}, "
           f"micro-batch {result.plan.micro_batch}, seq {seq_len}, schedule {result.plan.schedule}  "
           f"[{profile.kind} profile, {report['dtype']}]")
-    print(plan_table(result.plan, ev.memory_bytes))
+    print(plan_table(result.plan, ev.memory_bytes, _savings(result.plan, cluster, model, profile)))
     print(f"predicted: {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
           f"(slowest pipeline {max(ev.pipeline_times_s):.3f} s; grad sync {ev.sync_time_s:.3f} s, overlapping "
           f"the cool-down; optimizer {ev.optimizer_time_s:.3f} s); solved in {result.solve_time_s:.1f} s, "
@@ -150,7 +167,7 @@ def cmd_evaluate(args) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(plan_table(plan, ev.memory_bytes))
+        print(plan_table(plan, ev.memory_bytes, _savings(plan, cluster, model, profile)))
         status = "feasible" if ev.feasible else f"INFEASIBLE: {ev.reason}"
         print(f"{status}; predicted {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
               f"[{profile.kind} profile, {out['dtype']}]")

@@ -70,7 +70,7 @@ def job_fields(args) -> dict:
             "storage": storage, "data": args.data, "eval_every": args.eval_every,
             "eval_batches": args.eval_batches, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
             "seq_len": args.seq_len, "micro_batch": args.micro_batch, "schedule": args.schedule,
-            "recompute": args.recompute,
+            "recompute": args.recompute, "optimizer_sharding": args.optimizer_sharding,
             "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
             "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s,

@@ -22,7 +22,8 @@
    The figures need an otherwise idle machine: the load average is printed before and after; `--nice -15`
    (root only) raises this run's CPU priority (inherited by the ranks) so that it gets its cores on a shared
    machine.
-Plan shapes on 2 cores: PP2 (even split), PP2 with other stage boundaries (uneven split), TP2, DP2. Two
+Plan shapes on 2 cores: PP2 (even split), PP2 with other stage boundaries (uneven split), TP2, DP2, and with
+sharded optimizer state DP2 and DP2 with 3 against 1 micro-batches. Two
 pipelines of several stages each need at least 4 cores; with more cores, raise --cores and the plan list grows
 by a pair of two-stage pipelines with different boundaries.
 Ends with one JSON line: max_abs_error (the largest |measured / predicted - 1|, each the mean over passes) and
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -80,7 +82,18 @@ def plan_shapes(cores: int) -> dict[str, tuple[Pipeline, ...]]:
         shapes["two_pipelines_different_boundaries"] = (
             _pipeline(m // 2, [(0, 3 * n // 8, 1), (3 * n // 8, n, 1)]),
             _pipeline(m // 2, [(0, 5 * n // 8, 1), (5 * n // 8, n, 1)], 2))
+    # sharded optimizer state (runtime/shard_sync.py): DP2, and an asymmetric pair (3 against 1 micro-batch;
+    # with 4 cores, different stage boundaries too)
+    shapes["dp2_sharded"] = tuple(_sharded(p) for p in shapes["dp2"])
+    shapes["dp2_uneven_sharded"] = (_sharded(_pipeline(m - 1, [(0, n, 1)])), _sharded(_pipeline(1, [(0, n, 1)], 1)))
+    if cores >= 4:
+        shapes["different_boundaries_sharded"] = tuple(
+            _sharded(p) for p in shapes["two_pipelines_different_boundaries"])
     return shapes
+
+
+def _sharded(p: Pipeline) -> Pipeline:
+    return replace(p, stages=tuple(replace(s, shard_optimizer=True) for s in p.stages))
 
 
 def make_plan(pipelines: tuple[Pipeline, ...]) -> Plan:

@@ -45,6 +45,8 @@ def _dev(name, bf16, fp32, mem, hbm, link, kind, nic, source, tf32=None) -> Devi
 
 CATALOG: dict[str, DeviceType] = {d.name: d for d in [
     _dev("V100", 125, 15.7, 32, 900, 300, "nvlink", 100, "NVIDIA V100 datasheet (FP16 tensor; no BF16)"),
+    _dev("V100-16GB", 125, 15.7, 16, 900, 300, "nvlink", 100,
+         "NVIDIA V100 datasheet, 16 GB SXM2 (gpu-specs.md V100 row: 16/32 GB HBM2; FP16 tensor, no BF16)"),
     _dev("A10", 125, 31.2, 24, 600, 64, "pcie", 100, "NVIDIA A10 datasheet; baseten.co"),
     _dev("A100-40GB", 312, 19.5, 40, 1555, 600, "nvlink", 200, "NVIDIA A100 datasheet", tf32=156),
     _dev("A100-80GB", 312, 19.5, 80, 2039, 600, "nvlink", 200, "NVIDIA A100 datasheet", tf32=156),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.memory import stage_peak_memory
+from autohet_ray.cost.sharding import shard_ways, sharded_buckets
 from autohet_ray.profile.precision import profile_dtype, profile_precision
 from autohet_ray.cost.timeline import simulate_cached
 from autohet_ray.cost.sync import gradient_sync_times, sync_buckets, sync_end_times
@@ -106,7 +107,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
         p, m, table = len(pipeline.stages), pipeline.num_microbatches, tables[k]
         parts = []                     # per stage: (forward, backward, weight-gradient) seconds per micro-batch
         for j, stage in enumerate(pipeline.stages):
-            gc = table.get(stage.device_type, stage.tp, stage.recompute)
+            gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j))
             first, last = j == 0, j == p - 1
             parts.append(gc.stage_split(stage.num_layers, first, last, split))
             mem = stage_peak_memory(gc, plan.schedule, p, j, m, stage.num_layers)
@@ -130,6 +131,10 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
             if slot.kind == ("W" if split else "B") and slot.microbatch == m - 1:
                 last_grad[(k, slot.stage)] = slot
     buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
+    buckets, gather_s = sharded_buckets(plan, buckets, profile_precision(profile))
+    for key, seconds in gather_s.items():                 # the new weights' all-gather follows the update
+        opt_s[key] += seconds
+        opt_time = max(opt_time, opt_s[key])
     sync = max(gradient_sync_times(plan, cluster, model, profile, buckets).values(), default=0.0)
     synced = sync_end_times(buckets,
                             lambda key, unit: _gradient_final(plan.pipelines[key[0]], key[1], tables[key[0]],

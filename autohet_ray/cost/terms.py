@@ -51,6 +51,16 @@ class GroupCost:
     recompute: bool = False       # layers recompute their forward in the backward (layer_s includes it)
     recompute_bytes: int = 0      # with `recompute`: one layer's full activations, live while it is rebuilt
     optimizer_s_per_param: float | None = None    # measured (the profile's); None: priced as memory traffic
+    shard_ways: int = 1           # holders the optimizer state is sharded across (1: replicated)
+    optimizer_state_bytes: int = 12   # of state_bytes_per_param, what sharding divides (profile/precision.py)
+    sharded_state_bytes: int = 12     # a sharded slice's master and moments per parameter
+
+    @property
+    def resident_bytes_per_param(self) -> float:
+        """Weight, gradient and optimizer state per parameter: (master + moments) / holders when sharded."""
+        if self.shard_ways <= 1:
+            return self.state_bytes_per_param
+        return self.state_bytes_per_param - self.optimizer_state_bytes + self.sharded_state_bytes / self.shard_ways
 
     def stage_time(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_s + (self.embed_s if first else 0.0) + (self.head_s if last else 0.0)
@@ -80,21 +90,21 @@ class GroupCost:
     def stage_memory(self, num_layers: int, first: bool, last: bool, in_flight: int, held: int = 0) -> int:
         """Weights, gradients and optimizer state, `in_flight` micro-batches' activations and `held`
         micro-batches' deferred weight-gradient inputs."""
-        return int(self.stage_params(num_layers, first, last) * self.state_bytes_per_param
+        return int(self.stage_params(num_layers, first, last) * self.resident_bytes_per_param
                    + in_flight * self.stage_activation_bytes(num_layers, first, last)
                    + held * self.stage_held_bytes(num_layers, last)
                    + (self.recompute_bytes if num_layers and in_flight else 0))
 
     def max_layers_in_memory(self, first: bool, last: bool, in_flight: int, held: int = 0) -> int:
         fixed = self.stage_memory(0, first, last, in_flight, held) + (self.recompute_bytes if in_flight else 0)
-        per_layer = self.layer_params * self.state_bytes_per_param + in_flight * self.layer_act_bytes + \
+        per_layer = self.layer_params * self.resident_bytes_per_param + in_flight * self.layer_act_bytes + \
             held * self.layer_held_bytes
         return max(-1, int((self.capacity_bytes - fixed) // per_layer)) if fixed <= self.capacity_bytes else -1
 
     def optimizer_s(self, num_layers: int, first: bool, last: bool) -> float:
         """One update (norm, clip, AdamW) of the stage's parameters: at the measured rate, else as memory
-        traffic."""
-        params = self.stage_params(num_layers, first, last)
+        traffic; sharded, of its slice only."""
+        params = self.stage_params(num_layers, first, last) / max(1, self.shard_ways)
         if self.optimizer_s_per_param is not None:
             return params * self.optimizer_s_per_param
         return params * self.optimizer_bytes_per_param / self.hbm_Bps
@@ -171,18 +181,22 @@ class GroupCostTable:
     """GroupCost per (device type, TP degree), cached, for one model / micro-batch / sequence length."""
 
     def __init__(self, *, model: ModelSpec, cluster: Cluster, profile: ProfileDB, micro_batch: int, seq_len: int,
-                 recompute: bool = False):
+                 recompute: bool = False, shard_ways: int = 1):
         self.model, self.cluster, self.profile = model, cluster, profile
         self.recompute = recompute     # what `get` prices when not told (the planner's recompute=full)
+        self.shard_ways = shard_ways   # likewise: optimizer state sharded across this many holders
         self.micro_batch, self.seq_len = micro_batch, seq_len
         self.precision: Precision = profile_precision(profile)
         self.message_bytes = activation_message_bytes(model, micro_batch, seq_len, self.precision.activation_bytes)
-        self._cache: dict[tuple[str, int, bool], GroupCost] = {}
+        self._cache: dict[tuple[str, int, bool, int], GroupCost] = {}
 
-    def get(self, device_type: str, tp: int, recompute: bool | None = None) -> GroupCost:
-        key = (device_type, tp, self.recompute if recompute is None else recompute)
+    def get(self, device_type: str, tp: int, recompute: bool | None = None,
+            shard_ways: int | None = None) -> GroupCost:
+        key = (device_type, tp, self.recompute if recompute is None else recompute,
+               self.shard_ways if shard_ways is None else shard_ways)
         if key not in self._cache:
-            self._cache[key] = self._build(*key)
+            gc = self._build(*key[:3])
+            self._cache[key] = gc if key[3] == 1 else replace(gc, shard_ways=key[3])
         return self._cache[key]
 
     def _build(self, device_type: str, tp: int, recompute: bool = False) -> GroupCost:
@@ -228,6 +242,8 @@ class GroupCostTable:
             capacity_bytes=device.memory_bytes - MEMORY_RESERVE_BYTES, hbm_Bps=device.hbm_gbps * 1e9,
             state_bytes_per_param=self.precision.state_bytes_per_param,
             optimizer_bytes_per_param=self.precision.optimizer_bytes_per_param,
+            optimizer_state_bytes=self.precision.optimizer_state_bytes,
+            sharded_state_bytes=self.precision.sharded_state_bytes,
             optimizer_s_per_param=self.profile.optimizer_s_per_param.get(device_type),
             layer_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "layer", tp) * elem),
             head_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "head", tp) * elem))

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.plan.schedule import schedule_choices
-from autohet_ray.plan.schema import check_recompute
+from autohet_ray.plan.schema import check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
@@ -68,6 +68,9 @@ class TrainJob:
     recompute: str = "none"
     """Activation recomputation: "none", "full" (every stage) or "auto" (the planner picks it per stage where
     it makes the plan fit or faster); re-plans keep the choice."""
+    optimizer_sharding: str = "none"
+    """Optimizer state (fp32 master, AdamW moments) sharded across each layer's data-parallel holders: "none",
+    "dp" (every stage) or "auto" (the planner picks it per stage where it makes the plan fit or faster)."""
     profile: str = "analytic"
     """"analytic" (device catalog), "measured" (profiled on Ray once), or a profile DB .json path. The
     profile the job starts with is saved in `storage` and prices every re-plan."""
@@ -143,6 +146,7 @@ class TrainJob:
             raise ConfigError(f"profile={self.profile!r}; valid: {', '.join(PROFILE_MODES)}, or a profile DB .json")
         schedule_choices(self.schedule)
         check_recompute(self.recompute)
+        check_sharding(self.optimizer_sharding)
         if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
             raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
         if self.elastic and self.storage is None:

@@ -195,7 +195,7 @@ class Worker:
         Returns the keys written."""
         if self.engine is None or self.snapshotter is None or self.engine.step != step:
             return []
-        live = self.engine.live_state()
+        live = self.engine.live_state(gather=False)       # no collective: the lost ranks are gone
         blobs = []
         for want in wanted:
             if want["name"] not in live:

@@ -20,6 +20,14 @@ READABLE_VERSIONS = (1, 2, 3)
 RECOMPUTE_MODES = ("none", "full", "auto")     # what a planning request may ask for (planner/recompute.py)
 
 
+SHARDING_MODES = ("none", "dp", "auto")   # optimizer state sharding a planning request may ask for (planner/sharding.py)
+
+
+def check_sharding(mode: str) -> None:
+    if mode not in SHARDING_MODES:
+        raise ConfigError(f"optimizer_sharding={mode!r}; valid: {', '.join(SHARDING_MODES)}")
+
+
 def check_recompute(mode: str) -> None:
     if mode not in RECOMPUTE_MODES:
         raise ConfigError(f"recompute={mode!r}; valid: {', '.join(RECOMPUTE_MODES)}")
@@ -33,6 +41,7 @@ class Stage:
     node: str
     devices: tuple[int, ...]         # GPU indices on `node`; len == tp
     recompute: bool = False          # recompute each layer's activations in its backward (keep only its input)
+    shard_optimizer: bool = False    # shard its units' optimizer state across their holders (runtime/shard_sync.py)
 
     @property
     def num_layers(self) -> int:
@@ -43,6 +52,8 @@ class Stage:
                "node": self.node, "devices": list(self.devices)}
         if self.recompute:
             out["recompute"] = True
+        if self.shard_optimizer:
+            out["shard_optimizer"] = True
         return out
 
 
@@ -151,6 +162,15 @@ class Plan:
                           for k, p in enumerate(self.pipelines))
         return replace(self, pipelines=pipelines, predicted=None)
 
+    def with_optimizer_sharding(self, flags) -> "Plan":
+        """The plan with stage j of pipeline k sharding its optimizer state iff flags[k][j] (or every stage iff
+        `flags` is a bool)."""
+        pick = (lambda k, j: flags) if isinstance(flags, bool) else (lambda k, j: bool(flags[k][j]))
+        pipelines = tuple(replace(p, stages=tuple(replace(s, shard_optimizer=pick(k, j))
+                                                  for j, s in enumerate(p.stages)))
+                          for k, p in enumerate(self.pipelines))
+        return replace(self, pipelines=pipelines, predicted=None)
+
     def recompute_flags(self) -> tuple[tuple[bool, ...], ...]:
         return tuple(tuple(s.recompute for s in p.stages) for p in self.pipelines)
 
@@ -187,7 +207,8 @@ def _stage_from_dict(raw: dict, where: str) -> Stage:
                  tp=_int(_need(raw, "tp", where), f"{where}.tp"),
                  device_type=str(_need(raw, "device_type", where)), node=str(_need(raw, "node", where)),
                  devices=tuple(_int(d, f"{where}.devices") for d in devices),
-                 recompute=_bool(raw.get("recompute", False), f"{where}.recompute"))
+                 recompute=_bool(raw.get("recompute", False), f"{where}.recompute"),
+                 shard_optimizer=_bool(raw.get("shard_optimizer", False), f"{where}.shard_optimizer"))
 
 
 def _bool(value, where: str) -> bool:

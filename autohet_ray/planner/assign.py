@@ -46,14 +46,14 @@ def place(choices: list[PipelineChoice], cluster: Cluster) -> list[list[tuple[st
 
 
 def build_plan(choices: list[PipelineChoice], cluster: Cluster, model: ModelSpec, *, global_batch: int,
-               micro_batch: int, seq_len: int, recompute: bool = False) -> Plan:
+               micro_batch: int, seq_len: int, recompute: bool = False, shard_optimizer: bool = False) -> Plan:
     placement = place(choices, cluster)
     pipelines = []
     for choice, where in zip(choices, placement):
         stages, start = [], 0
         for (device, tp), n, (node, devices) in zip(choice.kinds, choice.counts, where):
             stages.append(Stage(layers=(start, start + n), tp=tp, device_type=device, node=node, devices=devices,
-                                recompute=recompute))
+                                recompute=recompute, shard_optimizer=shard_optimizer))
             start += n
         pipelines.append(Pipeline(num_microbatches=choice.num_microbatches, stages=tuple(stages)))
     return Plan(model=model.name, model_spec=model.to_dict(), cluster=cluster.name, global_batch=global_batch,

@@ -134,7 +134,7 @@ RECOMPUTE_OPTIONS = {"none": (False,), "full": (True,), "auto": (False, True)}
 
 
 def _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batches, subsets, schedules,
-                recompute="none"):
+                recompute="none", shard=False):
     """Every layout within the baseline's rules, with its floor (under "auto" each with and without
     recomputation on every stage)."""
     out = []
@@ -161,7 +161,7 @@ def _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batc
             for r, m in set(zip(replicas, micro)):
                 key = (r, tp, counts, m)
                 if key not in floors:
-                    groups = [table.get(d, tp) for d in r]
+                    groups = [table.get(d, tp, None, dp if shard and dp > 1 else 1) for d in r]
                     floors[key] = min(pipeline_floor_s(groups, counts, m, s) for s in schedules)
                 floor = max(floor, floors[key])
             out.append(_Candidate(floor, mb, tuple(nodes), tp, pp, dp, counts, micro, flag))
@@ -170,15 +170,19 @@ def _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batc
 
 def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int,
                   seq_len: int, micro_batches: list[int], subsets: bool = False,
-                  schedules: tuple[str, ...] = PLAN_SCHEDULES, recompute: str = "none") -> BaselineResult:
+                  schedules: tuple[str, ...] = PLAN_SCHEDULES, recompute: str = "none",
+                  optimizer_sharding: str = "none") -> BaselineResult:
     """The fastest plan within the baseline's rules. Layouts are priced in order of their floor, and the
     search stops once the floor reaches the fastest priced plan (as fast as pricing every layout).
     `recompute` as the planner's: "none", "full" (every stage), or "auto" (every layout with and without it
     on all stages; then, as the planner does, kept only on the stages that need it to fit)."""
     assert name in ("megatron", "whale")
     check_recompute(recompute)
+    # Megatron-LM shards its optimizer state across data-parallel replicas (--use-distributed-optimizer) when
+    # the job allows sharding; Whale, like the other heterogeneous planners, does not shard
+    shard = name == "megatron" and optimizer_sharding != "none"
     candidates = _candidates(name, cluster, model, profile, global_batch, seq_len, micro_batches, subsets,
-                             schedules, recompute)
+                             schedules, recompute, shard)
     if not candidates:
         return BaselineResult(name=name, plan=None, evaluation=None,
                               reason=no_layout_reason(name, cluster, model, global_batch, micro_batches, subsets))
@@ -195,10 +199,13 @@ def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: Pro
                                seq_len=seq_len, recompute=c.recompute)
         plan = _plan(model, cluster, _grid(c.nodes, c.tp, c.pp, c.dp), c.counts, c.micro,
                      global_batch=global_batch, micro_batch=c.micro_batch, seq_len=seq_len, recompute=c.recompute)
+        plan = plan.with_optimizer_sharding(shard and c.dp > 1)
         layout = (tuple(n.name for n in c.nodes), c.tp, c.pp, c.dp, c.counts)
         if layout not in buckets:
             buckets[layout] = sync_buckets(plan, cluster, model, profile)
-        if best_ev is not None and _sync_floor(plan, table, buckets[layout], schedules) >= best_ev.iteration_time_s:
+        # (the sync floor prices all-reduces and replicated state: no floor for a sharded plan)
+        if best_ev is not None and not (shard and c.dp > 1) and \
+                _sync_floor(plan, table, buckets[layout], schedules) >= best_ev.iteration_time_s:
             continue
         plan, ev = _price(plan, cluster, model, profile, table, buckets[layout], schedules)
         assert ev.iteration_time_s >= c.floor_s * (1 - 1e-9) or not ev.feasible, (ev.iteration_time_s, c)

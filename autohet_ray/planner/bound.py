@@ -25,6 +25,9 @@ devices of type d, n_s layers, in pipeline k with m_k micro-batches of b_k sampl
    coefficient is then the least over both options as well: the compute ones come from stages that do not
    recompute, the memory ones from stages that do (per layer without the one rebuilt layer, which a stage
    holds once whatever its layer count), so every stage of every plan still obeys 1-4.
+6. Sharded optimizer state (when the job allows it): a stage shards across at most one holder per pipeline,
+   so at most N (all GPUs) ways; (master + moments) per parameter and the optimizer step's work shrink with
+   the ways, so the memory and optimizer coefficients are the least over replicated and N-way sharded state.
 Pipeline bubbles, links and gradient sync only add time, and are left out. The bound is the least T of this
 linear program; an interior-point solve is approximate, so the result is lowered by SOLVER_SLACK.
 """
@@ -68,9 +71,10 @@ RECOMPUTE_OPTIONS = {"none": (False,), "full": (True,), "auto": (False, True)}
 
 
 def _group_costs(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int, device: str,
-                 recompute: str = "none"):
+                 recompute: str = "none", sharding: str = "none"):
     """(TP degree, micro-batch size, GroupCost) for every profiled TP degree and micro-batch size of one device
-    type, and each recomputation option allowed."""
+    type, and each recomputation and optimizer-sharding option allowed."""
+    ways = (1,) if sharding == "none" else (1, max(1, cluster.num_gpus))
     largest_node = max(n.count for n in cluster.nodes if n.device == device)
     sizes = sorted({key[2] for key in profile.entries if key[0] == device})
     for mb in sizes:
@@ -78,7 +82,8 @@ def _group_costs(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len
         for tp in TP_DEGREES:
             if tp <= largest_node and model.valid_tp(tp) and profile.has(device, tp, mb):
                 for flag in RECOMPUTE_OPTIONS[recompute]:
-                    yield tp, mb, table.get(device, tp, flag)
+                    for w in ways:
+                        yield tp, mb, table.get(device, tp, flag, w)
 
 
 ROLES = {"layer": (1, False, False), "embed": (0, True, False), "head": (0, False, True)}   # (layers, first, last)
@@ -99,12 +104,13 @@ def _role_costs(gc: GroupCost, role: str, split: bool) -> tuple[float, float, in
 
 
 def type_coefficients(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int, device: str,
-                      schedules: tuple[str, ...], recompute: str = "none") -> TypeCoefficients | None:
+                      schedules: tuple[str, ...], recompute: str = "none",
+                      sharding: str = "none") -> TypeCoefficients | None:
     """The least costs of one device type over its options; None when no option holds one layer. A role
     (embedding, head) no option can take on this type is math.inf."""
     best = {f"{r}_{k}": math.inf for r in ("layer", "embed", "head") for k in ("s", "opt_s", "bytes")}
     capacity = 0.0
-    for tp, mb, gc in _group_costs(cluster, model, profile, seq_len, device, recompute):
+    for tp, mb, gc in _group_costs(cluster, model, profile, seq_len, device, recompute, sharding):
         capacity = gc.capacity_bytes
         for role in ROLES:
             _, first, last = ROLES[role]
@@ -122,7 +128,7 @@ def type_coefficients(cluster: Cluster, model: ModelSpec, profile: ProfileDB, se
 
 def lower_bound_iteration_s(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int,
                             seq_len: int, schedules: tuple[str, ...] = PLAN_SCHEDULES,
-                            recompute: str = "none") -> float:
+                            recompute: str = "none", optimizer_sharding: str = "none") -> float:
     """Seconds per iteration that no plan of `cluster` reaches below, under the cost model with `profile`
     (every micro-batch size in the profile, every TP degree, every schedule of `schedules`, and with
     `recompute` "auto" every stage with or without recomputation, with "full" every stage with it); math.inf
@@ -136,7 +142,8 @@ def lower_bound_iteration_s(*, cluster: Cluster, model: ModelSpec, profile: Prof
         raise ConfigError(f"the {profile.kind} profile was made for seq_len {profile.seq_len}, not {seq_len}")
     check_recompute(recompute)
     coeffs = [c for d in cluster.device_types()
-              if (c := type_coefficients(cluster, model, profile, seq_len, d, tuple(schedules), recompute))
+              if (c := type_coefficients(cluster, model, profile, seq_len, d, tuple(schedules), recompute,
+                                         optimizer_sharding))
               is not None]
     if not coeffs:
         return math.inf

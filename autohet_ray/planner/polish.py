@@ -47,7 +47,7 @@ def polished(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster:
                 continue
             try:
                 cplan = build_plan(candidate, cluster, table.model, global_batch=plan.global_batch,
-                                   recompute=table.recompute,
+                                   recompute=table.recompute, shard_optimizer=table.shard_ways > 1,
                                    micro_batch=plan.micro_batch, seq_len=plan.seq_len)
             except PlacementError:
                 continue

@@ -19,9 +19,11 @@ from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_pla
 from autohet_ray.planner.batch import allocate_microbatches
 from autohet_ray.planner.floor import iteration_floor_s
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
+from autohet_ray.planner.no_fit import no_fit_message as _no_fit_message
 from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
 from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
+from autohet_ray.planner.sharding import check_sharding, plan_auto_sharding, search_ways
 from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
 from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first, zero_bubble_saving)
@@ -133,15 +135,23 @@ def check_schedules(schedules: tuple[str, ...]) -> None:
 def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                   micro_batch: int | None = None, time_limit_s: float = 60.0,
                   incumbents: tuple[Plan, ...] = (), schedules: tuple[str, ...] = PLAN_SCHEDULES,
-                  recompute: str = "none") -> PlanResult:
+                  recompute: str = "none", optimizer_sharding: str = "none") -> PlanResult:
     """The fastest plan found within the time limit, each candidate under the fastest of `schedules` that
     fits. `incumbents` (e.g. the baselines' plans) are evaluated as candidates too, so the result is never
     worse than them. `recompute` (planner/recompute.py): "none", "full" (every stage) or "auto" (per stage,
-    where it makes the plan fit or faster)."""
+    where it makes the plan fit or faster); `optimizer_sharding` (planner/sharding.py) likewise."""
     check_request(model, profile, global_batch, seq_len, schedules)
     check_recompute(recompute)
+    check_sharding(optimizer_sharding)
+    if optimizer_sharding == "auto":
+        return plan_auto_sharding(lambda flag, limit, seeds: plan_training(
+            cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
+            micro_batch=micro_batch, time_limit_s=limit, incumbents=incumbents + seeds, schedules=schedules,
+            recompute=recompute, optimizer_sharding="dp" if flag else "none"),
+            time_limit_s, cluster, model, profile, schedules)
     request = dict(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
-                   micro_batch=micro_batch, incumbents=incumbents, schedules=schedules)
+                   micro_batch=micro_batch, incumbents=incumbents, schedules=schedules,
+                   shard=optimizer_sharding == "dp")
     if recompute != "auto":
         return _plan_training(**request, time_limit_s=time_limit_s, recompute=recompute == "full")
     small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
@@ -159,12 +169,13 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
 
 def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                    micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
-                   schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False) -> PlanResult:
+                   schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False,
+                   shard: bool = False) -> PlanResult:
     """One planning pass with recomputation on every stage or none. `mixed_recompute` (small clusters under
     recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
     that recomputes on one pipeline only is ranked as such."""
     clock = _Deadline(time.perf_counter(), time_limit_s)
-    incumbents = tuple(plan.with_recompute(recompute) for plan in incumbents)
+    incumbents = tuple(plan.with_recompute(recompute).with_optimizer_sharding(shard) for plan in incumbents)
     best, per_size = _Best(), []
     for plan in incumbents:
         best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
@@ -174,7 +185,7 @@ def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, gl
         if clock.over() and (best.plan is not None or per_size):      # past the limit: keep what was found
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len,
-                               recompute=recompute)
+                               recompute=recompute, shard_ways=search_ways(shard))
         local = _Best(keep=REFINED_CANDIDATES if small else 1)
         _plan_for_micro_batch(table, cluster, global_batch, clock, local, schedules)
         best.templates += local.templates
@@ -190,7 +201,7 @@ def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, gl
         raise ConfigError(_no_fit_message(cluster, model, profile, seq_len) + hint)
     if all(best.plan is not plan for plan, _ in per_size):       # an incumbent
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
-                               seq_len=seq_len, recompute=recompute)
+                               seq_len=seq_len, recompute=recompute, shard_ways=search_ways(shard))
         best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
                                             exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules)
     if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
@@ -383,19 +394,6 @@ def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, clu
     choices = [PipelineChoice(t.kinds, split_for(t, m).counts, m) for t, m in zip(pipelines, counts)]
     try:
         return build_plan(choices, cluster, model, global_batch=global_batch, micro_batch=table.micro_batch,
-                          recompute=table.recompute,
-                          seq_len=table.seq_len)
+                          recompute=table.recompute, seq_len=table.seq_len, shard_optimizer=table.shard_ways > 1)
     except PlacementError:
         return None
-
-
-def _no_fit_message(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int) -> str:
-    from autohet_ray.model.costs import layer_params
-    from autohet_ray.profile.precision import profile_precision
-    need = sum(layer_params(model, k) * (model.num_layers if k == "layer" else 1)
-               for k in ("embedding", "layer", "head")) * profile_precision(profile).state_bytes_per_param
-    have = sum(cluster.device(n.device).memory_bytes * n.count for n in cluster.nodes)
-    return (f"{model.name} fits nowhere on cluster {cluster.name!r}: its weights, gradients and optimizer state "
-            f"alone need {need / 1e9:.1f} GB; the cluster's {cluster.num_gpus} GPUs hold {have / 1e9:.1f} GB "
-            f"(missing {max(0.0, need - have) / 1e9:.1f} GB before activations), or no pipeline of at most "
-            f"{model.num_layers} stages holds it at seq_len={seq_len}")

@@ -30,6 +30,8 @@ class Precision:
     optimizer_bytes_per_param: int       # memory traffic of one AdamW step
     grad_sync_bytes: int                 # one gradient element in the cross-pipeline all-reduce
     activation_bytes: int                # one activation element (kept for backward, sent between stages)
+    optimizer_state_bytes: int = 12      # of state_bytes_per_param: the separate master (if any) and moments
+    sharded_state_bytes: int = 12        # sharded (runtime/sharded_optim.py): a master slice and its moments
 
     def peak_tflops(self, device) -> float:
         """The device's dense peak for this dtype's matmuls (catalog figures)."""
@@ -39,8 +41,9 @@ class Precision:
 PRECISIONS = {
     "bfloat16": Precision(dtype="bfloat16", state_bytes_per_param=18, optimizer_bytes_per_param=30,
                           grad_sync_bytes=4, activation_bytes=2),
+    # fp32 compute: the weight is its own master (8 bytes of moments), but a sharded slice keeps a master copy
     "float32": Precision(dtype="float32", state_bytes_per_param=16, optimizer_bytes_per_param=28,
-                         grad_sync_bytes=4, activation_bytes=4),
+                         grad_sync_bytes=4, activation_bytes=4, optimizer_state_bytes=8),
 }
 _ALIASES = {"bf16": "bfloat16", "torch.bfloat16": "bfloat16", "fp32": "float32", "torch.float32": "float32",
             "float": "float32"}

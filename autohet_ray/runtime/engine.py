@@ -18,13 +18,16 @@ from autohet_ray.runtime.bridge import Bridge, route
 from autohet_ray.runtime.checks import IGNORE_INDEX, check_batch, check_plan
 from autohet_ray.runtime.device import resolve_device, resolve_dtype
 from autohet_ray.runtime.executor import Clock, MicroBatches, StageExecutor
-from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync
+from autohet_ray.layout import Chunk
+from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync, unit_of
 from autohet_ray.runtime.groups import create_groups
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import (StateDict, build_adamw, clip_, live_views, load_optimizer_state,
+from autohet_ray.runtime.optim import (STEP_KEY, StateDict, build_adamw, clip_, live_views, load_optimizer_state,
                                       optimizer_state, resolve_config, set_lr, squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
 from autohet_ray.runtime.precision import MasterGradStore, MasterWeights
+from autohet_ray.runtime.shard_sync import ShardSync, sharded_units
+from autohet_ray.runtime.sharded_optim import ShardedAdamW
 from autohet_ray.plan.schedule import SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.runtime.tp import ColumnParallelLinear, RowParallelLinear, TPContext
 from autohet_ray.runtime.wgrad import WeightGradStore
@@ -52,7 +55,8 @@ class Engine:
                  optimizer: OptimizerConfig | None = None, lr: float | None = None,
                  weight_decay: float | None = None, max_grad_norm: float | None = None, device=None,
                  dtype=None, pacer=None, schedule: str | None = None,
-                 sync_bucket_elements: int = SYNC_BUCKET_ELEMENTS):
+                 sync_bucket_elements: int = SYNC_BUCKET_ELEMENTS, optimizer_sharding: str | None = None,
+                 shard_weights: dict[int, float] | None = None):
         check_plan(plan, model_spec)
         schedule = schedule or getattr(plan, "schedule", "1f1b")
         if schedule not in SCHEDULES:
@@ -72,8 +76,11 @@ class Engine:
 
         shapes = param_shapes(model_spec)
         tied = tied_names(model_spec)         # tied embeddings: one tensor on first and last stages
+        if optimizer_sharding not in (None, "none", "dp"):
+            raise ConfigError(f"optimizer_sharding={optimizer_sharding!r}; valid: none, dp (or None: the plan's)")
+        units = sharded_units(plan, self.rank_map, model_spec.num_layers, tied=bool(tied), mode=optimizer_sharding)
         ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in shapes.items()],
-                             sync_bucket_elements, tied=tied)
+                             sync_bucket_elements, tied=tied, sharded_units=units)
         groups = create_groups(self.rank_map, ops, me=rank, to_global=self._global)
         my_stage = self.rank_map.tp_group(rank)
         self.tp = TPContext(size=len(my_stage), rank=info.tp_rank, group=groups.get(my_stage))
@@ -84,18 +91,27 @@ class Engine:
         if tied and self.last:
             init_tied_head(self.model, self.layout, seed=seed, num_layers=model_spec.num_layers)
         self.params = dict(self.model.named_parameters())
-        self.mixed = MasterWeights(self.params) if self.dtype == torch.bfloat16 else None
+        alias = {tied[1]: "embedding"} if tied else {}
+        carriers = {n for n in self.params if alias.get(n, unit_of(n)) in units}      # optimizer state sharded
+        self.mixed = MasterWeights(self.params, carriers) if self.dtype == torch.bfloat16 else None
         self.masters = self.params if self.mixed is None else self.mixed.masters    # what AdamW updates
         # Gradients are reduced in fp32 (the masters'), not bf16: a bf16 all-reduce rounds every partial sum to
         # 8 mantissa bits (NCCL and gloo accumulate in the wire dtype; there is no bf16-in/fp32-accumulate
         # all-reduce), and the fp32 gradient is already there for the update. The price: 2x the sync bytes.
-        self.grad_sync = GradSync(ops=ops, me=rank, params=self.masters,
-                                  chunks={n: c for n, (_, c) in self.layout.items()}, groups=groups, tied=tied)
+        sync_args = dict(ops=ops, me=rank, params=self.masters, chunks={n: c for n, (_, c) in self.layout.items()},
+                         groups=groups, tied=tied)
+        self.grad_sync = (ShardSync(weights=self.params, shard_weights=shard_weights, **sync_args) if carriers
+                          else GradSync(**sync_args))
+        assert not carriers or self.grad_sync.sharded_names() == carriers, (carriers, self.grad_sync.sharded_names())
+        self.local_masters = {n: p for n, p in self.masters.items() if n not in carriers}   # updated here whole
         # each parameter counted once in the global norm: pipeline 0's copy, TP-replicated ones on TP rank 0
-        self.norm_params = [n for n in self.params
+        self.norm_params = [n for n in self.local_masters
                             if info.pipeline == 0 and (shard_dim(n) is not None or info.tp_rank == 0)
                             and not (tied and n == tied[1])]
-        self.optimizer = build_adamw(self.masters, self.optimizer_config, tied_embeddings=model_spec.tie_embeddings)
+        self.optimizer = (build_adamw(self.local_masters, self.optimizer_config,
+                                      tied_embeddings=model_spec.tie_embeddings) if self.local_masters else None)
+        self.sharded = (ShardedAdamW(self.grad_sync, self.optimizer_config, master_dtype=self.master_dtype,
+                                     tied_embeddings=model_spec.tie_embeddings) if carriers else None)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
         self.before_update: Callable[[], None] | None = None
@@ -204,36 +220,68 @@ class Engine:
     def _sync(self, loss: torch.Tensor) -> tuple[float, float]:
         for p in self.masters.values():
             if p.grad is None:
-                p.grad = torch.zeros_like(p)
+                p.grad = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
         self.grad_sync.start()
         self.grad_sync.finish()
         mine = self.last and self.tp.rank == 0
-        stats = torch.stack([loss if mine else torch.zeros_like(loss),
-                             squared_norm([self.masters[n].grad for n in self.norm_params]).to(loss.device)])
+        squares = squared_norm([self.masters[n].grad for n in self.norm_params])
+        if self.sharded is not None:          # each sharded element on exactly one rank: its slice's owner
+            squares = squares + squared_norm(self.sharded.attach_grads()).to(squares.device)
+        stats = torch.stack([loss if mine else torch.zeros_like(loss), squares.to(loss.device)])
         dist.all_reduce(stats, group=self.world_group)
         return float(stats[0]), float(stats[1].sqrt())
 
     def _optimizer_step(self, norm: float, lr: float) -> None:
-        clip_([p.grad for p in self.masters.values()], norm, self.optimizer_config.clip_grad)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
+        grads = [p.grad for p in self.local_masters.values()]
+        if self.sharded is not None:
+            grads += [m.grad for ms in self.sharded.masters.values() for m in ms]
+        clip_(grads, norm, self.optimizer_config.clip_grad)
+        if self.optimizer is not None:
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
         if self.mixed is not None:
             self.mixed.publish()
+        if self.sharded is not None:
+            self.sharded.step(lr, self.dtype)
 
     def state_dict(self) -> StateDict:
-        """name -> (CPU copy of this rank's chunk, global shape, Chunk); parameters (the masters) and AdamW state."""
-        out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.masters.items()}
-        out.update(optimizer_state(self.optimizer, self.masters, self.layout))
+        """name -> (CPU copy of this rank's chunk, global shape, Chunk); parameters (the masters) and AdamW state.
+        Under sharded optimizer state a collective: each bucket's ranks gather their slices into whole chunks."""
+        out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.local_masters.items()}
+        if self.optimizer is not None:
+            out.update(optimizer_state(self.optimizer, self.local_masters, self.layout))
+        if self.sharded is not None:
+            out.update(self._gathered(lambda m: m.detach(), moments=self.step > 0))
+            out[STEP_KEY] = (torch.tensor(float(self.step), dtype=torch.float64), (), Chunk.whole(()))
         return out
 
-    def live_state(self) -> StateDict:
-        """The state_dict's entries as views of the live tensors (no copy): valid until the next update."""
-        return live_views(self.optimizer, self.masters, self.layout)
+    def _gathered(self, pick, *, moments: bool) -> StateDict:
+        shapes = {n: self.layout[n][1].sizes for n in self.grad_sync.sharded_names()}
+        full = self.sharded.gathered(shapes, pick, moments=moments)
+        return {key: (t.cpu(), *self.layout[name]) for key, (t, name) in full.items()}
+
+    def live_state(self, *, gather: bool = True) -> StateDict:
+        """The state_dict's entries as views of the live tensors (no copy): valid until the next update. Under
+        sharded optimizer state, gathered copies (a collective, like state_dict); with `gather=False` (no
+        collective: survivors after a loss) only what this rank holds whole: its unsharded tensors, and the
+        sharded parameters' weights where the compute dtype is the master dtype."""
+        if self.sharded is None:
+            return live_views(self.optimizer, self.masters, self.layout)
+        if gather:
+            return self.state_dict()
+        out = live_views(self.optimizer, self.local_masters, self.layout) if self.optimizer is not None else {}
+        if self.mixed is None:
+            out.update({n: (self.params[n].detach(), *self.layout[n]) for n in self.grad_sync.sharded_names()})
+        return out
 
     def grads(self) -> StateDict:
-        """The gradients of the last step (synced and clipped), in the state_dict format."""
-        return {n: (p.grad.detach().cpu().clone(), *self.layout[n]) for n, p in self.masters.items()
-                if p.grad is not None}
+        """The gradients of the last step (synced and clipped), in the state_dict format (sharded ones gathered:
+        a collective)."""
+        out = {n: (p.grad.detach().cpu().clone(), *self.layout[n]) for n, p in self.local_masters.items()
+               if p.grad is not None}
+        if self.sharded is not None:
+            out.update(self._gathered(lambda m: m.grad, moments=False))
+        return out
 
     def load_state_dict(self, state: StateDict) -> None:
         """Load this rank's chunks (same format as state_dict; resharding is the caller's job)."""
@@ -245,8 +293,12 @@ class Engine:
                 if (tuple(shape), chunk) != (self.layout[name][0], self.layout[name][1]):
                     raise ConfigError(f"state dict {name!r} holds chunk {chunk} of {tuple(shape)}; this rank "
                                       f"needs {self.layout[name][1]} of {self.layout[name][0]}")
-                p.copy_(tensor.to(device=p.device, dtype=p.dtype))
+                target = p if name in self.local_masters else self.params[name]
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         if self.mixed is not None:
             self.mixed.publish()
-        load_optimizer_state(self.optimizer, self.masters, state)
+        if self.optimizer is not None:
+            load_optimizer_state(self.optimizer, self.local_masters, state)
+        if self.sharded is not None:
+            self.sharded.load(state, {n: c for n, (_, c) in self.layout.items()})
         self.step = int(float(state["optim.step"][0])) if "optim.step" in state else 0

@@ -35,6 +35,7 @@ class Segment:
 class SyncOp:
     ranks: tuple[int, ...]                  # sorted plan ranks of the all-reduce
     segments: tuple[Segment, ...]
+    sharded: bool = False                   # reduce-scattered, each rank updating a slice (shard_sync.py)
 
 
 def unit_of(param_name: str):
@@ -89,14 +90,15 @@ def _param_segments(name: str, shape: tuple[int, ...], dim: int | None, holders:
 
 
 def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], int | None]],
-                   bucket_elements: int = SYNC_BUCKET_ELEMENTS, *, tied: tuple[str, str] | None = None
-                   ) -> tuple[SyncOp, ...]:
+                   bucket_elements: int = SYNC_BUCKET_ELEMENTS, *, tied: tuple[str, str] | None = None,
+                   sharded_units: frozenset = frozenset()) -> tuple[SyncOp, ...]:
     """Every all-reduce of a step, identical on every rank. `params`: (name, global shape, TP shard dim) of
     the whole model, in model order (embedding, layers, head), which every rank agrees on; later layers come
     first in the result. `tied`: (embedding, head) parameter names holding one shared tensor: its segments,
-    named after the embedding, sum the gradients of both over every first and last stage."""
-    buckets: dict[tuple[tuple[int, ...], int], list[Segment]] = {}
-    open_bucket: dict[tuple[int, ...], tuple[int, int, object]] = {}     # ranks -> (index, elements, unit)
+    named after the embedding, sum the gradients of both over every first and last stage. `sharded_units`:
+    units whose optimizer state is sharded; their segments go into buckets of their own (SyncOp.sharded)."""
+    buckets: dict[tuple[tuple[int, ...], bool, int], list[Segment]] = {}
+    open_bucket: dict[tuple[tuple[int, ...], bool], tuple[int, int, object]] = {}   # -> (index, elements, unit)
     for name, shape, dim in params:
         unit = unit_of(name)
         holders = unit_holders(rank_map, unit)
@@ -108,12 +110,13 @@ def plan_grad_sync(rank_map: RankMap, params: list[tuple[str, tuple[int, ...], i
             ranks = tuple(sorted(set(ranks)))         # a single-stage pipeline holds both tied tensors
             if len(ranks) <= 1 and not (tied is not None and name == tied[0]):
                 continue
-            index, filled, last_unit = open_bucket.get(ranks, (0, 0, unit))
+            key = (ranks, unit in sharded_units)
+            index, filled, last_unit = open_bucket.get(key, (0, 0, unit))
             if filled >= bucket_elements and unit != last_unit:
                 index, filled = index + 1, 0
-            open_bucket[ranks] = (index, filled + segment.region.numel, unit)
-            buckets.setdefault((ranks, index), []).append(segment)
-    return tuple(reversed([SyncOp(ranks=key[0], segments=tuple(s)) for key, s in buckets.items()]))
+            open_bucket[key] = (index, filled + segment.region.numel, unit)
+            buckets.setdefault((*key, index), []).append(segment)
+    return tuple(reversed([SyncOp(ranks=key[0], segments=tuple(s), sharded=key[1]) for key, s in buckets.items()]))
 
 
 class GradSync:
@@ -194,10 +197,14 @@ class GradSync:
         for op, buf, work in self._inflight:
             if work is not None:
                 work.wait()
-            pos = 0
-            for s in op.segments:
-                for view in self._views(s):
-                    view.copy_(buf[pos: pos + s.region.numel].view(view.shape))
-                pos += s.region.numel
+            self._settle(op, buf)
         self._inflight.clear()
         self._armed, self._final, self._posted = False, set(), 0
+
+    def _settle(self, op: SyncOp, buf: torch.Tensor) -> None:
+        """Write a finished all-reduce's sums back into the gradients."""
+        pos = 0
+        for s in op.segments:
+            for view in self._views(s):
+                view.copy_(buf[pos: pos + s.region.numel].view(view.shape))
+            pos += s.region.numel

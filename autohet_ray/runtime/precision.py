@@ -15,10 +15,27 @@ from autohet_ray.runtime.wgrad import WeightGradStore
 MASTER_DTYPE = torch.float32
 
 
+class GradCarrier:
+    """Stands in for a master weight whose optimizer state is sharded: it carries only the full-chunk fp32
+    gradient (MasterWeights.accumulate writes it), no master copy."""
+
+    def __init__(self, like: torch.Tensor, dtype: torch.dtype):
+        self.shape, self.dtype, self.device = like.shape, dtype, like.device
+        self.grad: torch.Tensor | None = None
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
 class MasterWeights:
-    def __init__(self, params: dict[str, torch.nn.Parameter]):
+    """`carriers`: names whose optimizer state is sharded (sharded_optim.py): their "master" only carries the
+    fp32 gradient; the fp32 master of their slice lives with the sharded optimizer."""
+
+    def __init__(self, params: dict[str, torch.nn.Parameter], carriers: set[str] = frozenset()):
         self.params = params
-        self.masters = {n: torch.nn.Parameter(p.detach().to(MASTER_DTYPE).clone()) for n, p in params.items()}
+        self.masters = {n: GradCarrier(p, MASTER_DTYPE) if n in carriers
+                        else torch.nn.Parameter(p.detach().to(MASTER_DTYPE).clone()) for n, p in params.items()}
+        self._published = [n for n in params if n not in carriers]
         self._name_of = {p: n for n, p in params.items()}
 
     def accumulate(self, name: str) -> None:
@@ -39,8 +56,8 @@ class MasterWeights:
     def publish(self) -> None:
         """Round the masters into the compute parameters (after every update or load)."""
         with torch.no_grad():
-            for name, param in self.params.items():
-                param.copy_(self.masters[name])
+            for name in self._published:
+                self.params[name].copy_(self.masters[name])
 
 
 class MasterGradStore(WeightGradStore):

@@ -1,0 +1,86 @@
+"""Which plans sharded optimizer state makes better: predicted samples/s with `--optimizer-sharding none` vs
+`auto` (recomputation "auto" both ways, so each plan recomputes only where it must), on issue 33's fleets and
+two where no gain is expected.
+
+Predictions of the cost model with the analytic profile (bf16), not measurements. The `auto` search gets twice
+the time limit: it runs the unsharded search (half its time, as long as `none`'s) and the sharded one, so the
+deterministic unsharded half finds what `none` finds. Ends with one JSON line.
+
+    python benchmarks/sharding_gains.py [--time-limit 30] [--global-batch N] [--fleets N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import time
+
+from autohet_ray.cluster import load_cluster
+from autohet_ray.model import PRESETS
+from autohet_ray.planner.search import plan_training, token_cap_sizes
+from autohet_ray.profile import analytic_profile
+from autohet_ray.profile.analytic import with_micro_batches
+from autohet_ray import ConfigError
+
+CLUSTERS = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "clusters"
+# (model, cluster file, global batch, sequence length, why it is here)
+FLEETS = [
+    ("llama-13b", "v100-16gb-a100-24", 256, 2048, "issue 33"),
+    ("llama-7b", "a10-l40s-h100-20", 256, 2048, "issue 33"),
+    ("llama2-70b", "a100-40gb-l40s-64", 256, 4096, "issue 33"),
+    ("gpt3-6.7b", "paper-24", 256, 2048, "issue 33"),
+    ("gpt3-1.3b", "h200-8", 256, 2048, "no gain expected: 141 GB per GPU, state never binds"),
+    ("bert-large", "paper-24", 1024, 512, "no gain expected: 0.34 B parameters on 80-96 GB GPUs"),
+]
+
+
+def _plan(model, cluster, profile, batch, seq, mode, limit):
+    start = time.perf_counter()
+    try:
+        r = plan_training(cluster=cluster, model=model, profile=profile, global_batch=batch, seq_len=seq,
+                          time_limit_s=limit, recompute="auto", optimizer_sharding=mode)
+    except ConfigError as err:
+        return {"feasible": False, "reason": str(err)[:160], "wall_s": time.perf_counter() - start}
+    stages = [s for p in r.plan.pipelines for s in p.stages]
+    return {"feasible": True, "samples_per_s": r.evaluation.samples_per_s,
+            "iteration_s": r.evaluation.iteration_time_s, "pipelines": len(r.plan.pipelines),
+            "stages": len(stages), "recompute_stages": sum(s.recompute for s in stages),
+            "sharded_stages": sum(s.shard_optimizer for s in stages), "micro_batch": r.plan.micro_batch,
+            "hit_time_limit": r.hit_time_limit,
+            "wall_s": time.perf_counter() - start}
+
+
+def _cell(x: dict) -> str:
+    if not x["feasible"]:
+        return f"{'infeasible':>26}"
+    return (f"{x['samples_per_s']:8.2f} s/s rc {x['recompute_stages']:>2}/{x['stages']:<2} "
+            f"sh {x['sharded_stages']:>2}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--global-batch", type=int, help="every fleet at this global batch (default: each its own)")
+    ap.add_argument("--fleets", type=int, default=len(FLEETS), help="only the first N fleets")
+    args = ap.parse_args()
+    rows = []
+    print(f"{'model':<11} {'fleet':<20} {'none':>26}   {'auto':>26}   gain")
+    for name, fleet, batch, seq, why in FLEETS[:args.fleets]:
+        batch = args.global_batch or batch
+        model, cluster = PRESETS[name], load_cluster(str(CLUSTERS / f"{fleet}.yaml"))
+        profile = analytic_profile(model, cluster, seq, with_micro_batches(*token_cap_sizes(seq)))
+        none = _plan(model, cluster, profile, batch, seq, "none", args.time_limit)
+        auto = _plan(model, cluster, profile, batch, seq, "auto", 2 * args.time_limit)
+        gain = (auto["samples_per_s"] / none["samples_per_s"] if none["feasible"] and auto["feasible"]
+                else ("newly feasible" if auto["feasible"] else None))
+        rows.append({"model": name, "fleet": fleet, "global_batch": batch, "seq_len": seq, "why": why,
+                     "none": none, "auto": auto, "gain": gain})
+        shown = f"{gain:.3f}x" if isinstance(gain, float) else str(gain)
+        print(f"{name:<11} {fleet:<20} {_cell(none)}   {_cell(auto)}   {shown}", flush=True)
+    print(json.dumps({"bench": "sharding_gains", "time_limit_s": args.time_limit, "load_average": os.getloadavg(),
+                      "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
