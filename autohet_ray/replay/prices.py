@@ -47,3 +47,13 @@ def fleet_cost_usd(timeline: Timeline, gpus_per_node: tuple[int, ...], spot_pool
             price = prices[pool].spot if spot else prices[pool].on_demand
             total += nodes * gpus * price * (end - start) / 3600
     return total
+
+
+def on_demand_cost_usd(timeline: Timeline, gpus_per_node: tuple[int, ...], prices: dict[str, Price]) -> float:
+    """Every node of every pool, alive for the whole replay, at the on-demand price."""
+    return sum(nodes * gpus * prices[pool].on_demand * timeline.window_s / 3600
+               for pool, nodes, gpus in zip(timeline.pools, timeline.pool_nodes, gpus_per_node))
+
+
+def usd_per_million_tokens(usd: float, samples: float, seq_len: int) -> float | None:
+    return round(usd / (samples * seq_len) * 1e6, 4) if samples > 0 else None

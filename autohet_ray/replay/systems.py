@@ -27,7 +27,19 @@ class ReplayConfig:
     notice_s: float = 0.0              # ours: a spot notice this long precedes every removal
     checkpoint_every_s: float = 1800.0  # checkpoint-restart: cloud checkpoint period
     snapshot_overhead: float = 0.0     # ours: step time added by the per-step node-store snapshot (fraction)
-    restart_on_join: bool = True       # checkpoint-restart: a join restarts the job (False: only losses do)
+    join_policy: str = "ignore"        # checkpoint-restart on a join: see JOIN_POLICIES
+    plan_ahead: bool = False           # ours: a join's plan and workers are built while the current plan trains
+
+
+# What checkpoint-restart does when nodes join while it runs. "ignore" (the default) models the common practice:
+# a job of fixed size keeps running and takes what is alive at its next restart, after a loss.
+JOIN_POLICIES = {
+    "ignore": "joins are taken at the next restart after a loss (a fixed-size job; the default)",
+    "save_then_restart": "a join stops the job, writes a checkpoint to the cloud (the upload stalls it), restarts "
+                         "on the best plan for what is alive and restores from that checkpoint: nothing is lost",
+    "restart_unsaved": "a join restarts the job from its newest periodic checkpoint without saving first "
+                       "(work since that checkpoint is lost; the replay's behaviour before issue 34)",
+}
 
 
 class System:
@@ -105,19 +117,26 @@ class System:
             committed = rate * (t - start)      # a planned switch waits for the step in flight
         self.ledger.run(rate, start, t, committed)
 
-    def recover(self, t: float, *, detect: bool, event: Event | None, restore: bool = True) -> None:
+    def recover(self, t: float, *, detect: bool, event: Event | None, restore: bool = True,
+                prepared: bool = False) -> None:
+        """Move onto the plan for what is alive at t; `prepared`: planned and its workers built beforehand,
+        while the old plan trained (plan-ahead), so only the switch is paid here."""
         target = self.plans.get(self.state)
-        planning = self.charge_planning(target)
+        planning = 0.0 if prepared else self.charge_planning(target)
         self.ledger.replans += 1
         if target.samples_per_s <= 0:
             self.wait_from(t, event)
             return
         phases = self.config.phases.phases(detect=detect, replan_s=planning,
                                            bytes_per_node=target.bytes_per_node if restore else 0.0,
-                                           tier=self.tier, iteration_s=target.iteration_time_s)
+                                           tier=self.tier, iteration_s=target.iteration_time_s, restart=not prepared)
+        if prepared:
+            phases["switch_s"] = self.config.phases.switch_s
+            phases["total_s"] += phases["switch_s"]
         self.end_wait(t)
         self.plan, self.up_at, self.pending_join = target, t + phases["total_s"], False
-        self.record(t, event, "recover" if detect else "switch", phases, planning_cached=planning == 0)
+        action = "recover" if detect else "prepared switch" if prepared else "switch"
+        self.record(t, event, action, phases, planning_cached=planning == 0)
 
     def charge_planning(self, target: PlannedState) -> float:
         seen = target.state in self.planned_states
@@ -154,14 +173,43 @@ class Ours(System):
     def rate(self, plan: PlannedState) -> float:
         return plan.samples_per_s / (1.0 + self.config.snapshot_overhead)
 
+    switch_at: float | None = None      # plan-ahead: when the plan being built in the background is ready
+
     def on_event(self, event: Event) -> None:
-        notice = self.config.notice_s
-        if notice > 0 and hits(self.plan, event) and self.running(event.time_s):
-            act = max(self.up_at, event.time_s - notice)     # the notice arrives; the switch starts
+        notice, t = self.config.notice_s, event.time_s
+        if notice > 0 and hits(self.plan, event) and self.running(t):
+            self.switch_at = None
+            act = max(self.up_at, t - notice)     # the notice arrives; the switch starts
             self.stop(act, how="planned")
             self.recover(act, detect=False, event=event)
             return
+        if self.config.plan_ahead and self.running(t) and not hits(self.plan, event) \
+                and (any(event.added) or self.switch_at is not None):
+            self.prepare(t, event)                # a join (or a change while building): build the next plan
+            return
+        if hits(self.plan, event):
+            self.switch_at = None
         super().on_event(event)
+
+    def prepare(self, t: float, event: Event | None) -> None:
+        """Plan-ahead: plan the new state and start its workers and process groups while the current plan
+        trains; the switch happens once they are ready (a change meanwhile starts the build again)."""
+        target = self.plans.get(self.state)
+        cached = target.state in self.planned_states and self.config.plan_cache
+        self.planned_states.add(target.state)
+        ready = t + (0.0 if cached else target.planning_s) + self.config.phases.restart_s
+        self.switch_at = ready
+        self.record(t, event, "prepare", None, ready_at_s=round(ready, 1))
+
+    def catch_up(self, t: float) -> None:
+        if self.config.plan_ahead and self.pending_join and self.running(t):
+            self.pending_join = False                 # a join seen during a recovery: build once it is over
+            self.prepare(self.up_at, None)
+        if self.switch_at is not None and self.switch_at <= t and self.running(self.switch_at):
+            at, self.switch_at = self.switch_at, None
+            self.stop(at, how="planned")
+            self.recover(at, detect=False, event=None, prepared=True)
+        super().catch_up(t)
 
 
 class CheckpointRestart(System):
@@ -172,12 +220,35 @@ class CheckpointRestart(System):
     tier = "cloud"
 
     def on_event(self, event: Event) -> None:
-        if self.config.restart_on_join or self.plan is None or hits(self.plan, event):
+        policy = self.config.join_policy
+        assert policy in JOIN_POLICIES, policy
+        if self.plan is None or hits(self.plan, event) or policy == "restart_unsaved":
             super().on_event(event)
+        elif policy == "save_then_restart" and any(event.added):
+            if self.running(event.time_s):
+                self.save_then_restart(event)
+            else:
+                self.pending_join = True
+
+    def catch_up(self, t: float) -> None:
+        if self.config.join_policy != "save_then_restart":
+            super().catch_up(t)
+        elif self.pending_join and self.plan is not None and self.up_at <= t:
+            self.pending_join = False
+            self.save_then_restart(None, at=self.up_at)
+
+    def save_then_restart(self, event: Event | None, at: float | None = None) -> None:
+        """A voluntary restart: the step in flight ends, a checkpoint is uploaded (the job stalls), then the job
+        restarts on the plan for what is alive, restoring that checkpoint from the cloud."""
+        t = event.time_s if at is None else at
+        upload = self.plan.bytes_per_node / self.config.phases.cloud_upload_Bps
+        self.stop(t, how="saved")
+        self.recover(t + upload, detect=False, event=event)
+        self.ledger.records[-1]["save_s"] = round(upload, 3)
 
     def stop(self, t: float, how: str) -> None:
         rate, start = self.rate(self.plan), self.up_at
-        if how == "end":                          # a normal end writes a final checkpoint
+        if how in ("end", "saved"):               # a normal end or a save before a restart keeps all work
             self.ledger.run(rate, start, t, rate * (t - start))
             return
         period = self.config.checkpoint_every_s

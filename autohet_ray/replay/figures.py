@@ -1,0 +1,69 @@
+"""The replay's figures with their costs in (issue 34): goodput under other phase figures, snapshot overheads,
+checkpoint-restart join policies and plan-ahead, and USD per million tokens for ours, checkpoint-restart and
+the same job on on-demand GPUs only. Every figure comes from the same cached plans (no planning runs here)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autohet_ray.replay.accounting import ideal_samples
+from autohet_ray.replay.phases import PhaseModel
+from autohet_ray.replay.planning import PlanCache
+from autohet_ray.replay.prices import Price, fleet_cost_usd, on_demand_cost_usd, usd_per_million_tokens
+from autohet_ray.replay.run import committed_samples, goodput_of, on_demand_timeline
+from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, Ours, ReplayConfig
+from autohet_ray.replay.timeline import Timeline
+
+
+def goodputs(timeline: Timeline, plans: PlanCache, config: ReplayConfig) -> dict[str, float]:
+    return {system.name: round(goodput_of(system, timeline, plans, config), 4) for system in (Ours, CheckpointRestart)}
+
+
+def emulated_phases_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, emulated: PhaseModel) -> dict:
+    """Ours and checkpoint-restart with the emulated replay's detect and restart (one host, labelled)."""
+    phases = replace(config.phases, detect_s=emulated.detect_s, restart_s=emulated.restart_s)
+    return {"label": "emulated single-GPU nodes on one host, not ~1000 ranks",
+            "detect_s": round(emulated.detect_s, 3), "restart_s": round(emulated.restart_s, 3),
+            "goodput": goodputs(timeline, plans, replace(config, phases=phases))}
+
+
+def snapshot_sweep(timeline: Timeline, plans: PlanCache, config: ReplayConfig, factors) -> list[dict]:
+    return [{"factor": f, "ours_goodput": round(goodput_of(Ours, timeline, plans,
+                                                           replace(config, snapshot_overhead=f - 1.0)), 4)}
+            for f in factors]
+
+
+def join_policy_rows(timeline: Timeline, plans: PlanCache, config: ReplayConfig) -> dict[str, dict]:
+    rows, ideal = {}, ideal_samples(timeline, plans)
+    for policy, meaning in JOIN_POLICIES.items():
+        ledger = CheckpointRestart(timeline, plans, replace(config, join_policy=policy)).replay()
+        rows[policy] = {"meaning": meaning, "goodput": round(ledger.committed_samples / ideal, 4),
+                        "committed_samples": round(ledger.committed_samples),
+                        "lost_samples": round(ledger.lost_samples), "lost_steps": ledger.lost_steps,
+                        "replans": ledger.replans}
+    return rows
+
+
+def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig) -> dict:
+    on = replace(config, plan_ahead=True)
+    return {"label": "option (--plan-ahead), modelled, not built: a join's plan is planned and its workers and "
+                     "process groups are started while the current plan trains; the join then costs the switch "
+                     "(+ restore + warm-up) instead of planning + restart. Losses are unchanged.",
+            "switch_s": config.phases.switch_s, "switch_s_basis": config.phases.basis.get("switch_s", ""),
+            "ours_goodput": round(goodput_of(Ours, timeline, plans, on), 4)}
+
+
+def cost_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, gpus_per_node: tuple[int, ...],
+                 spot_pools: tuple[bool, ...], prices: dict[str, Price], seq_len: int, ledgers: dict) -> dict:
+    """USD per million tokens: the spot fleet (every alive node billed, spot pools at the spot price) for ours
+    and checkpoint-restart; every node on demand for the whole window for the same job on on-demand GPUs, run
+    by checkpoint-restart (no loss to recover from, no snapshot overhead), its launch paid."""
+    fleet = fleet_cost_usd(timeline, gpus_per_node, spot_pools, prices)
+    on_demand = on_demand_cost_usd(timeline, gpus_per_node, prices)
+    od_samples = committed_samples(CheckpointRestart, on_demand_timeline(timeline), plans, config)
+    per_m = {name: usd_per_million_tokens(fleet, ledgers[name].committed_samples, seq_len)
+             for name in ("ours", "checkpoint_restart")}
+    per_m["on_demand_only"] = usd_per_million_tokens(on_demand, od_samples, seq_len)
+    return {"usd_per_million_tokens": per_m, "fleet_usd": round(fleet, 2), "on_demand_usd": round(on_demand, 2),
+            "on_demand_tokens": round(od_samples * seq_len),
+            "billing": "spot fleet: every alive node billed per second to every system replayed on it (the fleet "
+                       "request holds them, used or not); on demand: every node for the whole window"}
