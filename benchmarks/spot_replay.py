@@ -403,6 +403,12 @@ def print_table(report: dict) -> None:
         print(f"  {name:<19} goodput {s['goodput']:.4f}  lost steps {s['lost_steps']:>6}  down {s['recovery_down_s']:>8.0f} s"
               f"  waiting {s['wait_s']:>8.0f} s  planning charged {s['planning_charged_s']:>7.0f} s  "
               f"USD/M samples {report['cost']['usd_per_million_samples'][name]}")
+    cost = report["cost_per_token"]["usd_per_million_tokens"]
+    print(f"  phases {report['phases']}; snapshot overhead x{report['snapshot_overhead_factor']}; checkpoint-restart "
+          f"join policy {report['join_policy']}; USD per million tokens: ours {cost['ours']}, checkpoint-restart "
+          f"{cost['checkpoint_restart']}, on demand only {cost['on_demand_only']}")
+    print(f"  bar: ours {report['bar']['ours_goodput']} >= 0.90: {report['bar']['met']}; with plan-ahead "
+          f"{report['plan_ahead_option']['ours_goodput']}; emulated phases {report['emulated_phases']['goodput']}")
     print(f"  ours / checkpoint-restart: {report['ours_over_checkpoint_restart']}x (Bamboo's anchor "
           f"{BAMBOO_OVER_CHECKPOINTING}x over checkpointing); planning per state mean {report['planning_s']['mean']} s, "
           f"max {report['planning_s']['max']} s; wrote {report['png']}")

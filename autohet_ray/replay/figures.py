@@ -43,13 +43,20 @@ def join_policy_rows(timeline: Timeline, plans: PlanCache, config: ReplayConfig)
     return rows
 
 
-def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig) -> dict:
+def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, notice_s: float = 120.0) -> dict:
     on = replace(config, plan_ahead=True)
     return {"label": "option (--plan-ahead), modelled, not built: a join's plan is planned and its workers and "
                      "process groups are started while the current plan trains; the join then costs the switch "
-                     "(+ restore + warm-up) instead of planning + restart. Losses are unchanged.",
+                     "(+ restore + warm-up) instead of planning + restart. Unannounced losses are unchanged; "
+                     "with a spot notice the next plan is built during the notice.",
             "switch_s": config.phases.switch_s, "switch_s_basis": config.phases.basis.get("switch_s", ""),
-            "ours_goodput": round(goodput_of(Ours, timeline, plans, on), 4)}
+            "ours_goodput": round(goodput_of(Ours, timeline, plans, on), 4),
+            f"ours_goodput_with_notice_{notice_s:g}s": round(goodput_of(Ours, timeline, plans,
+                                                                        replace(on, notice_s=notice_s)), 4),
+            f"ours_goodput_with_notice_{notice_s:g}s_without_plan_ahead":
+                round(goodput_of(Ours, timeline, plans, replace(config, notice_s=notice_s)), 4),
+            "notice_basis": "AWS sends a spot interruption notice 2 minutes ahead (best effort); the traces do not "
+                            "record whether one came, so the default replay assumes none"}
 
 
 def cost_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, gpus_per_node: tuple[int, ...],

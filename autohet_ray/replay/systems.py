@@ -180,6 +180,11 @@ class Ours(System):
         if notice > 0 and hits(self.plan, event) and self.running(t):
             self.switch_at = None
             act = max(self.up_at, t - notice)     # the notice arrives; the switch starts
+            if self.config.plan_ahead:            # build while training; stop when ready or the node goes
+                ready = self.build_ready_at(act)
+                self.stop(min(ready, t), how="planned")
+                self.recover(ready, detect=False, event=event, prepared=True)
+                return
             self.stop(act, how="planned")
             self.recover(act, detect=False, event=event)
             return
@@ -194,12 +199,15 @@ class Ours(System):
     def prepare(self, t: float, event: Event | None) -> None:
         """Plan-ahead: plan the new state and start its workers and process groups while the current plan
         trains; the switch happens once they are ready (a change meanwhile starts the build again)."""
+        self.switch_at = self.build_ready_at(t)
+        self.record(t, event, "prepare", None, ready_at_s=round(self.switch_at, 1))
+
+    def build_ready_at(self, t: float) -> float:
+        """When the plan for the current state, planned and started from t in the background, is ready."""
         target = self.plans.get(self.state)
         cached = target.state in self.planned_states and self.config.plan_cache
         self.planned_states.add(target.state)
-        ready = t + (0.0 if cached else target.planning_s) + self.config.phases.restart_s
-        self.switch_at = ready
-        self.record(t, event, "prepare", None, ready_at_s=round(ready, 1))
+        return t + (0.0 if cached else target.planning_s) + self.config.phases.restart_s
 
     def catch_up(self, t: float) -> None:
         if self.config.plan_ahead and self.pending_join and self.running(t):

@@ -116,3 +116,22 @@ def test_usd_per_million_tokens_for_the_three_systems():
     od_usd = 2 * gpus * 10.0 * 1000 / 3600                   # both nodes on demand, the whole window
     od_tokens = FAST * (1000 - launch_s(FAST)) * seq_len
     assert got["usd_per_million_tokens"]["on_demand_only"] == pytest.approx(od_usd / od_tokens * 1e6, abs=1e-4)
+
+
+def test_plan_ahead_with_a_notice_trains_until_the_next_plan_is_ready():
+    rows, notice = [(0, 2), (500.7, 1)], 120.0
+    _, _, _, out = replay(rows, plan_ahead=True, notice_s=notice)
+    ready = 500.7 - notice + PLANNING_S + PHASES.restart_s        # well before the node goes
+    back = ready + PHASES.switch_s + LOCAL_S + BATCH / SLOW
+    ours = out["summary"]["ours"]
+    assert ours["lost_steps"] == 0
+    assert ours["committed_samples"] == pytest.approx(FAST * (ready - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
+
+
+def test_plan_ahead_with_a_short_notice_waits_for_the_build_after_the_node_goes():
+    rows, notice = [(0, 2), (500.7, 1)], 4.0                      # shorter than planning + restart
+    _, _, _, out = replay(rows, plan_ahead=True, notice_s=notice)
+    ready = 500.7 - notice + PLANNING_S + PHASES.restart_s
+    back = ready + PHASES.switch_s + LOCAL_S + BATCH / SLOW
+    assert out["summary"]["ours"]["committed_samples"] == pytest.approx(
+        FAST * (500.7 - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
