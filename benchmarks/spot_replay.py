@@ -47,8 +47,8 @@ from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
 from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
 from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
-from autohet_ray.replay.figures import (cost_figures, emulated_phases_row, join_policy_rows, plan_ahead_row,
-                                       snapshot_sweep)
+from autohet_ray.replay.figures import (cost_figures, emulated_phases_row, gap_closers, join_policy_rows,
+                                       plan_ahead_row, snapshot_sweep)
 from autohet_ray.replay.prices import fleet_cost_usd, load_prices
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
                                     young_daly_period_s)
@@ -101,6 +101,8 @@ def parse_args(argv=None):
                          "; ".join(f"{k}: {v}" for k, v in JOIN_POLICIES.items()))
     ap.add_argument("--plan-ahead", action="store_true",
                     help="ours: build a join's plan and workers while the current plan trains (labelled option)")
+    ap.add_argument("--snapshot-every", type=int, default=1,
+                    help="ours: snapshot every N steps (modelled; the runtime snapshots every step)")
     ap.add_argument("--switch-s", type=float, help="plan-ahead: the switch onto prepared workers (default 3 s)")
     ap.add_argument("--emulated-json", default=str(MEASURED_PHASES),
                     help="spot_replay_emulated.py's JSON line: its measured detect and restart medians "
@@ -117,6 +119,8 @@ def parse_args(argv=None):
     ap.add_argument("--prices", default=str(ROOT / "jobs/clusters/prices.yaml"))
     ap.add_argument("--png", default=str(ROOT / "out/spot_replay.png"))
     args = ap.parse_args(argv)
+    if args.snapshot_every < 1:
+        ap.error(f"--snapshot-every {args.snapshot_every}: a snapshot period must be 1 step or more")
     if args.quick:
         args.nodes_per_pool = args.nodes_per_pool or 4
         args.window_h = args.window_h or 3.0
@@ -240,7 +244,7 @@ def main(argv=None) -> int:
     config = ReplayConfig(global_batch=args.global_batch, phases=phases, plan_cache=args.plan_cache,
                           notice_s=args.notice_s, checkpoint_every_s=args.checkpoint_every_min * 60,
                           snapshot_overhead=args.snapshot_overhead, join_policy=args.join_policy,
-                          plan_ahead=args.plan_ahead)
+                          plan_ahead=args.plan_ahead, snapshot_every_steps=args.snapshot_every)
     try:
         out = run_systems(timeline, plans, config)
     finally:                               # planning is the slow part: keep what was planned, even on Ctrl-C
@@ -367,6 +371,8 @@ def issue_34_figures(args, cluster, seq_len, timeline, pools, plans, config, out
         "checkpoint_restart_by_join_policy": join_policy_rows(timeline, plans, config),
         "plan_ahead": config.plan_ahead,
         "plan_ahead_option": plan_ahead_row(timeline, plans, config),
+        "snapshot_every_steps": config.snapshot_every_steps,
+        "gap_closers": gap_closers(timeline, plans, config),
         "cost_per_token": cost_figures(timeline, plans, config, gpus_per_node=gpn,
                                        spot_pools=tuple(p.trace is not None for p in pools),
                                        prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"]),

@@ -74,3 +74,16 @@ def cost_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, 
             "on_demand_tokens": round(od_samples * seq_len),
             "billing": "spot fleet: every alive node billed per second to every system replayed on it (the fleet "
                        "request holds them, used or not); on demand: every node for the whole window"}
+
+
+def gap_closers(timeline: Timeline, plans: PlanCache, config: ReplayConfig, periods=(1, 2, 4, 8, 16)) -> list[dict]:
+    """Ours' goodput with snapshots every k steps (the overhead divided by k; an unannounced loss goes back to
+    the newest snapshot; modelled, the runtime snapshots every step), with and without plan-ahead."""
+    rows = []
+    for k in periods:
+        for ahead in (False, True):
+            varied = replace(config, snapshot_every_steps=k, plan_ahead=ahead)
+            ledger = Ours(timeline, plans, varied).replay()
+            rows.append({"snapshot_every_steps": k, "plan_ahead": ahead, "lost_steps": ledger.lost_steps,
+                         "ours_goodput": round(ledger.committed_samples / ideal_samples(timeline, plans), 4)})
+    return rows

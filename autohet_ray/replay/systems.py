@@ -29,6 +29,7 @@ class ReplayConfig:
     snapshot_overhead: float = 0.0     # ours: step time added by the per-step node-store snapshot (fraction)
     join_policy: str = "ignore"        # checkpoint-restart on a join: see JOIN_POLICIES
     plan_ahead: bool = False           # ours: a join's plan and workers are built while the current plan trains
+    snapshot_every_steps: int = 1      # ours: node-store snapshot period (the runtime snapshots every step: 1)
 
 
 # What checkpoint-restart does when nodes join while it runs. "ignore" (the default) models the common practice:
@@ -171,7 +172,18 @@ class Ours(System):
     name = "ours"
 
     def rate(self, plan: PlannedState) -> float:
-        return plan.samples_per_s / (1.0 + self.config.snapshot_overhead)
+        return plan.samples_per_s / (1.0 + self.config.snapshot_overhead / self.config.snapshot_every_steps)
+
+    def stop(self, t: float, how: str) -> None:
+        every = self.config.snapshot_every_steps
+        if how != "lost" or every == 1:
+            super().stop(t, how)
+            return
+        rate, start = self.rate(self.plan), self.up_at       # snapshots every `every` steps: back to the newest
+        steps = steps_done(self.config.global_batch / rate, start, t)
+        kept = steps // every * every
+        self.ledger.lost_steps += steps - kept + (1 if rate * (t - start) > steps * self.config.global_batch else 0)
+        self.ledger.run(rate, start, t, kept * self.config.global_batch)
 
     switch_at: float | None = None      # plan-ahead: when the plan being built in the background is ready
 

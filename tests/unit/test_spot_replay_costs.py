@@ -135,3 +135,16 @@ def test_plan_ahead_with_a_short_notice_waits_for_the_build_after_the_node_goes(
     back = ready + PHASES.switch_s + LOCAL_S + BATCH / SLOW
     assert out["summary"]["ours"]["committed_samples"] == pytest.approx(
         FAST * (500.7 - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
+
+
+def test_snapshots_every_k_steps_divide_the_overhead_and_lose_back_to_the_newest():
+    rows, k = [(0, 2), (500.7, 1)], 4
+    _, _, _, out = replay(rows, snapshot_overhead=0.2, snapshot_every_steps=k)
+    rate = FAST / (1 + 0.2 / k)
+    steps = math.floor((500.7 - launch_s(FAST)) / (BATCH / rate))
+    kept = steps // k * k
+    assert steps != kept                                       # the case loses whole steps, not only the one in flight
+    ours = out["summary"]["ours"]
+    assert ours["lost_steps"] == steps - kept + 1
+    back = 500.7 + PHASES.detect_s + PLANNING_S + PHASES.restart_s + LOCAL_S + BATCH / SLOW
+    assert ours["committed_samples"] == pytest.approx(kept * BATCH + SLOW / (1 + 0.2 / k) * (1000 - back), abs=1)
