@@ -8,8 +8,9 @@ from dataclasses import replace
 from autohet_ray.replay.accounting import ideal_samples
 from autohet_ray.replay.phases import PhaseModel
 from autohet_ray.replay.planning import PlanCache
-from autohet_ray.replay.prices import Price, fleet_cost_usd, on_demand_cost_usd, usd_per_million_tokens
-from autohet_ray.replay.run import committed_samples, goodput_of, on_demand_timeline
+from autohet_ray.replay.prices import (Price, fleet_cost_usd, held_cost_usd, on_demand_cost_usd,
+                                      usd_per_million_tokens)
+from autohet_ray.replay.run import goodput_of, on_demand_timeline
 from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, Ours, ReplayConfig
 from autohet_ray.replay.timeline import Timeline
 
@@ -66,14 +67,26 @@ def cost_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, 
     by checkpoint-restart (no loss to recover from, no snapshot overhead), its launch paid."""
     fleet = fleet_cost_usd(timeline, gpus_per_node, spot_pools, prices)
     on_demand = on_demand_cost_usd(timeline, gpus_per_node, prices)
-    od_samples = committed_samples(CheckpointRestart, on_demand_timeline(timeline), plans, config)
-    per_m = {name: usd_per_million_tokens(fleet, ledgers[name].committed_samples, seq_len)
-             for name in ("ours", "checkpoint_restart")}
-    per_m["on_demand_only"] = usd_per_million_tokens(on_demand, od_samples, seq_len)
+    od_ledger = CheckpointRestart(on_demand_timeline(timeline), plans, config).replay()
+    names = ("ours", "checkpoint_restart")
+    per_m = {name: usd_per_million_tokens(fleet, ledgers[name].committed_samples, seq_len) for name in names}
+    per_m["on_demand_only"] = usd_per_million_tokens(on_demand, od_ledger.committed_samples, seq_len)
+    held = {name: held_cost_usd(ledgers[name].held, timeline.pools, gpus_per_node, spot_pools, prices)
+            for name in names}
+    held["on_demand_only"] = held_cost_usd(od_ledger.held, timeline.pools, gpus_per_node,
+                                           (False,) * len(timeline.pools), prices)
+    samples = {name: ledgers[name].committed_samples for name in names} | \
+        {"on_demand_only": od_ledger.committed_samples}
     return {"usd_per_million_tokens": per_m, "fleet_usd": round(fleet, 2), "on_demand_usd": round(on_demand, 2),
-            "on_demand_tokens": round(od_samples * seq_len),
+            "on_demand_tokens": round(od_ledger.committed_samples * seq_len),
             "billing": "spot fleet: every alive node billed per second to every system replayed on it (the fleet "
-                       "request holds them, used or not); on demand: every node for the whole window"}
+                       "request holds them, used or not); on demand: every node for the whole window",
+            "usd_per_million_tokens_held_nodes_only": {
+                name: usd_per_million_tokens(held[name], samples[name], seq_len) for name in held},
+            "held_usd": {name: round(usd, 2) for name, usd in held.items()},
+            "billing_held_nodes_only": "each system billed only for the nodes its plan holds while restoring and "
+                                       "running (the others released at once; plan-ahead's background build "
+                                       "not billed); on demand: the full-cluster plan's nodes only"}
 
 
 def gap_closers(timeline: Timeline, plans: PlanCache, config: ReplayConfig, periods=(1, 2, 4, 8, 16)) -> list[dict]:

@@ -57,3 +57,11 @@ def on_demand_cost_usd(timeline: Timeline, gpus_per_node: tuple[int, ...], price
 
 def usd_per_million_tokens(usd: float, samples: float, seq_len: int) -> float | None:
     return round(usd / (samples * seq_len) * 1e6, 4) if samples > 0 else None
+
+
+def held_cost_usd(held, pools: tuple[str, ...], gpus_per_node: tuple[int, ...], spot_pools: tuple[bool, ...],
+                  prices: dict[str, Price]) -> float:
+    """What the nodes a job held cost ((start, end, nodes per pool) pieces; the fleet's other nodes released)."""
+    per_node_s = [gpus * (prices[p].spot if spot else prices[p].on_demand) / 3600
+                  for p, gpus, spot in zip(pools, gpus_per_node, spot_pools)]
+    return sum((end - start) * sum(n * c for n, c in zip(nodes, per_node_s)) for start, end, nodes in held)

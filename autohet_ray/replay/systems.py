@@ -1,10 +1,12 @@
 """The three systems replayed on one clock: ours (local-first recovery, re-plan at every change), checkpoint-
-restart (cloud checkpoints every N s, restart from the newest on every change), and no re-planning.
+restart (cloud checkpoints every N s, restart from the newest on every loss; a join does what its JOIN_POLICIES
+entry says), and no re-planning.
 
 Rules shared by all three (stated in the replay's output):
 - A removal hits a plan when it takes a node of a pool the plan uses (victims: the plan's nodes first).
   A removal of idle nodes changes nothing for a running job.
-- Every join re-plans and moves onto the new plan (the controller's check_joins does; no-replan ignores joins).
+- Ours re-plans at every join and moves onto the new plan (the controller's check_joins does; with plan-ahead,
+  once the new plan's workers are built in the background); no-replan ignores joins.
 - Events during a recovery: a removal that hits the plan being restored restarts the recovery; a join is taken
   at the end of the recovery (the first step boundary).
 - The job's launch at t = 0 pays planning, worker start and warm-up, with nothing to restore.
@@ -56,6 +58,7 @@ class System:
         self.pending_join = False
         self.waiting_since: float | None = None
         self.planned_states: set[State] = set()
+        self.holding: tuple[float, tuple[int, ...]] | None = None   # since when, which nodes the job holds
 
     # --- driver ---
     def replay(self) -> Ledger:
@@ -76,6 +79,7 @@ class System:
             self.stop(end, how="end")
         if self.waiting_since is not None:
             self.ledger.wait_s += end - self.waiting_since
+        self.hold(end, None)
         run = sum(b - a for a, b, _ in self.ledger.intervals)
         self.ledger.down_s = end - run - self.ledger.wait_s
 
@@ -135,6 +139,7 @@ class System:
             phases["switch_s"] = self.config.phases.switch_s
             phases["total_s"] += phases["switch_s"]
         self.end_wait(t)
+        self.hold(t, target.nodes_used)
         self.plan, self.up_at, self.pending_join = target, t + phases["total_s"], False
         action = "recover" if detect else "prepared switch" if prepared else "switch"
         self.record(t, event, action, phases, planning_cached=planning == 0)
@@ -147,8 +152,15 @@ class System:
         return charged
 
     # --- bookkeeping ---
+    def hold(self, t: float, nodes: tuple[int, ...] | None) -> None:
+        """From t the job holds `nodes` per pool (restoring onto them or running on them; None: nothing)."""
+        if self.holding is not None and t > self.holding[0]:
+            self.ledger.held.append((self.holding[0], t, self.holding[1]))
+        self.holding = None if nodes is None else (t, nodes)
+
     def wait_from(self, t: float, event: Event | None) -> None:
         self.plan = None
+        self.hold(t, None)
         if self.waiting_since is None:
             self.waiting_since = t
         self.record(t, event, "wait", None)
@@ -308,6 +320,7 @@ class NoReplan(System):
         phases = self.config.phases.phases(detect=detect, replan_s=0.0, bytes_per_node=self.fixed.bytes_per_node,
                                            tier="local", iteration_s=self.fixed.iteration_time_s)
         self.end_wait(t)
+        self.hold(t, self.fixed.nodes_used)
         self.plan, self.up_at = self.fixed, t + phases["total_s"]
         self.record(t, event, "resume", phases)
 

@@ -1,6 +1,7 @@
 """Issue 34's replay figures against hand-computed cases: checkpoint-restart's join policies, the snapshot
 overhead, plan-ahead, and USD per million tokens (a fake planner: samples/s proportional to pool 0's nodes)."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -148,3 +149,20 @@ def test_snapshots_every_k_steps_divide_the_overhead_and_lose_back_to_the_newest
     assert ours["lost_steps"] == steps - kept + 1
     back = 500.7 + PHASES.detect_s + PLANNING_S + PHASES.restart_s + LOCAL_S + BATCH / SLOW
     assert ours["committed_samples"] == pytest.approx(kept * BATCH + SLOW / (1 + 0.2 / k) * (1000 - back), abs=1)
+
+
+def test_held_node_billing_counts_only_the_nodes_a_plan_holds():
+    idle = PoolTrace(pool="H20", nodes=3, trace=None)              # on demand, never used by the fake plans
+    pools = [PoolTrace(pool="H100", nodes=2, trace=trace_from_rows("t", JOIN, requested=2), cycle=False), idle]
+    timeline = build_timeline(pools, 1000.0)
+    cfg = ReplayConfig(global_batch=BATCH, phases=PHASES, checkpoint_every_s=100.0)
+    plans = PlanCache(lambda s: replace(fake_planner(s[:1]), state=s, nodes_used=(s[0], 0)))
+    out = run_systems(timeline, plans, cfg)
+    prices = {"H100": Price(on_demand=10.0, spot=4.0), "H20": Price(on_demand=3.0, spot=1.0)}
+    got = cost_figures(timeline, plans, cfg, gpus_per_node=(8, 8), spot_pools=(True, False), prices=prices,
+                       seq_len=100, ledgers=out["ledgers"])
+    switch = 500.7                                                  # ours holds 1 node, then 2 from the join on
+    assert got["held_usd"]["ours"] == pytest.approx(8 * 4.0 * (switch + 2 * (1000 - switch)) / 3600, abs=0.01)
+    assert got["held_usd"]["checkpoint_restart"] == pytest.approx(8 * 4.0 * 1000 / 3600, abs=0.01)
+    assert got["held_usd"]["on_demand_only"] == pytest.approx(2 * 8 * 10.0 * 1000 / 3600, abs=0.01)
+    assert got["fleet_usd"] > got["held_usd"]["ours"] + 3 * 8 * 3.0 * 1000 / 3600 - 0.01   # the idle H20s
