@@ -47,8 +47,8 @@ from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
 from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
 from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
-from autohet_ray.replay.figures import (cost_figures, emulated_phases_row, gap_closers, join_policy_rows,
-                                       plan_ahead_row, snapshot_sweep)
+from autohet_ray.replay.figures import (capped_planning_row, cost_figures, emulated_phases_row, gap_closers,
+                                       join_policy_rows, plan_ahead_row, snapshot_sweep)
 from autohet_ray.replay.prices import fleet_cost_usd, load_prices
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
                                     young_daly_period_s)
@@ -373,6 +373,7 @@ def issue_34_figures(args, cluster, seq_len, timeline, pools, plans, config, out
         "plan_ahead_option": plan_ahead_row(timeline, plans, config),
         "snapshot_every_steps": config.snapshot_every_steps,
         "gap_closers": gap_closers(timeline, plans, config),
+        "planning_capped_at_time_limit": capped_planning_row(timeline, plans, config, args.time_limit),
         "cost_per_token": cost_figures(timeline, plans, config, gpus_per_node=gpn,
                                        spot_pools=tuple(p.trace is not None for p in pools),
                                        prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"]),

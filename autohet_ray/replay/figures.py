@@ -100,3 +100,14 @@ def gap_closers(timeline: Timeline, plans: PlanCache, config: ReplayConfig, peri
             rows.append({"snapshot_every_steps": k, "plan_ahead": ahead, "lost_steps": ledger.lost_steps,
                          "ours_goodput": round(ledger.committed_samples / ideal_samples(timeline, plans), 4)})
     return rows
+
+
+def capped_planning_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, cap_s: float) -> dict:
+    """Ours with each state's planning charged at most `cap_s` (the planner's time limit): the wall times
+    measured on a loaded host include waiting for a CPU."""
+    def unplanned(state):
+        raise AssertionError(f"state {state} was not planned")
+    capped = PlanCache(unplanned)
+    capped.plans = {s: replace(p, planning_s=min(p.planning_s, cap_s)) for s, p in plans.plans.items()}
+    return {"cap_s": cap_s, "ours_goodput": round(goodput_of(Ours, timeline, capped, config), 4),
+            "ours_goodput_plan_ahead": round(goodput_of(Ours, timeline, capped, replace(config, plan_ahead=True)), 4)}

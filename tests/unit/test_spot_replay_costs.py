@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from autohet_ray.replay.figures import cost_figures, snapshot_sweep
+from autohet_ray.replay.figures import capped_planning_row, cost_figures, snapshot_sweep
 from autohet_ray.replay.phases import PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState
 from autohet_ray.replay.prices import Price
@@ -166,3 +166,10 @@ def test_held_node_billing_counts_only_the_nodes_a_plan_holds():
     assert got["held_usd"]["checkpoint_restart"] == pytest.approx(8 * 4.0 * 1000 / 3600, abs=0.01)
     assert got["held_usd"]["on_demand_only"] == pytest.approx(2 * 8 * 10.0 * 1000 / 3600, abs=0.01)
     assert got["fleet_usd"] > got["held_usd"]["ours"] + 3 * 8 * 3.0 * 1000 / 3600 - 0.01   # the idle H20s
+
+
+def test_capped_planning_charges_at_most_the_cap():
+    timeline, plans, cfg, out = replay([(0, 2)])
+    row = capped_planning_row(timeline, plans, cfg, cap_s=0.5)
+    gained = (PLANNING_S - 0.5) * FAST / out["ideal_samples"]     # the launch plans once, 1.5 s sooner
+    assert row["ours_goodput"] == pytest.approx(out["summary"]["ours"]["goodput"] + gained, abs=1e-4)
