@@ -46,9 +46,8 @@ from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
 from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
+from autohet_ray.replay.figures import SNAPSHOT_OVERHEAD, SNAPSHOT_OVERHEAD_BASIS, costed_figures
 from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
-from autohet_ray.replay.figures import (capped_planning_row, cost_figures, emulated_phases_row, gap_closers,
-                                       join_policy_rows, plan_ahead_row, snapshot_sweep)
 from autohet_ray.replay.prices import fleet_cost_usd, load_prices
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
                                     young_daly_period_s)
@@ -61,17 +60,6 @@ TRACES = ROOT.parent / "shared" / "traces"
 MEASURED_PHASES = ROOT / "benchmarks" / "measured" / "emulated_replay.json"
 DEFAULT_POOLS = ["A100-80GB=aws-g4dn-us-east-1c", "H800=aws-g4dn-us-east-1d", "H100=aws-p2-us-east-1e"]
 BAMBOO_OVER_CHECKPOINTING = 3.7
-OVERHEAD_FILE = "benchmarks/measured/recovery_bench_paced_overhead_4_runs.jsonl"
-SNAPSHOT_OVERHEAD = 0.10
-SNAPSHOT_OVERHEAD_BASIS = (
-    "measured, the upper end of the paced runs (step time with every step snapshotted to the node store and a "
-    f"peer over none, {OVERHEAD_FILE}, overhead_ratio_node_stores_only: 1.032, 1.074, 1.105, 1.041; with the "
-    "S3 tier too 1.028-1.084). Paced runs keep the snapshot copy off the compute's cores, as a GPU step does; "
-    "unpaced CPU runs (the copy competes with the CPU compute) gave 1.08-1.18 (recovery_bench_stage_in_3_runs, "
-    "recovery_bench_slow_host_2_runs). One H200 (benchmarks/measured/h200_2026-12-04/snapshot_overhead_device.txt) "
-    "gave x1.198 for 7.0 GiB of state per 2.9 s step, 2.4 GiB per second of step per GPU; see "
-    "snapshot_state_rate for this replay's own rate")
-SWEEP_FACTORS = (1.0, 1.05, 1.10, 1.20)
 
 
 def parse_args(argv=None):
@@ -251,8 +239,14 @@ def main(argv=None) -> int:
         if args.plans_out:
             plans.save(args.plans_out, meta)
     report = build_report(args, cluster, model, timeline, pools, plans, config, out)
-    report.update(issue_34_figures(args, cluster, seq_len, timeline, pools, plans, config, out))
     gpn = tuple(next(n.count for n in cluster.nodes if n.device == p) for p in names)
+    report["phases"] = "emulated (--emulated-phases)" if args.emulated_phases else "assumed (stated, ~1000 ranks)"
+    report["snapshot_overhead_basis"] = (SNAPSHOT_OVERHEAD_BASIS if args.snapshot_overhead == SNAPSHOT_OVERHEAD
+                                         else f"given: --snapshot-overhead {args.snapshot_overhead}")
+    report.update(costed_figures(timeline, plans, config, emulated=phases_from_emulated_replay(args.emulated_json),
+                                 gpus_per_node=gpn, spot_pools=tuple(p.trace is not None for p in pools),
+                                 prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"],
+                                 planning_cap_s=args.time_limit))
     series = ideal_series(timeline, plans)
     series["achieved"] = {n: ledger.intervals for n, ledger in out["ledgers"].items()}
     series["on_demand"] = {p.pool for p in pools if p.trace is None}
@@ -345,39 +339,6 @@ def build_report(args, cluster, model, timeline, pools, plans, config, out) -> d
                  "on_demand_full_cluster_usd_per_million_samples":
                      round(samples_od_usd / 3600 / full.samples_per_s * 1e6, 2) if full.samples_per_s else None,
                  "prices": args.prices},
-    }
-
-
-def issue_34_figures(args, cluster, seq_len, timeline, pools, plans, config, out) -> dict:
-    """Goodput with its costs in: the phases' source, the snapshot overhead, the baseline's join policy,
-    plan-ahead, USD per million tokens, and the 0.90 bar."""
-    names = timeline.pools
-    gpn = tuple(next(n.count for n in cluster.nodes if n.device == p) for p in names)
-    emulated = phases_from_emulated_replay(args.emulated_json)
-    ours = out["summary"]["ours"]["goodput"]
-    full = plans.get(timeline.pool_nodes)
-    return {
-        "phases": "emulated (--emulated-phases)" if args.emulated_phases else "assumed (stated, ~1000 ranks)",
-        "emulated_phases": emulated_phases_row(timeline, plans, config, emulated),
-        "snapshot_overhead_factor": round(1 + config.snapshot_overhead, 4),
-        "snapshot_overhead_basis": SNAPSHOT_OVERHEAD_BASIS if args.snapshot_overhead == SNAPSHOT_OVERHEAD
-        else f"given: --snapshot-overhead {args.snapshot_overhead}",
-        "snapshot_state_rate": {"GB_per_s_of_step_per_gpu_full_plan": round(
-            full.bytes_per_node / max(gpn) / GB / full.iteration_time_s, 3),
-            "note": "the fullest node's checkpointed bytes / its GPUs / the full-cluster plan's iteration; "
-                    "the H200 measurement copied 2.5 GB per second of step"},
-        "snapshot_overhead_sweep": snapshot_sweep(timeline, plans, config, SWEEP_FACTORS),
-        "join_policy": config.join_policy,
-        "checkpoint_restart_by_join_policy": join_policy_rows(timeline, plans, config),
-        "plan_ahead": config.plan_ahead,
-        "plan_ahead_option": plan_ahead_row(timeline, plans, config),
-        "snapshot_every_steps": config.snapshot_every_steps,
-        "gap_closers": gap_closers(timeline, plans, config),
-        "planning_capped_at_time_limit": capped_planning_row(timeline, plans, config, args.time_limit),
-        "cost_per_token": cost_figures(timeline, plans, config, gpus_per_node=gpn,
-                                       spot_pools=tuple(p.trace is not None for p in pools),
-                                       prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"]),
-        "bar": {"ours_goodput": round(ours, 4), "target": 0.90, "met": ours >= 0.90},
     }
 
 

@@ -6,13 +6,25 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autohet_ray.replay.accounting import ideal_samples
-from autohet_ray.replay.phases import PhaseModel
+from autohet_ray.replay.phases import GB, PhaseModel
 from autohet_ray.replay.planning import PlanCache
 from autohet_ray.replay.prices import (Price, fleet_cost_usd, held_cost_usd, on_demand_cost_usd,
                                       usd_per_million_tokens)
 from autohet_ray.replay.run import goodput_of, on_demand_timeline
 from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, Ours, ReplayConfig
 from autohet_ray.replay.timeline import Timeline
+
+OVERHEAD_FILE = "benchmarks/measured/recovery_bench_paced_overhead_4_runs.jsonl"
+SNAPSHOT_OVERHEAD = 0.10
+SNAPSHOT_OVERHEAD_BASIS = (
+    "measured, the upper end of the paced runs (step time with every step snapshotted to the node store and a "
+    f"peer over none, {OVERHEAD_FILE}, overhead_ratio_node_stores_only: 1.032, 1.074, 1.105, 1.041; with the "
+    "S3 tier too 1.028-1.084). Paced runs keep the snapshot copy off the compute's cores, as a GPU step does; "
+    "unpaced CPU runs (the copy competes with the CPU compute) gave 1.08-1.18 (recovery_bench_stage_in_3_runs, "
+    "recovery_bench_slow_host_2_runs). One H200 (benchmarks/measured/h200_2026-12-04/snapshot_overhead_device.txt) "
+    "gave x1.198 for 7.0 GiB of state per 2.9 s step, 2.4 GiB per second of step per GPU; see "
+    "snapshot_state_rate for this replay's own rate")
+SWEEP_FACTORS = (1.0, 1.05, 1.10, 1.20)
 
 
 def goodputs(timeline: Timeline, plans: PlanCache, config: ReplayConfig) -> dict[str, float]:
@@ -111,3 +123,31 @@ def capped_planning_row(timeline: Timeline, plans: PlanCache, config: ReplayConf
     capped.plans = {s: replace(p, planning_s=min(p.planning_s, cap_s)) for s, p in plans.plans.items()}
     return {"cap_s": cap_s, "ours_goodput": round(goodput_of(Ours, timeline, capped, config), 4),
             "ours_goodput_plan_ahead": round(goodput_of(Ours, timeline, capped, replace(config, plan_ahead=True)), 4)}
+
+
+def costed_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, emulated: PhaseModel,
+                   gpus_per_node: tuple[int, ...], spot_pools: tuple[bool, ...], prices: dict[str, Price],
+                   seq_len: int, ledgers: dict, planning_cap_s: float) -> dict:
+    """Goodput with its costs in: the emulated phases beside the stated ones, the snapshot overhead, the
+    baseline's join policies, plan-ahead and the other gap closers, USD per million tokens, and the 0.90 bar."""
+    ours = ledgers["ours"].committed_samples / ideal_samples(timeline, plans)
+    full = plans.get(timeline.pool_nodes)
+    return {
+        "emulated_phases": emulated_phases_row(timeline, plans, config, emulated),
+        "snapshot_overhead_factor": round(1 + config.snapshot_overhead, 4),
+        "snapshot_state_rate": {"GB_per_s_of_step_per_gpu_full_plan": round(
+            full.bytes_per_node / max(gpus_per_node) / GB / full.iteration_time_s, 3),
+            "note": "the fullest node's checkpointed bytes / its GPUs / the full-cluster plan's iteration; "
+                    "the H200 measurement copied 2.5 GB per second of step"},
+        "snapshot_overhead_sweep": snapshot_sweep(timeline, plans, config, SWEEP_FACTORS),
+        "join_policy": config.join_policy,
+        "checkpoint_restart_by_join_policy": join_policy_rows(timeline, plans, config),
+        "plan_ahead": config.plan_ahead,
+        "plan_ahead_option": plan_ahead_row(timeline, plans, config),
+        "snapshot_every_steps": config.snapshot_every_steps,
+        "gap_closers": gap_closers(timeline, plans, config),
+        "planning_capped_at_time_limit": capped_planning_row(timeline, plans, config, planning_cap_s),
+        "cost_per_token": cost_figures(timeline, plans, config, gpus_per_node=gpus_per_node, spot_pools=spot_pools,
+                                       prices=prices, seq_len=seq_len, ledgers=ledgers),
+        "bar": {"ours_goodput": round(ours, 4), "target": 0.90, "met": ours >= 0.90},
+    }

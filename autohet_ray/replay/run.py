@@ -69,7 +69,3 @@ def ideal_series(timeline: Timeline, plans: PlanCache) -> dict:
 def on_demand_timeline(timeline: Timeline) -> Timeline:
     """The same window with every node of every pool alive throughout (the job on on-demand GPUs)."""
     return replace(timeline, initial=timeline.pool_nodes, events=())
-
-
-def committed_samples(system, timeline: Timeline, plans: PlanCache, config: ReplayConfig) -> float:
-    return system(timeline, plans, config).replay().committed_samples
