@@ -15,16 +15,28 @@ from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, Ours, R
 from autohet_ray.replay.timeline import Timeline
 
 OVERHEAD_FILE = "benchmarks/measured/recovery_bench_paced_overhead_4_runs.jsonl"
-SNAPSHOT_OVERHEAD = 0.10
+H200_FILE = "benchmarks/measured/h200_2026-12-04/snapshot_overhead_device.txt"
+H200_OVERHEAD = 0.198              # background copy, every step: x1.198 ...
+H200_GB_PER_S = 7.357 / 2.899      # ... with 7.357 GB of state per 2.899 s step (GB per second of step, one GPU)
+SNAPSHOT_OVERHEAD = 0.20
 SNAPSHOT_OVERHEAD_BASIS = (
-    "measured, the upper end of the paced runs (step time with every step snapshotted to the node store and a "
-    f"peer over none, {OVERHEAD_FILE}, overhead_ratio_node_stores_only: 1.032, 1.074, 1.105, 1.041; with the "
-    "S3 tier too 1.028-1.084). Paced runs keep the snapshot copy off the compute's cores, as a GPU step does; "
-    "unpaced CPU runs (the copy competes with the CPU compute) gave 1.08-1.18 (recovery_bench_stage_in_3_runs, "
-    "recovery_bench_slow_host_2_runs). One H200 (benchmarks/measured/h200_2026-12-04/snapshot_overhead_device.txt) "
-    "gave x1.198 for 7.0 GiB of state per 2.9 s step, 2.4 GiB per second of step per GPU; see "
-    "snapshot_state_rate for this replay's own rate")
+    f"measured on one H200 ({H200_FILE}): x1.198 with every step's state (7.36 GB, gpt3-1.3b with 8 layers, "
+    "48 micro-batches, a 2.9 s step) copied in the background, the only measurement with GPU compute. This "
+    "replay's state rate per GPU is higher (snapshot_state_rate), so x1.20 is a lower bound for per-step "
+    f"snapshots here. The emulated CPU runs ({OVERHEAD_FILE}: node stores only 1.032, 1.074, 1.105, 1.041 paced; "
+    "1.08-1.18 unpaced in recovery_bench_stage_in_3_runs and recovery_bench_slow_host_2_runs) snapshot a 20M-"
+    "parameter model, about 0.03 GB per second of step: not comparable")
 SWEEP_FACTORS = (1.0, 1.05, 1.10, 1.20)
+
+
+def state_rate_gb_per_s(plan, gpus_per_node: int) -> float:
+    """Checkpointed GB per second of step per GPU on the plan's fullest node."""
+    return plan.bytes_per_node / gpus_per_node / GB / plan.iteration_time_s
+
+
+def overhead_scaled_to(rate_gb_per_s: float) -> float:
+    """The H200's per-step overhead scaled linearly to another state rate (an extrapolation, labelled so)."""
+    return H200_OVERHEAD * rate_gb_per_s / H200_GB_PER_S
 
 
 def goodputs(timeline: Timeline, plans: PlanCache, config: ReplayConfig) -> dict[str, float]:
@@ -101,7 +113,8 @@ def cost_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, 
                                        "not billed); on demand: the full-cluster plan's nodes only"}
 
 
-def gap_closers(timeline: Timeline, plans: PlanCache, config: ReplayConfig, periods=(1, 2, 4, 8, 16)) -> list[dict]:
+def gap_closers(timeline: Timeline, plans: PlanCache, config: ReplayConfig,
+                periods=(1, 2, 4, 8, 16, 32)) -> list[dict]:
     """Ours' goodput with snapshots every k steps (the overhead divided by k; an unannounced loss goes back to
     the newest snapshot; modelled, the runtime snapshots every step), with and without plan-ahead."""
     rows = []
@@ -110,6 +123,7 @@ def gap_closers(timeline: Timeline, plans: PlanCache, config: ReplayConfig, peri
             varied = replace(config, snapshot_every_steps=k, plan_ahead=ahead)
             ledger = Ours(timeline, plans, varied).replay()
             rows.append({"snapshot_every_steps": k, "plan_ahead": ahead, "lost_steps": ledger.lost_steps,
+                         "snapshot_factor": round(1 + config.snapshot_overhead / k, 3),
                          "ours_goodput": round(ledger.committed_samples / ideal_samples(timeline, plans), 4)})
     return rows
 
@@ -132,20 +146,27 @@ def costed_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *
     baseline's join policies, plan-ahead and the other gap closers, USD per million tokens, and the 0.90 bar."""
     ours = ledgers["ours"].committed_samples / ideal_samples(timeline, plans)
     full = plans.get(timeline.pool_nodes)
+    rate = state_rate_gb_per_s(full, max(gpus_per_node))
+    scaled = overhead_scaled_to(rate)
     return {
         "emulated_phases": emulated_phases_row(timeline, plans, config, emulated),
         "snapshot_overhead_factor": round(1 + config.snapshot_overhead, 4),
-        "snapshot_state_rate": {"GB_per_s_of_step_per_gpu_full_plan": round(
-            full.bytes_per_node / max(gpus_per_node) / GB / full.iteration_time_s, 3),
-            "note": "the fullest node's checkpointed bytes / its GPUs / the full-cluster plan's iteration; "
-                    "the H200 measurement copied 2.5 GB per second of step"},
+        "snapshot_state_rate": {"GB_per_s_of_step_per_gpu_full_plan": round(rate, 3),
+                                "h200_measured_GB_per_s_of_step": round(H200_GB_PER_S, 3),
+                                "per_node_GB_per_s_of_step": round(full.bytes_per_node / GB / full.iteration_time_s, 1),
+                                "note": "the full-cluster plan's fullest node: checkpointed bytes / GPUs / iteration"},
+        "snapshot_overhead_scaled_to_state_rate": {
+            "factor_every_step": round(1 + scaled, 3),
+            "label": "extrapolated, not measured: the H200's x1.198 scaled linearly to this replay's state rate"},
         "snapshot_overhead_sweep": snapshot_sweep(timeline, plans, config, SWEEP_FACTORS),
         "join_policy": config.join_policy,
         "checkpoint_restart_by_join_policy": join_policy_rows(timeline, plans, config),
         "plan_ahead": config.plan_ahead,
         "plan_ahead_option": plan_ahead_row(timeline, plans, config),
         "snapshot_every_steps": config.snapshot_every_steps,
-        "gap_closers": gap_closers(timeline, plans, config),
+        "gap_closers": {"snapshot_overhead_every_step": round(scaled, 3),
+                        "basis": "snapshot_overhead_scaled_to_state_rate (divided by k for snapshots every k steps)",
+                        "rows": gap_closers(timeline, plans, replace(config, snapshot_overhead=scaled))},
         "planning_capped_at_time_limit": capped_planning_row(timeline, plans, config, planning_cap_s),
         "cost_per_token": cost_figures(timeline, plans, config, gpus_per_node=gpus_per_node, spot_pools=spot_pools,
                                        prices=prices, seq_len=seq_len, ledgers=ledgers),
