@@ -17,7 +17,8 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
   exists. The emulated replay's medians (benchmarks/measured/emulated_replay.json: 0.27 s, 7.44 s on one host)
   are reported beside them (`emulated_phases`), or used with --emulated-phases. Each phase's basis is in the
   JSON line (`phase_basis`), with the restart that would still give 0.90.
-- Ours pays the measured per-step snapshot overhead (SNAPSHOT_OVERHEAD below, `snapshot_overhead_basis`);
+- Ours pays the measured per-step snapshot overhead, x1.20 on one H200 (autohet_ray/replay/figures.py,
+  `snapshot_overhead_basis`);
   `snapshot_overhead_sweep` shows goodput at factors 1.0, 1.05, 1.10 and 1.20.
 - Checkpoint-restart: by default a join does not restart it (--join-policy; `checkpoint_restart_by_join_policy`
   has every policy, `restart_unsaved` being the replay's behaviour before issue 34).
@@ -29,6 +30,8 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
 Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
 
     .venv/bin/python benchmarks/spot_replay.py [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
+    .venv/bin/python benchmarks/spot_replay.py --plans-in benchmarks/measured/spot_replay_plans_2026-12-04.json \
+        [--emulated-phases] [--snapshot-overhead 0.05] [--join-policy save_then_restart] [--plan-ahead]
 """
 from __future__ import annotations
 
