@@ -53,6 +53,7 @@ class Ledger:
     replans: int = 0
     records: list[dict] = field(default_factory=list)
     intervals: list[tuple[float, float, float]] = field(default_factory=list)   # (start, end, samples/s) runs
+    held: list[tuple[float, float, tuple[int, ...]]] = field(default_factory=list)  # (start, end, nodes per pool)
 
     def run(self, rate: float, start: float, end: float, committed: float) -> None:
         """A plan stepped at `rate` samples/s over [start, end) and `committed` of its samples count."""

@@ -64,3 +64,8 @@ def ideal_series(timeline: Timeline, plans: PlanCache) -> dict:
     """The ideal samples/s as a step series for a plot: one value from each segment's start."""
     segments = timeline.segments()
     return {"times_s": [a for a, _, _ in segments], "ideal": [ideal_rate(s, plans) for _, _, s in segments]}
+
+
+def on_demand_timeline(timeline: Timeline) -> Timeline:
+    """The same window with every node of every pool alive throughout (the job on on-demand GPUs)."""
+    return replace(timeline, initial=timeline.pool_nodes, events=())

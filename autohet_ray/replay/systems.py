@@ -1,10 +1,12 @@
 """The three systems replayed on one clock: ours (local-first recovery, re-plan at every change), checkpoint-
-restart (cloud checkpoints every N s, restart from the newest on every change), and no re-planning.
+restart (cloud checkpoints every N s, restart from the newest on every loss; a join does what its JOIN_POLICIES
+entry says), and no re-planning.
 
 Rules shared by all three (stated in the replay's output):
 - A removal hits a plan when it takes a node of a pool the plan uses (victims: the plan's nodes first).
   A removal of idle nodes changes nothing for a running job.
-- Every join re-plans and moves onto the new plan (the controller's check_joins does; no-replan ignores joins).
+- Ours re-plans at every join and moves onto the new plan (the controller's check_joins does; with plan-ahead,
+  once the new plan's workers are built in the background); no-replan ignores joins.
 - Events during a recovery: a removal that hits the plan being restored restarts the recovery; a join is taken
   at the end of the recovery (the first step boundary).
 - The job's launch at t = 0 pays planning, worker start and warm-up, with nothing to restore.
@@ -27,7 +29,20 @@ class ReplayConfig:
     notice_s: float = 0.0              # ours: a spot notice this long precedes every removal
     checkpoint_every_s: float = 1800.0  # checkpoint-restart: cloud checkpoint period
     snapshot_overhead: float = 0.0     # ours: step time added by the per-step node-store snapshot (fraction)
-    restart_on_join: bool = True       # checkpoint-restart: a join restarts the job (False: only losses do)
+    join_policy: str = "ignore"        # checkpoint-restart on a join: see JOIN_POLICIES
+    plan_ahead: bool = False           # ours: a join's plan and workers are built while the current plan trains
+    snapshot_every_steps: int = 1      # ours: node-store snapshot period (the runtime snapshots every step: 1)
+
+
+# What checkpoint-restart does when nodes join while it runs. "ignore" (the default) models the common practice:
+# a job of fixed size keeps running and takes what is alive at its next restart, after a loss.
+JOIN_POLICIES = {
+    "ignore": "joins are taken at the next restart after a loss (a fixed-size job; the default)",
+    "save_then_restart": "a join stops the job, writes a checkpoint to the cloud (the upload stalls it), restarts "
+                         "on the best plan for what is alive and restores from that checkpoint: nothing is lost",
+    "restart_unsaved": "a join restarts the job from its newest periodic checkpoint without saving first "
+                       "(work since that checkpoint is lost; the replay's behaviour before issue 34)",
+}
 
 
 class System:
@@ -43,6 +58,7 @@ class System:
         self.pending_join = False
         self.waiting_since: float | None = None
         self.planned_states: set[State] = set()
+        self.holding: tuple[float, tuple[int, ...]] | None = None   # since when, which nodes the job holds
 
     # --- driver ---
     def replay(self) -> Ledger:
@@ -63,6 +79,7 @@ class System:
             self.stop(end, how="end")
         if self.waiting_since is not None:
             self.ledger.wait_s += end - self.waiting_since
+        self.hold(end, None)
         run = sum(b - a for a, b, _ in self.ledger.intervals)
         self.ledger.down_s = end - run - self.ledger.wait_s
 
@@ -105,19 +122,27 @@ class System:
             committed = rate * (t - start)      # a planned switch waits for the step in flight
         self.ledger.run(rate, start, t, committed)
 
-    def recover(self, t: float, *, detect: bool, event: Event | None, restore: bool = True) -> None:
+    def recover(self, t: float, *, detect: bool, event: Event | None, restore: bool = True,
+                prepared: bool = False) -> None:
+        """Move onto the plan for what is alive at t; `prepared`: planned and its workers built beforehand,
+        while the old plan trained (plan-ahead), so only the switch is paid here."""
         target = self.plans.get(self.state)
-        planning = self.charge_planning(target)
+        planning = 0.0 if prepared else self.charge_planning(target)
         self.ledger.replans += 1
         if target.samples_per_s <= 0:
             self.wait_from(t, event)
             return
         phases = self.config.phases.phases(detect=detect, replan_s=planning,
                                            bytes_per_node=target.bytes_per_node if restore else 0.0,
-                                           tier=self.tier, iteration_s=target.iteration_time_s)
+                                           tier=self.tier, iteration_s=target.iteration_time_s, restart=not prepared)
+        if prepared:
+            phases["switch_s"] = self.config.phases.switch_s
+            phases["total_s"] += phases["switch_s"]
         self.end_wait(t)
+        self.hold(t, target.nodes_used)
         self.plan, self.up_at, self.pending_join = target, t + phases["total_s"], False
-        self.record(t, event, "recover" if detect else "switch", phases, planning_cached=planning == 0)
+        action = "recover" if detect else "prepared switch" if prepared else "switch"
+        self.record(t, event, action, phases, planning_cached=planning == 0)
 
     def charge_planning(self, target: PlannedState) -> float:
         seen = target.state in self.planned_states
@@ -127,8 +152,15 @@ class System:
         return charged
 
     # --- bookkeeping ---
+    def hold(self, t: float, nodes: tuple[int, ...] | None) -> None:
+        """From t the job holds `nodes` per pool (restoring onto them or running on them; None: nothing)."""
+        if self.holding is not None and t > self.holding[0]:
+            self.ledger.held.append((self.holding[0], t, self.holding[1]))
+        self.holding = None if nodes is None else (t, nodes)
+
     def wait_from(self, t: float, event: Event | None) -> None:
         self.plan = None
+        self.hold(t, None)
         if self.waiting_since is None:
             self.waiting_since = t
         self.record(t, event, "wait", None)
@@ -152,16 +184,64 @@ class Ours(System):
     name = "ours"
 
     def rate(self, plan: PlannedState) -> float:
-        return plan.samples_per_s / (1.0 + self.config.snapshot_overhead)
+        return plan.samples_per_s / (1.0 + self.config.snapshot_overhead / self.config.snapshot_every_steps)
+
+    def stop(self, t: float, how: str) -> None:
+        every = self.config.snapshot_every_steps
+        if how != "lost" or every == 1:
+            super().stop(t, how)
+            return
+        rate, start = self.rate(self.plan), self.up_at       # snapshots every `every` steps: back to the newest
+        steps = steps_done(self.config.global_batch / rate, start, t)
+        kept = steps // every * every
+        self.ledger.lost_steps += steps - kept + (1 if rate * (t - start) > steps * self.config.global_batch else 0)
+        self.ledger.run(rate, start, t, kept * self.config.global_batch)
+
+    switch_at: float | None = None      # plan-ahead: when the plan being built in the background is ready
 
     def on_event(self, event: Event) -> None:
-        notice = self.config.notice_s
-        if notice > 0 and hits(self.plan, event) and self.running(event.time_s):
-            act = max(self.up_at, event.time_s - notice)     # the notice arrives; the switch starts
+        notice, t = self.config.notice_s, event.time_s
+        if notice > 0 and hits(self.plan, event) and self.running(t):
+            self.switch_at = None
+            act = max(self.up_at, t - notice)     # the notice arrives; the switch starts
+            if self.config.plan_ahead:            # build while training; stop when ready or the node goes
+                ready = self.build_ready_at(act)
+                self.stop(min(ready, t), how="planned")
+                self.recover(ready, detect=False, event=event, prepared=True)
+                return
             self.stop(act, how="planned")
             self.recover(act, detect=False, event=event)
             return
+        if self.config.plan_ahead and self.running(t) and not hits(self.plan, event) \
+                and (any(event.added) or self.switch_at is not None):
+            self.prepare(t, event)                # a join (or a change while building): build the next plan
+            return
+        if hits(self.plan, event):
+            self.switch_at = None
         super().on_event(event)
+
+    def prepare(self, t: float, event: Event | None) -> None:
+        """Plan-ahead: plan the new state and start its workers and process groups while the current plan
+        trains; the switch happens once they are ready (a change meanwhile starts the build again)."""
+        self.switch_at = self.build_ready_at(t)
+        self.record(t, event, "prepare", None, ready_at_s=round(self.switch_at, 1))
+
+    def build_ready_at(self, t: float) -> float:
+        """When the plan for the current state, planned and started from t in the background, is ready."""
+        target = self.plans.get(self.state)
+        cached = target.state in self.planned_states and self.config.plan_cache
+        self.planned_states.add(target.state)
+        return t + (0.0 if cached else target.planning_s) + self.config.phases.restart_s
+
+    def catch_up(self, t: float) -> None:
+        if self.config.plan_ahead and self.pending_join and self.running(t):
+            self.pending_join = False                 # a join seen during a recovery: build once it is over
+            self.prepare(self.up_at, None)
+        if self.switch_at is not None and self.switch_at <= t and self.running(self.switch_at):
+            at, self.switch_at = self.switch_at, None
+            self.stop(at, how="planned")
+            self.recover(at, detect=False, event=None, prepared=True)
+        super().catch_up(t)
 
 
 class CheckpointRestart(System):
@@ -172,12 +252,35 @@ class CheckpointRestart(System):
     tier = "cloud"
 
     def on_event(self, event: Event) -> None:
-        if self.config.restart_on_join or self.plan is None or hits(self.plan, event):
+        policy = self.config.join_policy
+        assert policy in JOIN_POLICIES, policy
+        if self.plan is None or hits(self.plan, event) or policy == "restart_unsaved":
             super().on_event(event)
+        elif policy == "save_then_restart" and any(event.added):
+            if self.running(event.time_s):
+                self.save_then_restart(event)
+            else:
+                self.pending_join = True
+
+    def catch_up(self, t: float) -> None:
+        if self.config.join_policy != "save_then_restart":
+            super().catch_up(t)
+        elif self.pending_join and self.plan is not None and self.up_at <= t:
+            self.pending_join = False
+            self.save_then_restart(None, at=self.up_at)
+
+    def save_then_restart(self, event: Event | None, at: float | None = None) -> None:
+        """A voluntary restart: the step in flight ends, a checkpoint is uploaded (the job stalls), then the job
+        restarts on the plan for what is alive, restoring that checkpoint from the cloud."""
+        t = event.time_s if at is None else at
+        upload = self.plan.bytes_per_node / self.config.phases.cloud_upload_Bps
+        self.stop(t, how="saved")
+        self.recover(t + upload, detect=False, event=event)
+        self.ledger.records[-1]["save_s"] = round(upload, 3)
 
     def stop(self, t: float, how: str) -> None:
         rate, start = self.rate(self.plan), self.up_at
-        if how == "end":                          # a normal end writes a final checkpoint
+        if how in ("end", "saved"):               # a normal end or a save before a restart keeps all work
             self.ledger.run(rate, start, t, rate * (t - start))
             return
         period = self.config.checkpoint_every_s
@@ -217,6 +320,7 @@ class NoReplan(System):
         phases = self.config.phases.phases(detect=detect, replan_s=0.0, bytes_per_node=self.fixed.bytes_per_node,
                                            tier="local", iteration_s=self.fixed.iteration_time_s)
         self.end_wait(t)
+        self.hold(t, self.fixed.nodes_used)
         self.plan, self.up_at = self.fixed, t + phases["total_s"]
         self.record(t, event, "resume", phases)
 

@@ -151,8 +151,8 @@ def test_saved_plans_answer_only_the_same_request(tmp_path):
 
 def test_checkpoint_restart_can_ignore_joins():
     rows = [(0, 2), (300.7, 1), (600.7, 2)]
-    _, every = replay(rows)
-    _, losses_only = replay(rows, restart_on_join=False)
+    _, every = replay(rows, join_policy="restart_unsaved")
+    _, losses_only = replay(rows)                         # the default: joins wait for the next restart
     assert every["summary"]["checkpoint_restart"]["replans"] == 3
     assert losses_only["summary"]["checkpoint_restart"]["replans"] == 2
     # after the loss it keeps the one-node plan to the end: everything after its restart counts (a normal end)
