@@ -58,15 +58,16 @@ def keeper_alive(job_id: str, node_id: str) -> bool | None:
 
 
 def detect_failure(group, node_ids: dict[str, str], failure: Exception, *, job_id: str, timeout_s: float,
-                   loss_grace_s: float = LOSS_GRACE_S) -> dict:
-    """Name the cause of a failed group call: a lost node of the plan (Ray marks it dead, or its raylet
-    refuses connections, which is conclusive and faster than Ray's health checks; a raylet that only stays
-    silent counts once silent past `loss_grace_s`, or at once when the node's workers are dead too), or a dead
-    worker on a node whose keeper still answers. The plan's nodes are probed in parallel. Returns
-    {"lost_nodes", "dead_ranks", "message"}; RuntimeError when nothing is found in time.
+                   loss_grace_s: float = LOSS_GRACE_S, store_nodes: tuple[str, ...] = ()) -> dict:
+    """Name the cause of a failed group call: a lost node of the plan, or one of `store_nodes` (nodes whose
+    store takes copies but that run no worker), (Ray marks it dead, or its raylet refuses connections, which
+    is conclusive and faster than Ray's health checks; a raylet that only stays silent counts once silent past
+    `loss_grace_s`, or at once when the node's workers are dead too), or a dead worker on a node whose keeper
+    still answers. The nodes are probed in parallel. Returns {"lost_nodes", "dead_ranks", "message"};
+    RuntimeError when nothing is found in time.
     `group`: the WorkerGroup whose call failed; `node_ids`: node name -> Ray node id."""
     deadline = time.perf_counter() + timeout_s
-    plan_ids = {node: node_ids[node] for node in sorted({s["node"] for s in group.slots})}
+    plan_ids = {node: node_ids[node] for node in sorted({s["node"] for s in group.slots} | set(store_nodes))}
     addresses = raylet_addresses(plan_ids.values())
     watch = NodeWatch({node: addresses[i] for node, i in plan_ids.items()}, loss_grace_s, node_ids=plan_ids)
     while time.perf_counter() < deadline:
@@ -92,6 +93,8 @@ def detect_failure(group, node_ids: dict[str, str], failure: Exception, *, job_i
 
 def _named_failure(group, lost_nodes: list[str], dead: list[int], failure: Exception) -> dict:
     ranks = [r for r, s in enumerate(group.slots) if s["node"] in lost_nodes] or dead
-    named = "; ".join(group.describe(r) for r in ranks)
+    stores_only = sorted(set(lost_nodes) - {s["node"] for s in group.slots})
+    named = "; ".join([group.describe(r) for r in ranks] +
+                      [f"node {node} (its node store only, no worker)" for node in stores_only])
     what = f"lost node(s) {lost_nodes}" if lost_nodes else "dead worker(s)"
     return {"lost_nodes": lost_nodes, "dead_ranks": ranks, "message": f"{what}: {named} (first error: {failure})"}

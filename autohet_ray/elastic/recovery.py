@@ -84,7 +84,8 @@ def _recover_once(ctl, failure, mode: str, t0: float) -> dict:
         raise StepFailed(f"a step failed with every node and worker alive: {failure}") from failure
     try:
         lost = detect_failure(ctl.group, ctl.found.node_ids, failure, job_id=ctl.job_id,
-                              timeout_s=ctl.job.detect_timeout_s, loss_grace_s=ctl.job.loss_grace_s)
+                              timeout_s=ctl.job.detect_timeout_s, loss_grace_s=ctl.job.loss_grace_s,
+                              store_nodes=store_only_nodes(ctl))
     except RuntimeError as err:
         raise RecoveryFailed(str(err)) from failure
     detect_s = time.perf_counter() - t0
@@ -155,9 +156,17 @@ def rescue_orphans(alive: dict, nodes: list[str], step: int, orphans: list, erro
     return held
 
 
+def store_only_nodes(ctl) -> tuple[str, ...]:
+    """Nodes whose store (keeper) takes this job's copies but that run none of its workers: their loss fails
+    the next snapshot that pushes there, and is a node loss like any other."""
+    stores = ctl.committer.keepers if ctl.committer is not None else {}
+    return tuple(sorted(set(stores) - {s["node"] for s in ctl.group.slots}))
+
+
 def _healthy(ctl, checks: int = 3, every_s: float = 0.3) -> bool:
-    """Every plan node's raylet answers and every worker answers a ping, `checks` times in a row."""
-    nodes = sorted({s["node"] for s in ctl.group.slots})
+    """Every plan node's and store node's raylet answers and every worker answers a ping, `checks` times in a
+    row."""
+    nodes = sorted({s["node"] for s in ctl.group.slots} | set(store_only_nodes(ctl)))
     for i in range(checks):
         addresses = raylet_addresses(ctl.found.node_ids[node] for node in nodes)
         if None in addresses.values() or any(v != "ok" for v in probe_all(addresses).values()):

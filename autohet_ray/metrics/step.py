@@ -99,8 +99,17 @@ def step_metrics(outs: list[dict], wall: float, *, step: int, job, evaluation, p
                 by_op[op] = by_op.get(op, 0) + n
         m |= {"overruns": sum(by_op.values()), "overruns_by_op": by_op,
               "overrun_s": max(o["emulation"]["overrun_s"] for o in outs),
-              "op_seconds_max": {op: max(o["timings"].get(op, 0.0) for o in outs) for op in outs[0]["timings"]}}
+              "op_seconds_max": {op: max(o["timings"].get(op, 0.0) for o in outs) for op in outs[0]["timings"]},
+              "critical_rank": critical_rank(outs, scale)}
     return m
+
+
+def critical_rank(outs: list[dict], scale: float) -> dict:
+    """The paced rank whose step took longest: its pacer phases and flush wait in emulated seconds."""
+    o = max(outs, key=lambda o: o["timings"]["step"])
+    return {"rank": o["rank"], "step_s": o["timings"]["step"] / scale,
+            "flush_s": o["timings"].get("flush", 0.0) / scale,
+            **{k: v / scale for k, v in o["emulation"]["phases"].items()}}
 
 
 def start_peak_memory(engine) -> None:

@@ -194,7 +194,7 @@ class Engine:
         for p in (*self.params.values(), *self.masters.values()):
             p.grad = None
         loss = self.executor.run(self.actions, self._microbatches(ids, labels))
-        self.bridge.flush()
+        self.clock.wait("flush", self.bridge.flush)      # inside the pacer's grad_sync window
         loss, norm = self.clock.run("grad_sync", lambda: self._sync(loss), num_bytes=self.grad_sync.num_bytes)
         if self.before_update is not None:
             self.before_update()          # outside the paced op: a wait here is the host's, not the device's

@@ -25,8 +25,17 @@ class Clock:
         self.totals: dict[str, float] = {}
 
     def reset(self) -> dict[str, float]:
+        """The step's (or evaluation's) totals; the pacer starts a new schedule."""
+        if self.pacer is not None:
+            self.pacer.end_step()
         totals, self.totals = self.totals, {}
         return totals
+
+    def wait(self, op: str, fn) -> None:
+        """Run `fn` timed under `op` but not paced (a wait outside the cost model's ops)."""
+        start = time.perf_counter()
+        fn()
+        self.totals[op] = self.totals.get(op, 0.0) + time.perf_counter() - start
 
     def run(self, op: str, fn, **info):
         start = time.perf_counter()

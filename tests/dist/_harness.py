@@ -67,6 +67,9 @@ class RecordingPacer:
         assert elapsed_s >= 0
         self.calls.append((op, info))
 
+    def end_step(self) -> None:
+        pass
+
 
 def _engine(case: Case, rank: int, overlap: list, pacer=None) -> Engine:
     engine = Engine(plan=case.plan, model_spec=case.spec, rank=rank, seed=7, lr=LR, weight_decay=WEIGHT_DECAY,

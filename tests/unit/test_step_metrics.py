@@ -54,18 +54,24 @@ def test_fp32_and_fp64_runs_are_measured_against_the_fp32_peak(dtype):
     assert m["mfu_peak_dtype"] == "float32"
 
 
-def out(rank: int, device: str, peak) -> dict:
-    return {"loss": 2.5, "lr": 1e-3, "grad_norm": 0.7, "rank": rank, "timings": {"step": 0.1, "forward": 0.05},
+def out(rank: int, device: str, peak, step_s: float = 0.1) -> dict:
+    return {"loss": 2.5, "lr": 1e-3, "grad_norm": 0.7, "rank": rank,
+            "timings": {"step": step_s, "forward": 0.05, "flush": 0.02 * rank},
             "device": device, "dtype": "float32", "peak_memory_bytes": peak,
-            "emulation": {"overruns": {"forward": 1}, "overrun_s": 0.01}}
+            "emulation": {"overruns": {"forward": 1}, "overrun_s": 0.01,
+                          "phases": {"compute_end_s": 0.06, "sync_s": 0.03 + rank, "optimizer_s": 0.01}}}
 
 
 def test_emulated_step_counts_tokens_and_mfu_on_the_emulated_clock():
     job = SimpleNamespace(paced=True, global_batch=6, dtype="float32")
     evaluation = SimpleNamespace(iteration_time_s=0.4, samples_per_s=15.0)
-    outs = [out(0, "a:0", None), out(1, "b:0", None)]
+    outs = [out(0, "a:0", None), out(1, "b:0", None, step_s=0.2)]
     m = step_metrics(outs, 1.0, step=3, job=job, evaluation=evaluation, profile_kind="analytic", time_scale=2.0,
                      data_wait_s=0.0, plan=plan(), spec=SPEC, seq_len=SEQ, device=lookup)
+    # the rank whose step lasted longest, its pacer phases and flush wait on the emulated clock
+    assert m["critical_rank"] == {"rank": 1, "step_s": pytest.approx(0.1), "flush_s": pytest.approx(0.01),
+                                  "compute_end_s": pytest.approx(0.03), "sync_s": pytest.approx(0.515),
+                                  "optimizer_s": pytest.approx(0.005)}
     assert m["clock"] == "emulated" and m["iteration_s"] == pytest.approx(0.5)      # 1 wall s at 2 wall s/s
     assert m["tokens_per_s"] == pytest.approx(120.0)
     assert m["mfu_by_device_type"]["H100"] == pytest.approx(H100_FLOPS / 0.5 / 1e12 / 67)
