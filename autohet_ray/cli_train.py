@@ -18,6 +18,7 @@ import sys
 import time
 
 from autohet_ray import ConfigError
+from autohet_ray.cli_checks import check_train_files
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
@@ -59,6 +60,7 @@ def job_fields(args) -> dict:
             if clock["time_scale"] <= 0:
                 raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'")
     cluster, model = load_cluster(args.cluster), load_model(args.model)
+    check_train_files(args, cluster, model)
     if args.init_from:                    # the weights must fit the model before any cluster starts
         from autohet_ray.checkpoint.hf_weights import check_hf_dir
         check_hf_dir(args.init_from, model)

@@ -114,10 +114,11 @@ class TrainJob:
             raise ConfigError(f"eval_every={self.eval_every} needs data (a dataset with a validation split)")
         if self.eval_batches < 1:
             raise ConfigError(f"eval_batches={self.eval_batches!r} must be >= 1")
-        for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale"):
+        for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
-        for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s"):
+        for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s",
+                     "plan_time_limit_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if self.iteration_wall_s is not None and not self.iteration_wall_s > 0:
