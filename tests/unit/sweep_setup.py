@@ -84,14 +84,14 @@ def file_cases() -> list:
     cases += _slot(document_cases("model", MODEL, "yaml") + _junk("model"),
                    ["plan", "--cluster", "{ok}/cluster.yaml", "--model", "{d}/m.yaml", *PLAN_ARGS], "m.yaml")
     profile_exempt = [("entries", i) for i in range(1, 99)] + [("meta", "source")]   # one entry; free text
-    cases += _slot(document_cases("profile", profile_doc(), "json", exempt=profile_exempt)
+    cases += _slot(document_cases("profile", profile_doc(), "json", exempt=profile_exempt)[::2]
                    + _junk("profile"), plan_argv + ["--profile", "{d}/p.json"], "p.json")
     cases += _slot(document_cases("plan", PLAN, "json") + _junk("plan"),
                    ["evaluate", "--plan", "{d}/plan.json", "--cluster", "{ok}/cluster.yaml"], "plan.json")
     cases += _slot(_junk("cluster"), ["evaluate", "--plan", "{ok}/plan.json", "--cluster", "{d}/c.yaml"], "c.yaml")
     cases += _slot(_junk("plan"), ["show", "{d}/plan.json"], "plan.json")
     cases += _train_cases()
-    cases += _slot(document_cases("job.json", job_doc, "json", exempt=[("job", "storage"), ("job", "plan")])
+    cases += _slot(document_cases("job.json", job_doc, "json", exempt=[("job", "storage"), ("job", "plan")])[::2]
                    + _junk("job.json"), ["resume", "--storage", "{d}/storage"], "storage/job.json")
     cases += _slot(document_cases("job.json", job_doc, "json", exempt=[("job", "storage")])[::3]
                    + _junk("job.json"), ["export", "--storage", "{d}/storage", "--out", "{d}/out"],
