@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import ray
 
+from autohet_ray.job.config import TrainJob
 from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
@@ -22,11 +23,12 @@ from autohet_ray.orchestrate.actor_calls import settled_ok
 
 
 class Committer:
-    def __init__(self, *, keeper_specs: dict[str, dict], cloud_spec: dict, extra: dict, gc_every: int):
+    def __init__(self, *, keeper_specs: dict[str, dict], cloud_spec: dict, extra: dict, gc_every: int,
+                 control_timeout_s: float = TrainJob.control_timeout_s):
         self.keeper_specs = keeper_specs                # node name -> keeper spec (shared with the controller)
         self.keepers = {node: build_tier(spec, keeper_timeout_s=10.0) for node, spec in keeper_specs.items()}
         self.cloud_spec, self.cloud = cloud_spec, build_tier(cloud_spec)
-        self.extra, self.gc_every = extra, gc_every
+        self.extra, self.gc_every, self.control_timeout_s = extra, gc_every, control_timeout_s
         self.step_extra = lambda step: {}              # what a step's manifest records of it (the data position)
         self.committed: list[int] = []
         self.cloud_committed: list[int] = []
@@ -202,7 +204,7 @@ class Committer:
     def close(self) -> None:
         """Wait for a running collection (its errors surface here)."""
         if self._gc is not None:
-            self._gc.result()
+            self._gc.result(timeout=self.control_timeout_s)    # TimeoutError: a collection hung
         self._gc_pool.shutdown(wait=True)
 
     def node_of_store(self) -> dict[str, str]:

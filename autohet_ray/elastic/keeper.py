@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.errors import ChunkMissingError, ManifestExistsError, TierUnavailableError
 from autohet_ray.checkpoint.node_store import NodeStore
+from autohet_ray.job.config import TrainJob
 
 KEEPER_NAMESPACE = "autohet-keepers"
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)   # died, unreachable, too slow
@@ -90,10 +91,12 @@ class NodeKeeper(NodeStore):
             tier.put_chunk(key, blob)
         return sum(len(blob) for _, blob in blobs)
 
-    def replicate(self, keys: list[str], peer_actor_name: str) -> int:
-        """Push these chunks to the keeper named `peer_actor_name`; returns the bytes sent."""
+    def replicate(self, keys: list[str], peer_actor_name: str,
+                  timeout_s: float = TrainJob.control_timeout_s) -> int:
+        """Push these chunks to the keeper named `peer_actor_name`; returns the bytes sent (GetTimeoutError
+        when the peer does not take them within `timeout_s`)."""
         peer = ray.get_actor(peer_actor_name, namespace=KEEPER_NAMESPACE)
-        return ray.get(peer.put_many.remote([(key, _wire(self._stored(key))) for key in keys]))
+        return ray.get(peer.put_many.remote([(key, _wire(self._stored(key))) for key in keys]), timeout=timeout_s)
 
 
 def _wire(blob) -> np.ndarray:

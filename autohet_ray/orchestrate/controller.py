@@ -92,7 +92,8 @@ class Controller:
             if self.job.elastic:
                 self.start_keepers()
             self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
-                                       extra={"job_id": self.job_id}, gc_every=self.job.gc_every)
+                                       extra={"job_id": self.job_id}, gc_every=self.job.gc_every,
+                                       control_timeout_s=self.job.control_timeout_s)
             self.committer.step_extra = self.data.state
             self.metrics_log = job_files.LineLog(self.job.storage, job_files.METRICS_FILE)
         if self.job.tensorboard:
@@ -371,7 +372,8 @@ class Controller:
         """Start a spot-notice watcher on every node of the job; the job's notice board."""
         from autohet_ray.elastic.spot import watch_nodes
         self.watching = True
-        self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id, **watcher_options)
+        self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id,
+                                 **{"control_timeout_s": self.job.control_timeout_s, **watcher_options})
         return self.board
 
     def check_notices(self, board=None) -> dict | None:
