@@ -125,6 +125,9 @@ def _train_parser(sub) -> None:
                    help="checkpoint every step to the nodes (two copies) and recover from node loss local-first")
     t.add_argument("--checkpoint-every", "--cloud-every", dest="checkpoint_every", type=int,
                    default=TrainJob.checkpoint_every, help="commit to --storage every N steps (and at the end)")
+    t.add_argument("--dataset-cache-gb", type=float, default=TrainJob.dataset_cache_gb,
+                   help="--data s3://...: the node's dataset cache keeps at most this many GB (least recently "
+                        "used datasets that no running job holds are evicted)")
     t.add_argument("--loss-grace-s", type=float, default=TrainJob.loss_grace_s,
                    help="a node whose raylet stays silent this long is lost (a shorter stall costs nothing)")
     t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")

@@ -73,7 +73,8 @@ def job_fields(args) -> dict:
             "recompute": args.recompute,
             "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
-            "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s, **clock}
+            "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s,
+            "dataset_cache_gb": args.dataset_cache_gb, **clock}
 
 
 def _tensorboard_dir(args) -> str | None:

@@ -34,7 +34,7 @@ from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import choose_plan
 from autohet_ray.metrics.step import step_metrics
 from autohet_ray.model.spec import model_from_dict
-from autohet_ray.orchestrate.data_prepare import local_dataset
+from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.discovery import confirm_nodes, discover
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.storage import job_files
@@ -84,7 +84,8 @@ class Controller:
             from autohet_ray.orchestrate.profiling import job_profile
             self.profile = job_profile(self.job, found=self.found, priced_model=self.priced_model,
                                        cluster=self.base_cluster, seq_len=self.priced_seq_len)
-        data = local_dataset(self.job.data, endpoint_url=(self.job.storage or {}).get("endpoint_url"))
+        data, self.dataset_hold = held_dataset(self.job.data, (self.job.storage or {}).get("endpoint_url"),
+                                               cache_gb=self.job.dataset_cache_gb)
         self.data = TrainingData(data=data, model=self.model, global_batch=self.job.global_batch,
                                  seq_len=self.seq_len, seed=self.job.seed)
         if self.job.storage:
@@ -351,6 +352,8 @@ class Controller:
                 print(f"autohet: collecting old checkpoint steps failed: {err}", file=sys.stderr)
         if self.data is not None:
             self.data.close()
+        if getattr(self, "dataset_hold", None) is not None:
+            self.dataset_hold.release()            # the cache may evict the dataset once no job holds it
         if self.tensorboard_log is not None:
             self.tensorboard_log.close()
         if "error" in outcome and self.keeper_specs:
