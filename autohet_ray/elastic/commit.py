@@ -17,6 +17,7 @@ from autohet_ray.job.config import TrainJob
 from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
+from autohet_ray.elastic.dropped import DroppedKeepers
 from autohet_ray.elastic.keeper import get_keeper, keeper_name
 from autohet_ray.elastic.tiers import build_tier
 from autohet_ray.orchestrate.actor_calls import settled_ok
@@ -37,14 +38,19 @@ class Committer:
         self.copies: list = []                          # refs of re-replications after a loss (background)
         self._gc_pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-gc")
         self._gc: Future | None = None
+        self.dropped = DroppedKeepers()
 
     def add_keeper(self, node: str, spec: dict) -> None:
+        self.dropped.rejoined(spec["node_id"])
         self.keeper_specs[node] = spec
         self.keepers[node] = build_tier(spec, keeper_timeout_s=10.0)
 
     def drop_keeper(self, node: str) -> None:
+        """Stop using the node's keeper; it is stopped (its store removed) once a newer step is committed."""
         self.keepers.pop(node, None)
-        self.keeper_specs.pop(node, None)
+        spec = self.keeper_specs.pop(node, None)
+        if spec is not None:
+            self.dropped.drop(spec, self.committed[-1] if self.committed else -1)
 
     def commit_fast(self, step: int, records_per_rank: list[list]) -> None:
         records = [r for rank_records in records_per_rank for r in rank_records]
@@ -67,6 +73,7 @@ class Committer:
             raise CheckpointError(f"step {step}: no live keeper took the manifest: "
                                   f"{self.skipped[-len(self.keepers):]}")
         self.committed.append(step)
+        self.dropped.reap(step, self._gc_pool)
 
     def note_restored(self, step: int) -> None:
         """The group now continues from committed step `step` (restored from some tier)."""
@@ -93,6 +100,7 @@ class Committer:
             commit_step(step, records, [self.cloud], extra=self.extra | self.step_extra(step))
             self.cloud_committed.append(step)
             del self.pending_cloud[step]
+            self.dropped.reap(step, self._gc_pool)
 
     def forget_pending(self) -> None:
         """Uploads of a failed group never commit (their chunks are swept by a later collection)."""

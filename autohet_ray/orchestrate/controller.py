@@ -359,7 +359,8 @@ class Controller:
         if "error" in outcome and self.keeper_specs:
             print(self._kept_stores_message(outcome["error"]), file=sys.stderr)
         else:
-            for spec in self.keeper_specs.values():
+            dropped = self.committer.dropped.remaining() if self.committer else []
+            for spec in [*self.keeper_specs.values(), *dropped]:
                 stop_keeper(self.job_id, spec["node_id"])
         self.state = "closed"
         return outcome
