@@ -112,12 +112,15 @@ def dataclass_from_dict(cls, raw: dict, what: str):
     if unknown:
         raise ConfigError(f"{what} has unknown fields {unknown}; valid: {sorted(names)}")
     hints = typing.get_type_hints(cls)
+    try:                                         # the class's own checks speak first: their messages say more
+        made = cls(**raw)
+    except TypeError as exc:                     # a wrong type it tripped on, or a required field missing
+        for name, value in raw.items():
+            check_type(value, hints[name], f"{what}: {name}")
+        raise ConfigError(f"{what}: {exc}") from None
     for name, value in raw.items():
         check_type(value, hints[name], f"{what}: {name}")
-    try:
-        return cls(**raw)
-    except TypeError as exc:                     # a required field is missing
-        raise ConfigError(f"{what}: {exc}") from None
+    return made
 
 
 _PLAIN = {int: (int,), float: (int, float), str: (str,), bool: (bool,), dict: (dict,), list: (list, tuple),

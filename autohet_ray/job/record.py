@@ -6,9 +6,10 @@ from autohet_ray import ConfigError
 from autohet_ray.config_io import mapping, parse_json, text_field
 
 
-def read_job_record(storage: dict) -> tuple[str, dict]:
+def read_job_record(storage: dict, *, whole: bool = True) -> tuple[str, dict]:
     """(job id, TrainJob fields) of the job that wrote `storage` (a tier spec); ConfigError when the storage
-    holds no job.json or a malformed one."""
+    holds no job.json or a malformed one. `whole`: every field is checked (a resume runs them all); else
+    only the model and the dataset (what an export reads)."""
     from autohet_ray.storage import job_files
     from autohet_ray.storage.spec import location
     where = location(storage, job_files.JOB_FILE)
@@ -21,17 +22,29 @@ def read_job_record(storage: dict) -> tuple[str, dict]:
     if text is None:
         raise ConfigError(f"{where} does not exist: the storage holds no autohet job; give the --storage a job "
                           "wrote to")
-    return job_record_from_text(text, where)
+    return job_record_from_text(text, where, whole=whole)
 
 
-def job_record_from_text(text: str, where: str) -> tuple[str, dict]:
+def job_record_from_text(text: str, where: str, *, whole: bool = True) -> tuple[str, dict]:
     raw = mapping(parse_json(text, where), where)
     if "job" not in raw or "job_id" not in raw:
         raise ConfigError(f"{where} must hold an object with 'job_id' and 'job'; it holds keys {sorted(raw)}")
     job_id = text_field(raw["job_id"], f"{where}: job_id")
     job = mapping(raw["job"], f"{where}: job")
-    check_job_fields(job, where)
+    if whole:
+        check_job_fields(job, where)
+    else:
+        check_model_and_data(job, where)
     return job_id, job
+
+
+def check_model_and_data(job: dict, where: str) -> None:
+    from autohet_ray.model.spec import model_from_dict
+    if "model" not in job:
+        raise ConfigError(f"{where}: job has no 'model'")
+    model_from_dict(job["model"], source=f"{where}: job.model")
+    if job.get("data") is not None:
+        text_field(job["data"], f"{where}: job.data")
 
 
 def check_job_fields(job: dict, where: str) -> None:

@@ -249,7 +249,7 @@ def plan_from_dict(raw) -> Plan:
         if not isinstance(stages_raw, list) or not stages_raw:
             raise ConfigError(f"plan: pipelines[{k}].stages must be a non-empty list")
         stages = tuple(_stage_from_dict(s, f"pipelines[{k}].stages[{j}]") for j, s in enumerate(stages_raw))
-        mb = p.get("micro_batch", 1) if version >= 2 else None
+        mb = p.get("micro_batch") if version >= 2 else None
         pipelines.append(Pipeline(num_microbatches=_int(_need(p, "num_microbatches", f"pipelines[{k}]"),
                                                         f"pipelines[{k}].num_microbatches", 1), stages=stages,
                                   micro_batch=None if mb is None else _int(mb, f"pipelines[{k}].micro_batch", 1)))

@@ -93,7 +93,8 @@ def file_cases() -> list:
     cases += _train_cases()
     cases += _slot(document_cases("job.json", job_doc, "json", exempt=[("job", "storage"), ("job", "plan")])[::2]
                    + _junk("job.json"), ["resume", "--storage", "{d}/storage"], "storage/job.json")
-    cases += _slot(document_cases("job.json", job_doc, "json", exempt=[("job", "storage")])[::3]
+    export_doc = {"job_id": "0123456789ab", "job": {"model": MODEL, "data": "{d}/data"}}  # what export reads
+    cases += _slot(document_cases("job.json", export_doc, "json")
                    + _junk("job.json"), ["export", "--storage", "{d}/storage", "--out", "{d}/out"],
                    "storage/job.json")
     cases += _slot(document_cases("index.json", _index_doc(), "json") + _junk("index.json"),
