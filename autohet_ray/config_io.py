@@ -114,7 +114,9 @@ def dataclass_from_dict(cls, raw: dict, what: str):
     hints = typing.get_type_hints(cls)
     try:                                         # the class's own checks speak first: their messages say more
         made = cls(**raw)
-    except TypeError as exc:                     # a wrong type it tripped on, or a required field missing
+    except ConfigError:                          # (a ValueError too)
+        raise
+    except (TypeError, AttributeError, ValueError) as exc:   # a wrong type it tripped on, or a field missing
         for name, value in raw.items():
             check_type(value, hints[name], f"{what}: {name}")
         raise ConfigError(f"{what}: {exc}") from None
