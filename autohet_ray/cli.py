@@ -5,13 +5,21 @@ import argparse
 import sys
 
 from autohet_ray import ConfigError
+from autohet_ray.cli_checks import check_numeric_flags
 from autohet_ray.config_io import check_writable
 
 AUTO_ITERATION_WALL_S = 10.0      # --time-scale auto: one predicted iteration takes about this long on the wall
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line on stderr and exit code 2 (argparse would print the usage first: see --help)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="autohet", description="Asymmetric 3D-parallel training on mixed GPUs")
+    ap = _OneLineParser(prog="autohet", description="Asymmetric 3D-parallel training on mixed GPUs")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a job and compare with Megatron-LM and Whale")
     p.add_argument("--cluster", required=True)
@@ -121,6 +129,9 @@ def _train_parser(sub) -> None:
                    help="checkpoint every step to the nodes (two copies) and recover from node loss local-first")
     t.add_argument("--checkpoint-every", "--cloud-every", dest="checkpoint_every", type=int,
                    default=TrainJob.checkpoint_every, help="commit to --storage every N steps (and at the end)")
+    t.add_argument("--dataset-cache-gb", type=float, default=TrainJob.dataset_cache_gb,
+                   help="--data s3://...: the node's dataset cache keeps at most this many GB (least recently "
+                        "used datasets that no running job holds are evicted)")
     t.add_argument("--loss-grace-s", type=float, default=TrainJob.loss_grace_s,
                    help="a node whose raylet stays silent this long is lost (a shorter stall costs nothing)")
     t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
@@ -161,6 +172,7 @@ def _message(exc: ConfigError) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        check_numeric_flags(args)
         for option in ("out", "png"):             # outputs are checked before the work that fills them
             if getattr(args, option, None):
                 check_writable(getattr(args, option), f"--{option}")

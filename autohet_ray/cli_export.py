@@ -33,19 +33,14 @@ def parse_size(text: str) -> int:
         value = float(number) * SIZE_UNITS[unit]
     except ValueError:
         raise ConfigError(f"--max-shard-size={text!r} must be a size such as 5GiB, 500MB or 1000000") from None
-    if value < 1:
-        raise ConfigError(f"--max-shard-size={text!r} must be at least one byte")
+    if not 1 <= value < float("inf"):
+        raise ConfigError(f"--max-shard-size={text!r} must be a finite size of at least one byte")
     return int(value)
 
 
 def _job_record(storage: dict) -> dict:
-    from autohet_ray.storage import job_files
-    from autohet_ray.storage.spec import location
-    text = job_files.read_text(storage, job_files.JOB_FILE)
-    if text is None:
-        raise ConfigError(f"{location(storage, job_files.JOB_FILE)} does not exist: --storage holds "
-                          "no autohet job")
-    return json.loads(text)["job"]
+    from autohet_ray.job.record import read_job_record
+    return read_job_record(storage, whole=False)[1]
 
 
 def _tokenizer(job: dict, storage: dict) -> tuple[str | None, int | None]:

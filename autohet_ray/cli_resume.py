@@ -20,20 +20,21 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None):
     from autohet_ray.elastic.tiers import build_tier
     from autohet_ray.storage.spec import check_storage, storage_spec
     from autohet_ray.storage import job_files
-    from autohet_ray.storage.job_record import read_job_record
     from autohet_ray.job.config import job_from_dict
+    from autohet_ray.job.record import read_job_record
+    from autohet_ray.config_io import parse_json
+    from autohet_ray.storage.spec import location
     from autohet_ray.profile.db import profile_from_dict
     spec = storage_spec(storage_url, endpoint_url=endpoint_url)
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         raise ConfigError(f"storage {storage_url!r} is not a directory; give the --storage the job wrote to")
     check_storage(spec, create=False)
-    saved = read_job_record(spec)                  # its job_id checked: it names node stores removed at close
-    if saved is None:
-        raise ConfigError(f"storage {storage_url!r} holds no {job_files.JOB_FILE}: no autohet job wrote there")
+    job_id, recorded = read_job_record(spec)
     profile = job_files.read_text(spec, job_files.PROFILE_FILE)
-    job = job_from_dict(saved["job"] | {"storage": spec, "plan": None})   # the nodes may have changed: plan afresh
+    job = job_from_dict(recorded | {"storage": spec, "plan": None})   # the nodes may have changed: plan afresh
     newest = max(scan_manifests([build_tier(spec)]).steps, default=None)
-    return job, saved["job_id"], profile_from_dict(json.loads(profile)) if profile else None, newest
+    where = location(spec, job_files.PROFILE_FILE)
+    return job, job_id, profile_from_dict(parse_json(profile, where)) if profile else None, newest
 
 
 def cmd_resume(args) -> int:

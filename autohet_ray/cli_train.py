@@ -18,6 +18,7 @@ import time
 
 from autohet_ray import ConfigError
 from autohet_ray.cli_signals import as_raised, exit_status, stop_signals, stopped_by
+from autohet_ray.cli_checks import check_train_files
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
@@ -61,6 +62,7 @@ def job_fields(args) -> dict:
             if clock["time_scale"] <= 0:
                 raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'")
     cluster, model = load_cluster(args.cluster), load_model(args.model)
+    check_train_files(args, cluster, model)
     if args.init_from:                    # the weights must fit the model before any cluster starts
         from autohet_ray.checkpoint.hf_weights import check_hf_dir
         check_hf_dir(args.init_from, model)
@@ -74,7 +76,8 @@ def job_fields(args) -> dict:
             "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
             "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s,
-            "max_recoveries": args.max_recoveries, "recovery_window_steps": args.recovery_window, **clock}
+            "max_recoveries": args.max_recoveries, "recovery_window_steps": args.recovery_window,
+            "dataset_cache_gb": args.dataset_cache_gb, **clock}
 
 
 def _tensorboard_dir(args) -> str | None:

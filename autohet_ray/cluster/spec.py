@@ -1,12 +1,13 @@
 """Cluster description: nodes (one GPU type each), GPUs per node, links. Loaded from the portable YAML shape."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
 
 from autohet_ray import ConfigError
-from autohet_ray.config_io import read_structured
+from autohet_ray.config_io import mapping, read_structured, text_field
 from autohet_ray.cluster.catalog import DeviceType, device_from_dict, lookup
 
 
@@ -70,8 +71,8 @@ def _positive_int(value, what: str) -> int:
 
 
 def _positive_number(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{what}={value!r} must be a positive number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"{what}={value!r} must be a positive finite number")
     return float(value)
 
 
@@ -87,8 +88,8 @@ def _expand_node(raw, index: int, inter_gbps: float, custom: dict) -> list[Node]
     for key in ("name", "device", "count"):
         if key not in raw:
             raise ConfigError(f"nodes[{index}] is missing {key!r}")
-    name = str(raw["name"])
-    device = lookup(str(raw["device"]), custom)
+    name = text_field(raw["name"], f"nodes[{index}].name")
+    device = lookup(text_field(raw["device"], f"nodes[{index}].device"), custom)
     count = _positive_int(raw["count"], f"nodes[{index}].count")
     replicas = _positive_int(raw.get("replicas", 1), f"nodes[{index}].replicas")
     nic = _positive_number(raw.get("nic_gbps", inter_gbps), f"nodes[{index}].nic_gbps")
@@ -102,8 +103,9 @@ def cluster_from_dict(raw, source: str = "<cluster>") -> Cluster:
     unknown = sorted(set(raw) - {"name", "nodes", "network", "devices"})
     if unknown:
         raise ConfigError(f"{source}: unknown top-level keys {unknown}; valid: name, nodes, network, devices")
-    custom = {str(k): device_from_dict(str(k), v or {}) for k, v in (raw.get("devices") or {}).items()}
-    network = raw.get("network") or {}
+    custom = {str(k): device_from_dict(str(k), mapping(v, f"devices.{k}"))
+              for k, v in mapping(raw.get("devices"), "devices").items()}
+    network = mapping(raw.get("network"), "network")
     inter = _positive_number(network.get("inter_node_gbps", 100), "network.inter_node_gbps")
     nodes_raw = raw.get("nodes") or []
     if not isinstance(nodes_raw, list) or not nodes_raw:
@@ -115,7 +117,7 @@ def cluster_from_dict(raw, source: str = "<cluster>") -> Cluster:
         if node.name in seen:
             raise ConfigError(f"{source}: node name {node.name!r} appears twice; node names must be unique")
         seen.add(node.name)
-    return Cluster(name=str(raw.get("name", "cluster")), nodes=tuple(nodes), inter_node_gbps=inter,
+    return Cluster(name=text_field(raw.get("name", "cluster"), "name"), nodes=tuple(nodes), inter_node_gbps=inter,
                    custom_devices=custom)
 
 

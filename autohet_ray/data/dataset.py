@@ -7,12 +7,12 @@ input_ids are its first seq_len tokens and labels its last seq_len (next-token p
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import parse_json, read_text_file
 from autohet_ray.data.index import INDEX_FILE, TOKENIZER_FILE, DataIndex, hash_bytes, index_from_dict
 from autohet_ray.data.order import sample_ids
 
@@ -171,12 +171,7 @@ def read_index(directory: str) -> DataIndex:
     if not os.path.isfile(path):
         raise ConfigError(f"--data {directory!r} holds no prepared dataset ({INDEX_FILE} is missing); make one "
                           f"with `autohet data prepare --input ... --out {directory}`")
-    with open(path) as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path!r} is not valid JSON: {err}") from None
-    return index_from_dict(raw, path)
+    return index_from_dict(parse_json(read_text_file(path, "dataset index"), repr(path)), path)
 
 
 def _map_shard(directory: str, file: str, num_tokens: int, dtype: str) -> np.ndarray:

@@ -16,6 +16,7 @@ import xxhash
 
 from autohet_ray import ConfigError
 from autohet_ray.safe_names import plain_name
+from autohet_ray.config_io import dataclass_from_dict
 
 INDEX_FILE = "index.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -116,7 +117,7 @@ def index_from_dict(raw: dict, where: str) -> DataIndex:
     if raw.get("version") != VERSION:
         raise ConfigError(f"{where}: index version {raw.get('version')!r}; this autohet reads version {VERSION}")
     try:
-        shards = tuple(ShardInfo(**s) for s in raw["shards"])
+        shards = tuple(dataclass_from_dict(ShardInfo, s, f"{where}: shards[{k}]") for k, s in enumerate(raw["shards"]))
         index = DataIndex(dtype=raw["dtype"], vocab_size=raw["vocab_size"], eos_id=raw["eos_id"],
                           mask_id=raw["mask_id"], tokenizer_fingerprint=raw["tokenizer"]["fingerprint"],
                           shards=shards, train_tokens=raw["split"]["train_tokens"])

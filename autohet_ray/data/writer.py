@@ -3,7 +3,9 @@ preparation stopped half-way leaves no index and is never mistaken for a dataset
 caller's `put(name, data)`: a local directory here (`directory_put`), S3 in storage/datasets.py."""
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Callable
 
 import numpy as np
@@ -50,9 +52,18 @@ def directory_put(directory: str) -> Put:
     """A `put` writing into a local directory (each file written whole, then renamed into place)."""
     def put(name: str, data: bytes) -> None:
         path = os.path.join(directory, name)
-        with open(path + ".partial", "wb") as f:
-            f.write(data)
-        os.replace(path + ".partial", path)
+        # a name of its own: two jobs filling one cache never write (or rename away) each other's file
+        fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.",
+                                       suffix=".partial")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                os.fchmod(f.fileno(), 0o644)           # mkstemp's 0600 would hide the dataset from others
+            os.replace(partial, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
+            raise
     return put
 
 

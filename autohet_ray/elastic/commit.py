@@ -13,10 +13,12 @@ from dataclasses import replace
 
 import ray
 
+from autohet_ray.job.config import TrainJob
 from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
 from autohet_ray.checkpoint.copy_check import report_refused
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
+from autohet_ray.elastic.dropped import DroppedKeepers
 from autohet_ray.elastic.keeper import get_keeper, keeper_name
 from autohet_ray.elastic.report import one_line, report_failure
 from autohet_ray.elastic.tiers import build_tier
@@ -24,11 +26,12 @@ from autohet_ray.orchestrate.actor_calls import settled_ok
 
 
 class Committer:
-    def __init__(self, *, keeper_specs: dict[str, dict], cloud_spec: dict, extra: dict, gc_every: int):
+    def __init__(self, *, keeper_specs: dict[str, dict], cloud_spec: dict, extra: dict, gc_every: int,
+                 control_timeout_s: float = TrainJob.control_timeout_s):
         self.keeper_specs = keeper_specs                # node name -> keeper spec (shared with the controller)
         self.keepers = {node: build_tier(spec, keeper_timeout_s=10.0) for node, spec in keeper_specs.items()}
         self.cloud_spec, self.cloud = cloud_spec, build_tier(cloud_spec)
-        self.extra, self.gc_every = extra, gc_every
+        self.extra, self.gc_every, self.control_timeout_s = extra, gc_every, control_timeout_s
         self.step_extra = lambda step: {}              # what a step's manifest records of it (the data position)
         self.committed: list[int] = []
         self.cloud_committed: list[int] = []
@@ -37,18 +40,23 @@ class Committer:
         self.copies: list = []                          # refs of re-replications after a loss (background)
         self._gc_pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-gc")
         self._gc: Future | None = None
+        self.dropped = DroppedKeepers()
 
     def add_keeper(self, node: str, spec: dict) -> None:
+        self.dropped.rejoined(spec["node_id"])
         self.keeper_specs[node] = spec
         self.keepers[node] = build_tier(spec, keeper_timeout_s=10.0)
 
     def drop_keeper(self, node: str, reason: str = "no reason given") -> None:
-        """Stop committing to `node`'s keeper (its node is lost or leaving); printed, with `reason`."""
+        """Stop committing to `node`'s keeper (its node is lost or leaving), printed with `reason`; the keeper is
+        stopped (its store removed) once a newer step is committed elsewhere."""
+        newest = self.committed[-1] if self.committed else None
         if self.keepers.pop(node, None) is not None:
             spec = self.keeper_specs.get(node, {})
-            report_failure(self.committed[-1] if self.committed else None, f"keeper of node {node} dropped",
-                           spec.get("name"), reason)
-        self.keeper_specs.pop(node, None)
+            report_failure(newest, f"keeper of node {node} dropped", spec.get("name"), reason)
+        spec = self.keeper_specs.pop(node, None)
+        if spec is not None:
+            self.dropped.drop(spec, newest if newest is not None else -1)
 
     def skip(self, step: int | None, what: str, tier: str | None, reason) -> None:
         """Record and print a failure the job continues past (a missed commit, upload or collection)."""
@@ -75,6 +83,7 @@ class Committer:
             raise CheckpointError(f"step {step}: no live keeper took the manifest: "
                                   f"{self.skipped[-len(self.keepers):]}")
         self.committed.append(step)
+        self.dropped.reap(step, self._gc_pool)
 
     def note_restored(self, step: int) -> None:
         """The group now continues from committed step `step` (restored from some tier)."""
@@ -102,6 +111,7 @@ class Committer:
             commit_step(step, records, [self.cloud], extra=self.extra | self.step_extra(step))
             self.cloud_committed.append(step)
             del self.pending_cloud[step]
+            self.dropped.reap(step, self._gc_pool)
 
     def forget_pending(self) -> None:
         """Uploads of a failed group never commit (their chunks are swept by a later collection)."""
@@ -250,7 +260,7 @@ class Committer:
     def close(self) -> None:
         """Wait for a running collection (its errors surface here)."""
         if self._gc is not None:
-            self._gc.result()
+            self._gc.result(timeout=self.control_timeout_s)    # TimeoutError: a collection hung
         self._gc_pool.shutdown(wait=True)
 
     def node_of_store(self) -> dict[str, str]:

@@ -215,7 +215,8 @@ def check_notices(ctl, board) -> dict | None:
     lost. None when nothing is pending."""
     from autohet_ray.elastic.spot import draining_nodes
     assert ctl.state == "running", ctl.state
-    pending = set(ray.get(board.pending.remote())) if board is not None else set()
+    wait_s = ctl.job.control_timeout_s
+    pending = set(ray.get(board.pending.remote(), timeout=wait_s)) if board is not None else set()
     names = {n.node_id: n.name for n in ctl.found.nodes}
     noticed = sorted({names[i] for i in pending | set(draining_nodes()) if i in names})
     if not noticed and not pending:
@@ -224,7 +225,7 @@ def check_notices(ctl, board) -> dict | None:
     ctl.flush()
     flush_s = time.perf_counter() - start
     for node_id in pending:
-        ray.get(board.ack.remote(node_id))
+        ray.get(board.ack.remote(node_id), timeout=wait_s)
     ctl.draining.update(pending)     # also a noticed node not planned onto yet (it joined): never plan onto it
     if not noticed:
         return {"nodes": [], "flush_s": flush_s}

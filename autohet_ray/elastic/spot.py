@@ -32,6 +32,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
 from autohet_ray.cloud.notices import METADATA_URL, check_provider, detect_provider, poll_notice
+from autohet_ray.job.config import TrainJob
+
+CONTROL_TIMEOUT_S = TrainJob.control_timeout_s
 
 NAMESPACE = "autohet-spot"
 
@@ -64,33 +67,46 @@ def draining_nodes() -> dict[str, int]:
     return dict(state.get_draining_nodes())
 
 
-@ray.remote(num_cpus=0, max_concurrency=8)
-class NoticeBoard:
-    """One job's spot notices from its watchers, acknowledged by the controller once it flushed a checkpoint."""
+class Notices:
+    """One job's spot notices from its watchers, acknowledged by the controller once it flushed a checkpoint.
+    Its methods run in several actor threads at once (a watcher posts while the controller reads): one lock
+    guards both maps, so a notice is never seen without its acknowledgement event."""
 
     def __init__(self):
         self.notices: dict[str, dict] = {}
         self.acked: dict[str, threading.Event] = {}
         self.watchers: dict = {}             # node id -> the job's SpotWatcher there (holding it keeps it alive)
+        self._lock = threading.Lock()
 
     def post(self, node_id: str, notice: dict) -> None:
-        self.notices[node_id] = notice
-        self.acked.setdefault(node_id, threading.Event())
+        with self._lock:
+            self.acked.setdefault(node_id, threading.Event())
+            self.notices[node_id] = notice
 
     def pending(self) -> dict[str, dict]:
-        return {n: v for n, v in self.notices.items() if not self.acked[n].is_set()}
+        with self._lock:
+            return {n: v for n, v in self.notices.items() if not self.acked[n].is_set()}
 
     def ack(self, node_id: str) -> None:
-        self.acked.setdefault(node_id, threading.Event()).set()
+        self._event(node_id).set()
 
     def wait_ack(self, node_id: str, timeout_s: float) -> bool:
-        return self.acked.setdefault(node_id, threading.Event()).wait(timeout_s)
+        return self._event(node_id).wait(timeout_s)           # outside the lock: post and ack go on meanwhile
+
+    def _event(self, node_id: str) -> threading.Event:
+        with self._lock:
+            return self.acked.setdefault(node_id, threading.Event())
 
     def keep(self, watchers: dict) -> None:
-        self.watchers.update(watchers)
+        with self._lock:
+            self.watchers.update(watchers)
 
     def watcher_handles(self) -> dict:
-        return dict(self.watchers)
+        with self._lock:
+            return dict(self.watchers)
+
+
+NoticeBoard = ray.remote(num_cpus=0, max_concurrency=8)(Notices)
 
 
 def start_board(job_id: str):
@@ -115,9 +131,10 @@ class SpotWatcher:
     to `flush_timeout_s` for the flush acknowledgement, then drains the node. `report()`: what happened."""
 
     def __init__(self, board, *, provider: str = "aws", url: str = METADATA_URL, interval_s: float = 5.0,
-                 flush_timeout_s: float = 60.0):
+                 flush_timeout_s: float = 60.0, control_timeout_s: float = CONTROL_TIMEOUT_S):
         check_watcher_options(provider, interval_s, flush_timeout_s)
         self.board, self.url, self.interval_s, self.flush_timeout_s = board, url, interval_s, flush_timeout_s
+        self.control_timeout_s = control_timeout_s
         self.provider = None if provider == "auto" else provider
         self.node_id = ray.get_runtime_context().get_node_id()
         self.events: list[dict] = []
@@ -145,8 +162,9 @@ class SpotWatcher:
 
     def _handle(self, notice: dict) -> None:
         self.events.append({"event": "notice", **notice, "t": time.time()})
-        ray.get(self.board.post.remote(self.node_id, notice))
-        flushed = ray.get(self.board.wait_ack.remote(self.node_id, self.flush_timeout_s))
+        ray.get(self.board.post.remote(self.node_id, notice), timeout=self.control_timeout_s)
+        flushed = ray.get(self.board.wait_ack.remote(self.node_id, self.flush_timeout_s),
+                          timeout=self.flush_timeout_s + self.control_timeout_s)
         self.events.append({"event": "flushed" if flushed else "flush_timeout", "t": time.time()})
         try:
             drain_node(self.node_id, deadline_s=notice["deadline_s"],
@@ -164,7 +182,8 @@ class SpotWatcher:
 
 
 def start_watchers(node_ids: list[str], *, job_id: str, provider: str = "aws", url: str = METADATA_URL,
-                   interval_s: float = 5.0, flush_timeout_s: float = 60.0) -> dict:
+                   interval_s: float = 5.0, flush_timeout_s: float = 60.0,
+                   control_timeout_s: float = CONTROL_TIMEOUT_S) -> dict:
     """One watcher of `job_id` pinned to each node (an existing one is reused), held by the job's notice board
     (see Lifetimes in the module doc). Returns node id -> watcher handle."""
     check_watcher_options(provider, interval_s, flush_timeout_s)
@@ -172,9 +191,10 @@ def start_watchers(node_ids: list[str], *, job_id: str, provider: str = "aws", u
     watchers = {node_id: SpotWatcher.options(
         name=watcher_name(job_id, node_id), namespace=NAMESPACE, get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote(
-            board, provider=provider, url=url, interval_s=interval_s, flush_timeout_s=flush_timeout_s)
+            board, provider=provider, url=url, interval_s=interval_s, flush_timeout_s=flush_timeout_s,
+            control_timeout_s=control_timeout_s)
         for node_id in node_ids}
-    ray.get(board.keep.remote(watchers))
+    ray.get(board.keep.remote(watchers), timeout=control_timeout_s)
     return watchers
 
 

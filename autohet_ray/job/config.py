@@ -104,6 +104,13 @@ class TrainJob:
     """torch.distributed timeout: a rank waiting on a vanished peer fails after at most this."""
     detect_timeout_s: float = 60.0
     """How long recovery waits for Ray to name the lost node or dead worker."""
+    control_timeout_s: float = 60.0
+    """The longest any control call between the driver and its actors may wait (the notice board's post,
+    pending and ack, a keeper's replication, the checkpoint collector at close): past it the call fails loudly
+    instead of hanging the job."""
+    dataset_cache_gb: float = 50.0
+    """The node-store root's cache of s3:// datasets keeps at most this many GB: least recently used datasets
+    that no running job holds are evicted first."""
     loss_grace_s: float = 3.0
     """A node whose raylet stays silent (no refusal, Ray still lists it) is declared lost only after this
     many seconds of silence; a shorter stall (a network blip, a paused process) costs no recovery."""
@@ -123,14 +130,15 @@ class TrainJob:
             raise ConfigError(f"eval_every={self.eval_every} needs data (a dataset with a validation split)")
         if self.eval_batches < 1:
             raise ConfigError(f"eval_batches={self.eval_batches!r} must be >= 1")
-        for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale"):
+        for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
         for name in ("max_recoveries", "recovery_window_steps"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
                     or getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
-        for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s"):
+        for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s",
+                     "plan_time_limit_s", "control_timeout_s", "dataset_cache_gb"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if self.iteration_wall_s is not None and not self.iteration_wall_s > 0:

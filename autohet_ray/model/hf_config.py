@@ -5,10 +5,10 @@ trains without dropout); any other field whose value the runtime cannot reproduc
 """
 from __future__ import annotations
 
-import json
 import os
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import parse_json, read_text_file
 from autohet_ray.model.spec import ModelSpec, model_from_dict
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2")
@@ -114,11 +114,7 @@ def read_hf_config(path: str) -> dict:
     config_path = os.path.join(path, CONFIG_FILE)
     if not os.path.isfile(config_path):
         raise ConfigError(f"{path!r}: no {CONFIG_FILE} (a Hugging Face model directory holds one)")
-    try:
-        with open(config_path) as f:
-            config = json.load(f)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{config_path!r} is not valid JSON: {err}") from None
+    config = parse_json(read_text_file(config_path, "Hugging Face config"), repr(config_path))
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path!r} must hold a JSON object")
     return config

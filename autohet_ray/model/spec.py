@@ -11,7 +11,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 
 
 from autohet_ray import ConfigError
-from autohet_ray.config_io import read_structured
+from autohet_ray.config_io import read_structured, text_field
 
 FAMILIES = ("gpt", "llama", "bert")
 ACTIVATIONS = ("gelu", "gelu_tanh")
@@ -99,6 +99,7 @@ def model_from_dict(raw, source: str = "<model>") -> ModelSpec:
     unknown = sorted(set(raw) - set(names))
     if missing or unknown:
         raise ConfigError(f"{source}: missing fields {missing}, unknown fields {unknown}; fields: {names}")
+    text_field(raw["name"], f"{source}: name")
     if raw["family"] not in FAMILIES:
         raise ConfigError(f"{source}: family={raw['family']!r}; valid: {', '.join(FAMILIES)}")
     if raw["activation"] not in ACTIVATIONS:

@@ -36,7 +36,7 @@ from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import choose_plan
 from autohet_ray.metrics.step import step_metrics
 from autohet_ray.model.spec import model_from_dict
-from autohet_ray.orchestrate.data_prepare import local_dataset
+from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.discovery import confirm_nodes, discover
 from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
@@ -92,7 +92,8 @@ class Controller:
             from autohet_ray.orchestrate.profiling import job_profile
             self.profile = job_profile(self.job, found=self.found, priced_model=self.priced_model,
                                        cluster=self.base_cluster, seq_len=self.priced_seq_len)
-        data = local_dataset(self.job.data, endpoint_url=(self.job.storage or {}).get("endpoint_url"))
+        data, self.dataset_hold = held_dataset(self.job.data, (self.job.storage or {}).get("endpoint_url"),
+                                               cache_gb=self.job.dataset_cache_gb)
         self.data = TrainingData(data=data, model=self.model, global_batch=self.job.global_batch,
                                  seq_len=self.seq_len, seed=self.job.seed)
         if self.job.storage:
@@ -102,7 +103,8 @@ class Controller:
             if self.job.elastic:
                 self.start_keepers()
             self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
-                                       extra={"job_id": self.job_id}, gc_every=self.job.gc_every)
+                                       extra={"job_id": self.job_id}, gc_every=self.job.gc_every,
+                                       control_timeout_s=self.job.control_timeout_s)
             self.committer.step_extra = self.data.state
             self.metrics_log = job_files.LineLog(self.job.storage, job_files.METRICS_FILE)
         if self.job.tensorboard:
@@ -373,12 +375,15 @@ class Controller:
             sweep_or_warn(self.sweeper.at_close, self.job.storage, "close")
         if self.data is not None:
             self.data.close()
+        if getattr(self, "dataset_hold", None) is not None:
+            self.dataset_hold.release()            # the cache may evict the dataset once no job holds it
         if self.tensorboard_log is not None:
             self.tensorboard_log.close()
         if outcome.get("in_storage") is False:
             print(not_in_storage_message(self, outcome), file=sys.stderr, flush=True)
         if "error" not in outcome:               # else kept: the message above says where and how to resume
-            for spec in self.keeper_specs.values():
+            dropped = self.committer.dropped.remaining() if self.committer else []
+            for spec in [*self.keeper_specs.values(), *dropped]:
                 stop_keeper(self.job_id, spec["node_id"])
         self.state = "closed"
         return outcome
@@ -388,7 +393,8 @@ class Controller:
         """Start a spot-notice watcher on every node of the job; the job's notice board."""
         from autohet_ray.elastic.spot import watch_nodes
         self.watching = True
-        self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id, **watcher_options)
+        self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id,
+                                 **{"control_timeout_s": self.job.control_timeout_s, **watcher_options})
         return self.board
 
     def check_notices(self, board=None) -> dict | None:

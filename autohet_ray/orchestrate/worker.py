@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 import time
 
 import ray
@@ -38,7 +39,8 @@ def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
 class Worker:
     def __init__(self, rank: int):
         self.rank, self.engine, self.snapshotter, self.pacer = rank, None, None, None
-        self.handles: dict = {}
+        self.handles: dict = {}          # step -> SnapshotHandle; threads share it: only under _handles_lock
+        self._handles_lock = threading.Lock()
         self._copy_wait_s = 0.0
         torch.set_num_threads(1)
 
@@ -137,15 +139,24 @@ class Worker:
         """Snapshot the current state as the engine's current step (nothing ran since it completed)."""
         assert self.snapshotter is not None, "configure_snapshots first"
         step = self.engine.step
-        self.handles[step] = self.snapshotter.snapshot(step, self.engine.live_state(), owned=self.owned,
-                                                       routes=self.routes, background_copy=background_copy)
+        self.keep_snapshot(step, self.snapshotter.snapshot(step, self.engine.live_state(), owned=self.owned,
+                                                           routes=self.routes, background_copy=background_copy))
+
+    def keep_snapshot(self, step: int, handle) -> None:
+        """Remember a step's snapshot handle (fast_records and cloud_records read it from other threads)."""
+        with self._handles_lock:
+            self.handles[step] = handle
+
+    def _snapshot_of(self, step: int):
+        with self._handles_lock:
+            return self.handles.get(step)
 
     def train_step(self, batch: dict, snapshot: bool) -> dict:
         """One step; then (when `snapshot`) snapshot the shards in the background: the copy itself runs
         beside the next step's forward and backward, which waits for it only before its optimizer step."""
         self.engine.before_update = self._await_copy
         self._copy_wait_s = 0.0
-        previous = self.handles.get(self.engine.step)    # the last step's snapshot, if it took one
+        previous = self._snapshot_of(self.engine.step)    # the last step's snapshot, if it took one
         start_peak_memory(self.engine)
         out = self.engine.train_step(batch)
         out["rank"] = self.rank
@@ -175,17 +186,18 @@ class Worker:
     def fast_records(self, step: int, timeout_s: float = 120.0) -> list:
         """The node+peer records of `step` once its fast lane has written them."""
         try:
-            return self.handles[step].fast_result(timeout_s).records
+            return self._snapshot_of(step).fast_result(timeout_s).records
         except Exception as err:
             raise self._as_text(err, f"snapshot of step {step}") from None
 
     def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
         try:
-            result = self.handles[step].cloud_result(timeout_s)
+            result = self._snapshot_of(step).cloud_result(timeout_s)     # waits outside the lock
         except Exception as err:
             raise self._as_text(err, f"upload of step {step}") from None
-        for old in [s for s in self.handles if s < step]:
-            self.handles.pop(old)
+        with self._handles_lock:
+            for old in [s for s in self.handles if s < step]:
+                self.handles.pop(old)
         return None if result is None else result.records
 
     def write_live_chunks(self, step: int, wanted: list[dict]) -> list[str]:
@@ -235,7 +247,8 @@ class Worker:
         """Leave the (possibly broken) process group and drop the engine, keeping the process and its imports
         for the next plan. Returns this process id."""
         self.close_snapshots(wait=False)          # a snapshot in flight is abandoned, not awaited
-        self.engine, self.handles = None, {}
+        with self._handles_lock:
+            self.engine, self.handles = None, {}
         if dist.is_initialized():
             dist.destroy_process_group()
         if torch.cuda.is_available():

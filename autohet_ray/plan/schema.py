@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import mapping, parse_json, read_text_file, text_field
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 
 SCHEMA_VERSION = 3           # 2: optional per-pipeline micro_batch; 3: schedule (older plans are read as 1f1b)
@@ -190,9 +191,9 @@ def _need(raw: dict, key: str, where: str):
     return raw[key]
 
 
-def _int(value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"plan: {where}={value!r} must be an integer")
+def _int(value, where: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"plan: {where}={value!r} must be an integer >= {minimum}")
     return value
 
 
@@ -204,8 +205,9 @@ def _stage_from_dict(raw: dict, where: str) -> Stage:
     if not isinstance(devices, (list, tuple)):
         raise ConfigError(f"plan: {where}.devices={devices!r} must be a list of GPU indices")
     return Stage(layers=(_int(layers[0], f"{where}.layers[0]"), _int(layers[1], f"{where}.layers[1]")),
-                 tp=_int(_need(raw, "tp", where), f"{where}.tp"),
-                 device_type=str(_need(raw, "device_type", where)), node=str(_need(raw, "node", where)),
+                 tp=_int(_need(raw, "tp", where), f"{where}.tp", 1),
+                 device_type=text_field(_need(raw, "device_type", where), f"plan: {where}.device_type"),
+                 node=text_field(_need(raw, "node", where), f"plan: {where}.node"),
                  devices=tuple(_int(d, f"{where}.devices") for d in devices),
                  recompute=_bool(raw.get("recompute", False), f"{where}.recompute"),
                  shard_optimizer=_bool(raw.get("shard_optimizer", False), f"{where}.shard_optimizer"))
@@ -256,7 +258,7 @@ def plan_from_dict(raw) -> Plan:
     if not isinstance(raw, dict):
         raise ConfigError("plan: expected a JSON object")
     version = raw.get("schema_version")
-    if version not in READABLE_VERSIONS:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise ConfigError(f"plan: schema_version={version!r}; this version reads schema_version "
                           f"{' or '.join(map(str, READABLE_VERSIONS))}")
     pipelines_raw = _need(raw, "pipelines", "plan")
@@ -270,14 +272,17 @@ def plan_from_dict(raw) -> Plan:
         stages = tuple(_stage_from_dict(s, f"pipelines[{k}].stages[{j}]") for j, s in enumerate(stages_raw))
         mb = p.get("micro_batch") if version >= 2 else None
         pipelines.append(Pipeline(num_microbatches=_int(_need(p, "num_microbatches", f"pipelines[{k}]"),
-                                                        f"pipelines[{k}].num_microbatches"), stages=stages,
-                                  micro_batch=None if mb is None else _int(mb, f"pipelines[{k}].micro_batch")))
-    return Plan(model=str(_need(raw, "model", "plan")), model_spec=raw.get("model_spec"),
-                cluster=str(raw.get("cluster", "")),
-                global_batch=_int(_need(raw, "global_batch", "plan"), "global_batch"),
-                micro_batch=_int(_need(raw, "micro_batch", "plan"), "micro_batch"),
-                seq_len=_int(_need(raw, "seq_len", "plan"), "seq_len"), pipelines=tuple(pipelines),
-                schedule=str(raw.get("schedule", "1f1b")) if version >= 3 else "1f1b",
+                                                        f"pipelines[{k}].num_microbatches", 1), stages=stages,
+                                  micro_batch=None if mb is None else _int(mb, f"pipelines[{k}].micro_batch", 1)))
+    model_spec = raw.get("model_spec")
+    if model_spec is not None:
+        mapping(model_spec, "plan: model_spec")
+    return Plan(model=text_field(_need(raw, "model", "plan"), "plan: model"), model_spec=model_spec,
+                cluster=text_field(raw.get("cluster", ""), "plan: cluster"),
+                global_batch=_int(_need(raw, "global_batch", "plan"), "global_batch", 1),
+                micro_batch=_int(_need(raw, "micro_batch", "plan"), "micro_batch", 1),
+                seq_len=_int(_need(raw, "seq_len", "plan"), "seq_len", 1), pipelines=tuple(pipelines),
+                schedule=text_field(raw.get("schedule", "1f1b"), "plan: schedule") if version >= 3 else "1f1b",
                 predicted=_predicted_from_dict(raw.get("predicted")))
 
 
@@ -290,8 +295,4 @@ def plan_from_json(text: str) -> Plan:
 
 
 def load_plan(path: str) -> Plan:
-    try:
-        with open(path) as f:
-            return plan_from_json(f.read())
-    except FileNotFoundError:
-        raise ConfigError(f"plan file {path!r} does not exist") from None
+    return plan_from_dict(parse_json(read_text_file(path, "plan"), f"plan file {path!r}"))

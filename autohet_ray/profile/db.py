@@ -11,7 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from autohet_ray import ConfigError
-from autohet_ray.config_io import read_structured
+from autohet_ray.config_io import (dataclass_from_dict, finite_number, mapping, read_structured, text_field,
+                                    whole_number)
 
 PROFILE_SCHEMA_VERSION = 1
 
@@ -79,20 +80,47 @@ class ProfileDB:
 
 
 def profile_from_dict(raw) -> ProfileDB:
-    if not isinstance(raw, dict) or raw.get("schema_version") != PROFILE_SCHEMA_VERSION:
+    """A ProfileDB from its JSON form; ConfigError naming the first field of the wrong type or range."""
+    if not isinstance(raw, dict) or raw.get("schema_version") != PROFILE_SCHEMA_VERSION \
+            or isinstance(raw.get("schema_version"), bool):
         raise ConfigError(f"profile: expected a JSON object with schema_version {PROFILE_SCHEMA_VERSION}")
     if raw.get("kind") not in ("analytic", "measured"):
         raise ConfigError(f"profile: kind={raw.get('kind')!r}; valid: analytic, measured")
-    db = ProfileDB(kind=raw["kind"], model=str(raw["model"]), seq_len=int(raw["seq_len"]), meta=raw.get("meta", {}))
-    try:
-        for e in raw["entries"]:
-            db.entries[(e["device_type"], int(e["tp"]), int(e["micro_batch"]))] = {
-                k: LayerProfile(**v) for k, v in e["layers"].items()}
-        db.links = {k: LinkProfile(**v) for k, v in raw.get("links", {}).items()}
-        db.optimizer_s_per_param = {str(k): float(v) for k, v in raw.get("optimizer_s_per_param", {}).items()}
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"profile: malformed entry ({exc})") from None
+    meta = mapping(raw.get("meta", {}), "profile: meta")
+    if "dtype" in meta:
+        text_field(meta["dtype"], "profile: meta.dtype")
+    db = ProfileDB(kind=raw["kind"], model=text_field(raw.get("model"), "profile: model"),
+                   seq_len=whole_number(raw.get("seq_len"), "profile: seq_len", minimum=1), meta=meta)
+    entries = raw.get("entries")
+    if not isinstance(entries, list):
+        raise ConfigError(f"profile: entries={entries!r} must be a list")
+    for k, e in enumerate(entries):
+        where = f"profile: entries[{k}]"
+        e = mapping(e, where)
+        key = (text_field(e.get("device_type"), f"{where}.device_type"),
+               whole_number(e.get("tp"), f"{where}.tp", minimum=1),
+               whole_number(e.get("micro_batch"), f"{where}.micro_batch", minimum=1))
+        layers = mapping(e.get("layers"), f"{where}.layers")
+        db.entries[key] = {text_field(name, f"{where}.layers"): _measured(LayerProfile, v, f"{where}.layers.{name}")
+                           for name, v in layers.items()}
+    db.links = {text_field(k, "profile: links"): _measured(LinkProfile, v, f"profile: links.{k}")
+                for k, v in mapping(raw.get("links", {}), "profile: links").items()}
+    db.optimizer_s_per_param = {
+        text_field(k, "profile: optimizer_s_per_param"): finite_number(v, f"profile: optimizer_s_per_param.{k}",
+                                                                        minimum=0)
+        for k, v in mapping(raw.get("optimizer_s_per_param", {}), "profile: optimizer_s_per_param").items()}
     return db
+
+
+def _measured(cls, raw, where: str):
+    """A LayerProfile or LinkProfile whose every figure is a finite number >= 0 (or an optional one unset)."""
+    item = dataclass_from_dict(cls, mapping(raw, where), where)
+    for name, value in asdict(item).items():
+        if value is not None and "bandwidth" in name:
+            finite_number(value, f"{where}.{name}", above=0)
+        elif value is not None:
+            finite_number(value, f"{where}.{name}", minimum=0)
+    return item
 
 
 def load_profile(path: str) -> ProfileDB:
