@@ -93,4 +93,4 @@ def _check_stage(where: str, stage, cluster: Cluster, model: ModelSpec) -> None:
     bad = [d for d in stage.devices if not 0 <= d < node.count]
     if bad or len(set(stage.devices)) != len(stage.devices):
         raise ConfigError(f"plan: {where}.devices={list(stage.devices)} must be distinct GPU indices in "
-                          f"[0, {node.count}) on node {node.name!r}")
+                          f"[0, {node.count}): node {node.name!r} has only {node.count} {node.device}")

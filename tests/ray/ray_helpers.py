@@ -34,3 +34,15 @@ def reference_losses(steps: int, dtype=None) -> list[float]:
     ref = Reference(model_spec=spec, dtype=dtype or torch.float64)
     return [ref.train_step(synthetic_batch(vocab_size=spec.vocab_size, global_batch=4, seq_len=16, seed=0,
                                            step=i))["loss"] for i in range(steps)]
+
+
+def wait_until_alive(node_ids, timeout_s: float = 60.0) -> None:
+    """Wait until Ray lists each of these nodes alive. Not `cluster.wait_for_nodes()`: it also counts nodes
+    that drained for a spot notice and then exited once idle (their keeper stopped), so it would time out."""
+    import time
+
+    import ray
+    deadline = time.monotonic() + timeout_s
+    while not all(any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()) for node_id in node_ids):
+        assert time.monotonic() < deadline, f"nodes {node_ids} not alive after {timeout_s} s"
+        time.sleep(0.2)

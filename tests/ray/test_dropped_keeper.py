@@ -70,7 +70,8 @@ def test_a_dropped_keeper_is_stopped_once_a_newer_step_is_committed(cluster, tmp
                                                            (cluster["c"], "keeper-c")), timeout=120)])
         committer.drop_keeper("c")              # declared lost after a stall; its node (and keeper) live on
         assert committer.rereplicate_newest() > 0
-        assert sum(ray.get(committer.copies, timeout=60)) > 0           # step 5's second copies: on h
+        ray.wait(committer.copies, num_returns=len(committer.copies), timeout=60)
+        assert committer.copied_bytes(committer.copies) > 0            # step 5's second copies: on h
         committer.dropped.wait(5.0)
         assert keeper_alive(cluster["c"]) and os.path.isdir(dropped_dir)   # step 5 may still need it: kept
         committer.commit_fast(6, [ray.get(rank.save.remote(6, whole6, owned, (cluster["b"], "keeper-b"),

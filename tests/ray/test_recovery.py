@@ -16,7 +16,7 @@ from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, asymmetric_plan, reference_losses  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, asymmetric_plan, reference_losses, wait_until_alive  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
@@ -90,8 +90,8 @@ def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, 
     from fake_metadata import notice_in, start_imds
     from autohet_ray.orchestrate.discovery import live_nodes
     if "b" not in {n.name for n in live_nodes()}:      # the raylet probe knows before Ray's health checks
-        cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))         # the replacement spot node
-        cluster.wait_for_nodes()
+        added = cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))   # the replacement spot node
+        wait_until_alive([added.node_id])
     server, imds, url = start_imds()
     ctl = Controller(elastic_job(str(tmp_path / "cloud")))
     try:
@@ -219,8 +219,7 @@ def test_two_jobs_on_one_cluster_keep_their_own_stores(cluster, tmp_path):
     from autohet_ray.elastic.spot import draining_nodes
     from autohet_ray.orchestrate.discovery import live_nodes
     if "b" not in {n.name for n in live_nodes() if n.node_id not in draining_nodes()}:   # lost or drained
-        cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))
-        cluster.wait_for_nodes()
+        wait_until_alive([cluster.add_node(**node_args(cluster_from_dict(NODES).node("b"))).node_id])
     plan_b = {"schema_version": 1, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
               "pipelines": [{"num_microbatches": 4, "stages": [
                   {"layers": [0, 2], "tp": 2, "device_type": "H20", "node": "c", "devices": [0, 1]},
@@ -263,9 +262,8 @@ def test_two_nodes_lost_at_once_chunks_held_only_there_are_rescued_from_a_live_r
     from autohet_ray.orchestrate.discovery import live_nodes
     from ray_helpers import stage
     usable = {n.name for n in live_nodes() if n.node_id not in draining_nodes()}
-    for name in sorted({"b", "c"} - usable):                    # an earlier test of the module removed it
-        cluster.add_node(**node_args(cluster_from_dict(NODES).node(name)))
-    cluster.wait_for_nodes()
+    wait_until_alive([cluster.add_node(**node_args(cluster_from_dict(NODES).node(name))).node_id   # an earlier
+                      for name in sorted({"b", "c"} - usable)])          # test of the module removed it
     plan = {"schema_version": 2, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
             "pipelines": [{"num_microbatches": 2, "stages": [stage((0, 4), 1, "H800", "a", (0,))]},
                           {"num_microbatches": 2, "stages": [stage((0, 2), 2, "H20", "c", (0, 1)),

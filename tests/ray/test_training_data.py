@@ -124,8 +124,8 @@ def test_sigint_then_resume_reads_each_sample_exactly_once(cluster, dataset, uni
     from autohet_ray.emulate.cluster import node_args
     from autohet_ray.orchestrate.discovery import live_nodes
     if "b" not in {n.name for n in live_nodes()}:
-        cluster.add_node(**node_args(cluster_from_dict(THREE_NODES).node("b")))
-        cluster.wait_for_nodes()
+        from ray_helpers import wait_until_alive
+        wait_until_alive([cluster.add_node(**node_args(cluster_from_dict(THREE_NODES).node("b"))).node_id])
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(THREE_NODES))
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(MODEL))
     (tmp_path / "plan.json").write_text(json.dumps(asymmetric_plan() | {"model": "data-gpt"}))
