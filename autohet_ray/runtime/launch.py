@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import tempfile
 
 import torch
@@ -38,6 +39,11 @@ def _worker(rank: int, fn, world_size: int, port: int, backend: str, threads: in
         dist.barrier()          # rank 0 hosts the store: nobody leaves while others may still need it
     finally:
         dist.destroy_process_group()
+    # The result is saved. Leave without interpreter teardown: destroying gloo groups that engines still hold
+    # can end in std::terminate (SIGABRT, "terminate called without an active exception") after a good run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_world(fn, world_size: int, *args, backend: str | None = None, threads_per_rank: int = 1,
