@@ -27,7 +27,7 @@ from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic import recovery
 from autohet_ray.elastic.budget import RecoveryBudget
 from autohet_ray.elastic.commit import Committer
-from autohet_ray.elastic.keeper import keeper_spec, stop_keeper
+from autohet_ray.elastic.keeper import keeper_specs, stop_keeper
 from autohet_ray.elastic.report import report_failure
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
@@ -134,13 +134,12 @@ class Controller:
 
     def start_keepers(self) -> None:
         """A node store (and its keeper) of this job on every live node that has none yet."""
-        for node in self.found.nodes:
-            if node.name not in self.keeper_specs:
-                spec = keeper_spec(self.job_id, node.node_id, node.name)
-                if self.committer is None:
-                    self.keeper_specs[node.name] = spec
-                else:
-                    self.committer.add_keeper(node.name, spec)
+        missing = {n.name: n.node_id for n in self.found.nodes if n.name not in self.keeper_specs}
+        for name, spec in keeper_specs(self.job_id, missing).items():
+            if self.committer is None:
+                self.keeper_specs[name] = spec
+            else:
+                self.committer.add_keeper(name, spec)
 
     def launch(self, restore: str | None, reuse: dict[str, list] | None = None, plan: dict | None = None) -> dict:
         """Plan on self.found, start the workers, optionally restore, configure snapshots; phase seconds."""
