@@ -38,7 +38,11 @@ import subprocess
 import sys
 import time
 
+import recovery_curve
+
 MiB = 1 << 20
+DEFAULT_CURVE = "10,20,40,1gbit,25gbit"
+MODELLED_RATES = (20.0, 100.0, 1e9 / 8 / MiB, 10e9 / 8 / MiB, 25e9 / 8 / MiB)   # MiB/s per rank
 NODES = {"name": "bench-3", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                       {"name": "b", "device": "H800", "count": 1},
                                       {"name": "c", "device": "H20", "count": 1}]}
@@ -130,17 +134,56 @@ def measure_overhead(ctl, blocks: int, per_block: int) -> dict:
             "snapshot_wait_s_on": statistics.median(waits), "snapshot_copy_s_on": statistics.median(copies)}
 
 
-def fail_node(ctl, cluster, name: str) -> dict:
-    """Run until the newest step is committed in the cloud, then lose `name` in the middle of the next step."""
+def fail_node(ctl, cluster, name: str, walls: list[float]) -> dict:
+    """Run until the newest step is committed in the cloud, then lose `name` in the middle of the next step.
+    The walls of the steps run here, less each launch's first, go to `walls` (the steady step)."""
+    ctl.step()                                       # the first step after a launch warms up: not counted
     while ctl.step_index % ctl.job.checkpoint_every:
-        ctl.step()
+        walls.append(ctl.step()["wall_s"])
     ctl.flush()
+    assert ctl.planning_ahead.wait(300) and not ctl.planning_ahead.errors, ctl.planning_ahead.errors
     victim = node_handle(cluster, name)
 
     def lose(controller):
         controller.mark_fault()
         cluster.remove_node(victim, allow_graceful=False)
     return ctl.step(fault_hook=lose)["recovery"]
+
+
+def set_cloud_link(ctl, mib_s: float) -> None:
+    """The cloud link's rate per rank for the next launch or restore: each rank builds its tiers from the job's
+    storage spec at every restore and at every launch's snapshot setup."""
+    ctl.job.storage["rate_bytes_per_s"] = mib_s * MiB
+
+
+def rejoin(ctl, cluster, name: str, plan: dict) -> None:
+    """A replacement `name` joins, and the job re-plans onto it (the layout of `plan` again)."""
+    from autohet_ray.cluster.spec import cluster_from_dict
+    from autohet_ray.emulate.cluster import node_args
+    cluster.add_node(**node_args(cluster_from_dict(NODES).node(name)))
+    cluster.wait_for_nodes()                         # the removed node left the test cluster's list
+    grow = ctl.check_joins(plan=plan)
+    assert grow is not None and grow["joined"] == [name], grow
+    print(f"  re-planned onto the replacement {name}: {grow['plan']}", file=sys.stderr)
+
+
+def recovery_pair(ctl, cluster, plan: dict, restore_mib_s: float, upload_mib_s: float,
+                  walls: list[float]) -> tuple[dict, dict]:
+    """Node b lost twice: recovered local-first, then (after a replacement joined) from the cloud only, its
+    restore at `restore_mib_s` per rank; a replacement joins after each. Returns both recovery reports."""
+    ctl.restore_mode = "local_first"
+    local = fail_node(ctl, cluster, "b", walls)
+    print(f"  local-first {phases(local)} bytes {local['bytes_by_tier']}", file=sys.stderr)
+    rejoin(ctl, cluster, "b", plan)
+    ctl.restore_mode = "cloud_only"
+    set_cloud_link(ctl, restore_mib_s)
+    try:
+        cloud = fail_node(ctl, cluster, "b", walls)
+    finally:
+        set_cloud_link(ctl, upload_mib_s)            # uploads keep their link; the next launch builds it
+    print(f"  cloud-only {phases(cloud)} bytes {cloud['bytes_by_tier']}", file=sys.stderr)
+    rejoin(ctl, cluster, "b", plan)
+    return local, cloud
 
 
 def phases(rec: dict) -> dict:
@@ -151,110 +194,139 @@ def phases(rec: dict) -> dict:
                                                                        rec["fetch_s_by_tier"].items()}}
 
 
-def _print_overhead(out: dict) -> int:
-    out |= {"overhead_ratio": round(out["overhead"]["overhead_ratio"], 4),
-            "overhead_ratio_node_stores_only": round(out["overhead_node_stores"]["overhead_ratio"], 4),
-            "goals": {"overhead_ratio": 1.05}}
-    print(json.dumps(out))
-    return 0
+def overhead_figures(out: dict) -> dict:
+    return {"overhead_ratio": round(out["overhead"]["overhead_ratio"], 4),
+            "overhead_ratio_node_stores_only": round(out["overhead_node_stores"]["overhead_ratio"], 4)}
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--global-batch", type=int, default=32)
-    ap.add_argument("--cloud-mib-s", type=float, default=20.0)
+    ap.add_argument("--cloud-mib-s", default=DEFAULT_CURVE,
+                    help="restore bandwidths per rank of the cloud-only reloads, one loss pair each: MiB/s or "
+                         f"N'gbit' (default {DEFAULT_CURVE})")
+    ap.add_argument("--upload-mib-s", type=float, default=20.0, help="the uploads' cloud link per rank, MiB/s")
     ap.add_argument("--cloud-every", type=int, default=4)
-    ap.add_argument("--overhead-blocks", type=int, default=2)
+    ap.add_argument("--overhead-blocks", type=int, default=None,
+                    help="blocks of the snapshot-overhead measurement (default: 2 with --overhead-only, else 0)")
     ap.add_argument("--steps-per-block", type=int, default=4)
     ap.add_argument("--emulate-wall-s", type=float, default=0.0,
                     help="pace ops to the emulated GPUs, one predicted iteration ~ this many wall seconds (0: unpaced)")
     ap.add_argument("--overhead-only", action="store_true", help="measure the overhead, skip the recoveries")
     args = ap.parse_args(argv)
+    try:
+        args.bandwidths = recovery_curve.parse_bandwidths(args.cloud_mib_s)
+    except ValueError as err:
+        ap.error(f"--cloud-mib-s: {err}")
+    if args.overhead_blocks is None:
+        args.overhead_blocks = 2 if args.overhead_only else 0
+    if args.overhead_only and args.overhead_blocks < 1:
+        ap.error(f"--overhead-blocks {args.overhead_blocks} with --overhead-only: give at least 1")
+    return args
 
-    from autohet_ray.cluster.spec import cluster_from_dict
+
+def build_job(args, endpoint: str, bucket: str):
+    from autohet_ray.job.config import TrainJob
     from autohet_ray.model.spec import model_from_dict
     from autohet_ray.storage.spec import storage_spec
-    from autohet_ray.emulate.cluster import emulated_cluster, node_args
-    from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.job.config import TrainJob
-
     model = model_from_dict({"name": "bench-gpt", "family": "gpt", "num_layers": args.layers, "hidden": args.hidden,
                              "num_heads": 4, "num_kv_heads": 4, "ffn_hidden": 4 * args.hidden,
                              "vocab_size": args.vocab, "max_seq_len": args.seq_len}).to_dict()
+    cloud = storage_spec(f"s3://{bucket}/bench/", endpoint_url=endpoint, rate_bytes_per_s=args.upload_mib_s * MiB)
+    return TrainJob(model=model, cluster=NODES, global_batch=args.global_batch, seq_len=args.seq_len,
+                    storage=cloud, elastic=True, checkpoint_every=args.cloud_every, baselines=False,
+                    plan=initial_plan(model, args.global_batch, args.seq_len),
+                    collective_timeout_s=60, detect_timeout_s=60, iteration_wall_s=args.emulate_wall_s or None)
+
+
+def measure_overheads(ctl, args, out: dict) -> None:
+    ctl.set_cloud_every(0)
+    out["overhead_node_stores"] = measure_overhead(ctl, args.overhead_blocks, args.steps_per_block)
+    print(f"overhead, node stores only {out['overhead_node_stores']}", file=sys.stderr)
+    ctl.set_cloud_every(args.cloud_every)
+    out["overhead"] = measure_overhead(ctl, args.overhead_blocks, args.steps_per_block)
+    print(f"overhead with S3 every {args.cloud_every} {out['overhead']}", file=sys.stderr)
+    out |= overhead_figures(out)
+
+
+def run_job(args, job, out: dict) -> tuple[list, list[float]]:
+    """On one emulated cluster: the overhead (when asked), then one loss pair per bandwidth.
+    Returns [(MiB/s, local-first report, cloud-only report)] and the steady steps' walls."""
+    from autohet_ray.cluster.spec import cluster_from_dict
+    from autohet_ray.emulate.cluster import emulated_cluster
+    from autohet_ray.orchestrate.controller import Controller
+    pairs, walls = [], []
+    with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as cluster:
+        ctl = Controller(job)
+        try:
+            launch = ctl.start()
+            print(f"plan {launch['plan']}  (start {launch['restart_s']:.1f} s)", file=sys.stderr)
+            # the states one loss away are planned in the background after a launch: a one-off cost that
+            # must not land in one mode's steps of the overhead measurement
+            assert ctl.planning_ahead.wait(300) and not ctl.planning_ahead.errors, ctl.planning_ahead.errors
+            if args.overhead_blocks:
+                measure_overheads(ctl, args, out)
+            if args.overhead_only:
+                return pairs, walls
+            for mib_s in args.bandwidths:
+                print(f"cloud restore link {recovery_curve.describe_rate(mib_s)} per rank", file=sys.stderr)
+                pairs.append((mib_s, *recovery_pair(ctl, cluster, job.plan, mib_s, args.upload_mib_s, walls)))
+        finally:
+            ctl.close()
+    return pairs, walls
+
+
+def recovery_summary(rec: dict) -> dict:
+    return {"phases": phases(rec), "bytes_by_tier": rec["bytes_by_tier"], "plan": rec["plan"],
+            "plan_source": rec["plan_source"], "restored_step": rec["restored_step"], "lost_steps": rec["lost_steps"],
+            **{k: rec[k] for k in ("stage_in_bytes", "bytes_from_other_nodes") if k in rec}}
+
+
+def curve_report(pairs: list, walls: list[float]) -> dict:
+    """The curve, the phase model checked against it, where local-first stops paying, and the headline."""
+    steady = statistics.median(walls)
+    points = [recovery_curve.curve_point(mib_s, phases(local), phases(cloud), cloud_bytes=cloud["bytes_by_tier"]["cloud"],
+                                         ranks=cloud["num_ranks"], steady_s=steady) for mib_s, local, cloud in pairs]
+    model = recovery_curve.fit_phase_model(points)
+    head = recovery_curve.headline(points, model)
+    at = next(i for i, p in enumerate(points) if p["cloud_link"] == head["cloud_link"])
+    _, local, cloud = pairs[at]
+    return {"speedup_total": head["speedup_total"], "headline": head, "curve": points,
+            "phase_model": model | {"modelled": True}, "model_check": recovery_curve.model_check(model, points),
+            "curve_modelled_without_s3_ceiling": [
+                {"cloud_link": recovery_curve.describe_rate(r), "speedup_total": round(
+                    recovery_curve.model_ratio(model, r, server_ceiling=False), 3)} for r in MODELLED_RATES],
+            "stops_paying_modelled": recovery_curve.stops_paying(model),
+            "sensitivity_modelled": recovery_curve.sensitivity(phases(local), phases(cloud)),
+            "steady_step_s": round(steady, 3), "speedup": points[at]["speedup"],
+            "local_first": recovery_summary(local), "cloud_reload": recovery_summary(cloud),
+            "pairs": [{"cloud_mib_s_per_rank": round(m, 3), "local_first": recovery_summary(lf),
+                       "cloud_reload": recovery_summary(cr)} for m, lf, cr in pairs],
+            "cloud_bytes_after_single_node_loss": max(lf["bytes_by_tier"].get("cloud", 0) for _, lf, _ in pairs),
+            "lost_steps_max": max(r["lost_steps"] for _, lf, cr in pairs for r in (lf, cr))}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     server, endpoint, bucket = start_s3()
-    cloud = storage_spec(f"s3://{bucket}/bench/", endpoint_url=endpoint, rate_bytes_per_s=args.cloud_mib_s * MiB)
-    job = TrainJob(model=model, cluster=NODES, global_batch=args.global_batch, seq_len=args.seq_len,
-                   storage=cloud, elastic=True, checkpoint_every=args.cloud_every, baselines=False,
-                   plan=initial_plan(model, args.global_batch, args.seq_len),
-                   collective_timeout_s=60, detect_timeout_s=60, iteration_wall_s=args.emulate_wall_s or None)
-    out: dict = {"emulated": True, "paced_iteration_wall_s": args.emulate_wall_s or None, "model": model,
-                 "cloud_link": f"moto S3 on loopback, {args.cloud_mib_s:g} MiB/s per rank "
-                 "(token bucket)", "snapshot_policy": f"keeper + 1 peer every step, S3 every {args.cloud_every} steps"}
+    job = build_job(args, endpoint, bucket)
+    out: dict = {"emulated": True, "host_cpus": os.cpu_count(), "paced_iteration_wall_s": args.emulate_wall_s or None,
+                 "model": job.model, "health_checks": FAST_HEALTH_CHECKS,
+                 "cloud_link": f"moto S3 on loopback (its own process, nice 19), token bucket per rank: uploads "
+                 f"{args.upload_mib_s:g} MiB/s, cloud-only restores at each curve point's rate",
+                 "snapshot_policy": f"keeper + 1 peer every step, S3 every {args.cloud_every} steps"}
     try:
-        with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as cluster:
-            ctl = Controller(job)
-            try:
-                launch = ctl.start()
-                print(f"plan {launch['plan']}  (start {launch['restart_s']:.1f} s)", file=sys.stderr)
-                # the states one loss away are planned in the background after a launch: a one-off cost that
-                # must not land in one mode's steps of the overhead measurement
-                assert ctl.planning_ahead.wait(300) and not ctl.planning_ahead.errors, ctl.planning_ahead.errors
-                ctl.set_cloud_every(0)
-                out["overhead_node_stores"] = measure_overhead(ctl, args.overhead_blocks, args.steps_per_block)
-                print(f"overhead, node stores only {out['overhead_node_stores']}", file=sys.stderr)
-                ctl.set_cloud_every(args.cloud_every)
-                out["overhead"] = measure_overhead(ctl, args.overhead_blocks, args.steps_per_block)
-                print(f"overhead with S3 every {args.cloud_every} {out['overhead']}", file=sys.stderr)
-                if args.overhead_only:
-                    return _print_overhead(out)
-                local = fail_node(ctl, cluster, "b")
-                print(f"local-first recovery {phases(local)} bytes {local['bytes_by_tier']} "
-                      f"plan {local['plan_source']}", file=sys.stderr)
-                cluster.add_node(**node_args(cluster_from_dict(NODES).node("b")))          # the replacement
-                cluster.wait_for_nodes()
-                grow = ctl.check_joins(plan=job.plan)                  # the same layout again, on the new b
-                assert grow is not None and grow["joined"] == ["b"], grow
-                assert ctl.planning_ahead.wait(300)
-                print(f"re-planned onto the replacement: {grow['plan']}", file=sys.stderr)
-                ctl.restore_mode = "cloud_only"
-                full = fail_node(ctl, cluster, "b")
-                print(f"cloud-only recovery {phases(full)} bytes {full['bytes_by_tier']} "
-                      f"plan {full['plan_source']}", file=sys.stderr)
-            finally:
-                ctl.close()
+        pairs, walls = run_job(args, job, out)
     finally:
         server.stop()
-    after_detect = lambda r: r["total_s"] - r["detect_s"]                      # noqa: E731
-    steady = out["overhead"]["step_s_on"]
-    # until training runs at its normal pace again: the first step counts only for what it takes beyond a step
-    resumed = lambda r: r["total_s"] - r["first_step_s"] + max(0.0, r["first_step_s"] - steady)  # noqa: E731
-    out |= {
-        "local_first": {"phases": phases(local), "bytes_by_tier": local["bytes_by_tier"], "plan": local["plan"],
-                        "stage_in_bytes": local["stage_in_bytes"], "bytes_from_other_nodes": local["bytes_from_other_nodes"],
-                        "plan_source": local["plan_source"], "restored_step": local["restored_step"],
-                        "lost_steps": local["lost_steps"]},
-        "cloud_reload": {"phases": phases(full), "bytes_by_tier": full["bytes_by_tier"], "plan": full["plan"],
-                         "plan_source": full["plan_source"], "restored_step": full["restored_step"],
-                         "lost_steps": full["lost_steps"]},
-        "recovery_s_local_first": round(local["total_s"], 3), "recovery_s_cloud_reload": round(full["total_s"], 3),
-        "steady_step_s": round(steady, 3),
-        "recovery_s_local_first_to_normal_pace": round(resumed(local), 3),
-        "recovery_s_cloud_reload_to_normal_pace": round(resumed(full), 3),
-        "speedup": round(resumed(full) / resumed(local), 3),
-        "speedup_total": round(full["total_s"] / local["total_s"], 3),
-        "speedup_after_detect": round(after_detect(full) / after_detect(local), 3),
-        "speedup_fetch": round(full["fetch_s"] / local["fetch_s"], 3),
-        "state_mib": round(sum(full["bytes_by_tier"].values()) / MiB, 1),
-        "cloud_bytes_after_single_node_loss": local["bytes_by_tier"].get("cloud", 0),
-        "overhead_ratio": round(out["overhead"]["overhead_ratio"], 4),
-        "overhead_ratio_node_stores_only": round(out["overhead_node_stores"]["overhead_ratio"], 4),
-        "lost_steps_max": max(local["lost_steps"], full["lost_steps"]),
-        "goals": {"speedup": 4.38, "overhead_ratio": 1.05, "lost_steps": 1, "cloud_bytes": 0},
-    }
+    if pairs:
+        out |= curve_report(pairs, walls) | {"state_mib": round(
+            sum(pairs[0][2]["bytes_by_tier"].values()) / MiB, 1)}
+    out["goals"] = {"lost_steps": 1, "cloud_bytes": 0} | ({"overhead_ratio": 1.05} if args.overhead_blocks else {})
     print(json.dumps(out))
     return 0
 
