@@ -60,12 +60,15 @@ def curve_point(mib_s: float, local: dict, cloud: dict, *, cloud_bytes: int, ran
 def fit_phase_model(points: list[dict]) -> dict:
     """cloud-only(bw) = R + B / min(bw, S), local-first = L: R the median of the cloud-only recoveries less
     their fetch, B the MiB each rank reads, S the best rate the S3 server here delivered, L the median
-    local-first recovery."""
+    local-first recovery. The ranges of R and L over the pairs show this host's noise."""
     assert points
-    return {"cloud_rest_s": round(statistics.median(p["cloud_only_s"] - p["cloud_fetch_s"] for p in points), 3),
-            "local_first_s": round(statistics.median(p["local_first_s"] for p in points), 3),
+    rest = [p["cloud_only_s"] - p["cloud_fetch_s"] for p in points]
+    local = [p["local_first_s"] for p in points]
+    return {"cloud_rest_s": round(statistics.median(rest), 3), "local_first_s": round(statistics.median(local), 3),
             "mib_per_rank": statistics.median(p["cloud_mib_per_rank"] for p in points),
-            "server_ceiling_mib_s_per_rank": max(p["delivered_mib_s_per_rank"] for p in points)}
+            "server_ceiling_mib_s_per_rank": max(p["delivered_mib_s_per_rank"] for p in points),
+            "cloud_rest_s_range": [round(min(rest), 3), round(max(rest), 3)],
+            "local_first_s_range": [round(min(local), 3), round(max(local), 3)]}
 
 
 def model_ratio(model: dict, mib_s: float, *, server_ceiling: bool = True) -> float:

@@ -56,7 +56,8 @@ def curve():
 def test_the_model_is_fitted_from_the_measured_phases_and_reproduces_them():
     model = rc.fit_phase_model(curve())
     assert model == {"cloud_rest_s": 5.0, "local_first_s": 4.0, "mib_per_rank": 40.0,
-                     "server_ceiling_mib_s_per_rank": 40.0}
+                     "server_ceiling_mib_s_per_rank": 40.0, "cloud_rest_s_range": [5.0, 5.0],
+                     "local_first_s_range": [3.9, 4.1]}
     check = rc.model_check(model, curve())
     assert [c["modelled"] for c in check] == [2.25, 1.75, 1.5]
     assert max(abs(c["error"]) for c in check) < 0.03
