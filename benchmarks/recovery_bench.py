@@ -7,9 +7,10 @@ Setup (all on this machine, labelled EMULATED: fake GPUs, real CPU compute on 2 
   global batch 32 x 128 tokens per step;
 - node stores in /dev/shm served by node keepers; every chunk kept on two nodes of different GPU types
   (data-parallel copies are written where they already are); the cloud tier: moto's S3 server on loopback
-  in its own process at the lowest CPU priority (S3 is not on the training nodes), behind a token bucket of
-  --cloud-mib-s per rank (default 20 MiB/s, a realistic per-node S3 stream and well below moto's unthrottled
-  ~90 MiB/s download here); S3 every --cloud-every steps.
+  in its own process at the lowest CPU priority (S3 is not on the training nodes), behind a token bucket per
+  rank: uploads at --upload-mib-s (20), each cloud-only restore at its curve point's rate; S3 every --cloud-every
+  steps. Unthrottled, moto delivered 35-80 MiB/s in all to 1-8 readers of 4 MiB objects on this host under load,
+  and about 10 MiB/s per rank to a restore's chunk reads: above that the S3 server, not the throttle, sets the rate.
 
 Run: the initial plan spans a, b, c; with --overhead-blocks N (--overhead-only: 2) the overhead is measured
 first by alternating blocks of steps with snapshots off/on, with node stores only (every step), then with S3
@@ -51,7 +52,7 @@ import recovery_curve
 
 MiB = 1 << 20
 DEFAULT_CURVE = "5,10,20,1gbit,25gbit"
-MODELLED_RATES = (20.0, 100.0, 1e9 / 8 / MiB, 10e9 / 8 / MiB, 25e9 / 8 / MiB)   # MiB/s per rank
+STALE_KEYS = ("phase_model",)            # what an older report held that the model no longer gives
 NODES = {"name": "bench-3", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                       {"name": "b", "device": "H800", "count": 1},
                                       {"name": "c", "device": "H20", "count": 1}]}
@@ -226,6 +227,7 @@ def parse_args(argv):
     ap.add_argument("--emulate-wall-s", type=float, default=0.0,
                     help="pace ops to the emulated GPUs, one predicted iteration ~ this many wall seconds (0: unpaced)")
     ap.add_argument("--overhead-only", action="store_true", help="measure the overhead, skip the recoveries")
+    ap.add_argument("--reassemble", metavar="FILE", help="assemble a saved run's report again from its pairs")
     args = ap.parse_args(argv)
     try:
         args.bandwidths = recovery_curve.parse_bandwidths(args.cloud_mib_s)
@@ -293,35 +295,23 @@ def run_job(args, job, out: dict) -> tuple[list, list[float]]:
 def recovery_summary(rec: dict) -> dict:
     return {"phases": phases(rec), "bytes_by_tier": rec["bytes_by_tier"], "plan": rec["plan"],
             "plan_source": rec["plan_source"], "restored_step": rec["restored_step"], "lost_steps": rec["lost_steps"],
-            **{k: rec[k] for k in ("stage_in_bytes", "bytes_from_other_nodes") if k in rec}}
+            **{k: rec[k] for k in ("num_ranks", "stage_in_bytes", "bytes_from_other_nodes") if k in rec}}
 
 
-def curve_report(pairs: list, walls: list[float]) -> dict:
-    """The curve, the phase model checked against it, where local-first stops paying, and the headline."""
-    steady = statistics.median(walls)
-    points = [recovery_curve.curve_point(mib_s, phases(local), phases(cloud), cloud_bytes=cloud["bytes_by_tier"]["cloud"],
-                                         ranks=cloud["num_ranks"], steady_s=steady) for mib_s, local, cloud in pairs]
-    model = recovery_curve.fit_phase_model(points)
-    head = recovery_curve.headline(points, model)
-    at = next(i for i, p in enumerate(points) if p["cloud_link"] == head["cloud_link"])
-    _, local, cloud = pairs[at]
-    return {"speedup_total": head["speedup_total"], "headline": head, "curve": points,
-            "phase_model": model | {"modelled": True}, "model_check": recovery_curve.model_check(model, points),
-            "curve_modelled_without_s3_ceiling": [
-                {"cloud_link": recovery_curve.describe_rate(r), "speedup_total": round(
-                    recovery_curve.model_ratio(model, r, server_ceiling=False), 3)} for r in MODELLED_RATES],
-            "stops_paying_modelled": recovery_curve.stops_paying(model),
-            "sensitivity_modelled": recovery_curve.sensitivity(phases(local), phases(cloud)),
-            "steady_step_s": round(steady, 3), "speedup": points[at]["speedup"],
-            "local_first": recovery_summary(local), "cloud_reload": recovery_summary(cloud),
-            "pairs": [{"cloud_mib_s_per_rank": round(m, 3), "local_first": recovery_summary(lf),
-                       "cloud_reload": recovery_summary(cr)} for m, lf, cr in pairs],
-            "cloud_bytes_after_single_node_loss": max(lf["bytes_by_tier"].get("cloud", 0) for _, lf, _ in pairs),
-            "lost_steps_max": max(r["lost_steps"] for _, lf, cr in pairs for r in (lf, cr))}
+def reassemble(path: str) -> int:
+    """The report of a saved run assembled again from its measured pairs (the modelled parts recomputed)."""
+    from autohet_ray.replay.phases import last_json_line
+    saved = last_json_line(path)
+    report = recovery_curve.curve_report(recovery_curve.pairs_from_saved(saved), saved["steady_step_s"])
+    kept = {k: v for k, v in saved.items() if k not in report and k not in STALE_KEYS}
+    print(json.dumps(kept | report | {"pairs": saved["pairs"], "reassembled_from": path}))
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reassemble:
+        return reassemble(args.reassemble)
     server, endpoint, bucket = start_s3()
     job = build_job(args, endpoint, bucket)
     out: dict = {"emulated": True, "host_cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "paced_iteration_wall_s": args.emulate_wall_s or None,
@@ -335,8 +325,11 @@ def main(argv=None) -> int:
         server.stop()
     out["load_average_at_end"] = os.getloadavg()
     if pairs:
-        out |= curve_report(pairs, walls) | {"state_mib": round(
-            sum(pairs[0][2]["bytes_by_tier"].values()) / MiB, 1)}
+        summaries = [(mib_s, recovery_summary(local), recovery_summary(cloud)) for mib_s, local, cloud in pairs]
+        out |= recovery_curve.curve_report(summaries, statistics.median(walls))
+        out |= {"pairs": [{"cloud_mib_s_per_rank": round(m, 3), "local_first": lf, "cloud_reload": cr}
+                          for m, lf, cr in summaries],
+                "state_mib": round(sum(pairs[0][2]["bytes_by_tier"].values()) / MiB, 1)}
     out["goals"] = {"lost_steps": 1, "cloud_bytes": 0} | ({"overhead_ratio": 1.05} if args.overhead_blocks else {})
     print(json.dumps(out))
     return 0

@@ -14,6 +14,7 @@ MiB = 1 << 20
 GBIT_MIB_S = 1e9 / 8 / MiB                 # 1 Gb/s in MiB/s (119.2)
 TARGET_MIB_S = 25 * GBIT_MIB_S             # 25 Gb/s per node: what benchmarks/spot_replay.py assumes for S3
 PAYS_GAIN = 1.1                            # below a 10% gain, a single run on this host cannot tell the two apart
+MODELLED_RATES = (20.0, 100.0, GBIT_MIB_S, 10 * GBIT_MIB_S, TARGET_MIB_S)   # the curve without the S3 ceiling
 SERVER_BOUND = 0.8                         # delivered < 80% of the throttle: the S3 server set the rate, not it
 
 
@@ -53,43 +54,70 @@ def curve_point(mib_s: float, local: dict, cloud: dict, *, cloud_bytes: int, ran
             "speedup_total": round(cloud["total_s"] / local["total_s"], 3),
             "speedup": round(resumed_s(cloud, steady_s) / resumed_s(local, steady_s), 3),
             "local_first_s": local["total_s"], "cloud_only_s": cloud["total_s"],
+            "local_first_step_s": local["first_step_s"], "cloud_first_step_s": cloud["first_step_s"],
             "cloud_fetch_s": cloud["fetch_s"], "local_fetch_s": local["fetch_s"],
             "cloud_mib_per_rank": round(cloud_bytes / ranks / MiB, 2)}
 
 
-def fit_phase_model(points: list[dict]) -> dict:
-    """cloud-only(bw) = R + B / min(bw, S), local-first = L: R the median of the cloud-only recoveries less
-    their fetch, B the MiB each rank reads, S the best rate the S3 server here delivered, L the median
-    local-first recovery. The ranges of R and L over the pairs show this host's noise."""
-    assert points
-    rest = [p["cloud_only_s"] - p["cloud_fetch_s"] for p in points]
-    local = [p["local_first_s"] for p in points]
-    return {"cloud_rest_s": round(statistics.median(rest), 3), "local_first_s": round(statistics.median(local), 3),
-            "mib_per_rank": statistics.median(p["cloud_mib_per_rank"] for p in points),
-            "server_ceiling_mib_s_per_rank": max(p["delivered_mib_s_per_rank"] for p in points),
-            "cloud_rest_s_range": [round(min(rest), 3), round(max(rest), 3)],
-            "local_first_s_range": [round(min(local), 3), round(max(local), 3)]}
+def _rest_and_local(point: dict, first_step: bool) -> tuple[float, float]:
+    """The cloud-only recovery less its fetch, and the local-first one (without their first steps if asked)."""
+    cloud = point["cloud_only_s"] - point["cloud_fetch_s"] - (0 if first_step else point["cloud_first_step_s"])
+    return cloud, point["local_first_s"] - (0 if first_step else point["local_first_step_s"])
 
 
-def model_ratio(model: dict, mib_s: float, *, server_ceiling: bool = True) -> float:
-    """The modelled whole-recovery ratio at `mib_s` per rank, with this host's S3 ceiling or without it."""
-    rate = min(mib_s, model["server_ceiling_mib_s_per_rank"]) if server_ceiling else mib_s
-    return (model["cloud_rest_s"] + model["mib_per_rank"] / rate) / model["local_first_s"]
+def repriced(point: dict, mib_s: float, *, first_step: bool = True) -> float:
+    """The pair's whole-recovery ratio had its cloud fetch run at `mib_s` per rank (modelled): every other phase
+    of both recoveries as measured side by side; without `first_step`, the first step is left out of both."""
+    rest, local = _rest_and_local(point, first_step)
+    return (rest + point["cloud_mib_per_rank"] / mib_s) / local
 
 
-def rate_at_ratio(model: dict, ratio: float) -> float:
-    """The per-rank bandwidth above which the modelled ratio (no S3 ceiling) is below `ratio`; inf: never,
-    the ratio stays above it at any bandwidth (local-first keeps paying that much)."""
-    room = ratio * model["local_first_s"] - model["cloud_rest_s"]
-    return model["mib_per_rank"] / room if room > 0 else math.inf
+def server_ceiling(points: list[dict]) -> float:
+    """The best rate per rank the S3 server here delivered to a restore."""
+    return max(p["delivered_mib_s_per_rank"] for p in points)
 
 
-def model_check(model: dict, points: list[dict]) -> list[dict]:
-    """The model against each measured point (with the measured S3 ceiling)."""
-    return [{"cloud_mib_s_per_rank": p["cloud_mib_s_per_rank"], "measured": p["speedup_total"],
-             "modelled": round(model_ratio(model, p["cloud_mib_s_per_rank"]), 3),
-             "error": round(model_ratio(model, p["cloud_mib_s_per_rank"]) / p["speedup_total"] - 1, 3)}
-            for p in points]
+def modelled(points: list[dict], mib_s: float, *, first_step: bool = True) -> dict:
+    """The ratio at `mib_s` per rank without this host's S3 ceiling (modelled): each pair repriced, their
+    median and range."""
+    ratios = [repriced(p, mib_s, first_step=first_step) for p in points]
+    return {"cloud_link": describe_rate(mib_s), "speedup_total": round(statistics.median(ratios), 3),
+            "range": [round(min(ratios), 3), round(max(ratios), 3)]}
+
+
+def model_check(points: list[dict]) -> list[dict]:
+    """Leave one out: each measured point against the model of the other pairs at its throttle, capped at the
+    rate the S3 server delivered to those others."""
+    if len(points) < 2:
+        return []
+    checks = []
+    for j, point in enumerate(points):
+        others = points[:j] + points[j + 1:]
+        rate = min(point["cloud_mib_s_per_rank"], server_ceiling(others))
+        predicted = statistics.median(repriced(p, rate) for p in others)
+        checks.append({"cloud_mib_s_per_rank": point["cloud_mib_s_per_rank"], "measured": point["speedup_total"],
+                       "modelled": round(predicted, 3), "error": round(predicted / point["speedup_total"] - 1, 3)})
+    return checks
+
+
+def rate_at_ratio(point: dict, ratio: float, *, first_step: bool = True) -> float:
+    """The per-rank bandwidth above which the pair's repriced ratio is below `ratio`; inf: never (local-first
+    keeps paying at least that much at any bandwidth)."""
+    cloud_rest, local = _rest_and_local(point, first_step)
+    room = ratio * local - cloud_rest
+    return point["cloud_mib_per_rank"] / room if room > 0 else math.inf
+
+
+def stops_paying(points: list[dict], *, first_step: bool = True) -> dict:
+    """Where local-first stops paying (modelled): the bandwidth per rank above which the whole-recovery ratio
+    falls below 1.1 (a gain one run on this host cannot tell from noise) and below 1.0, median over the pairs."""
+    def where(ratio):
+        rates = [rate_at_ratio(p, ratio, first_step=first_step) for p in points]
+        median = statistics.median(rates)
+        return {"mib_s_per_rank": None if math.isinf(median) else round(median, 1),
+                "range": [None if math.isinf(r) else round(r, 1) for r in (min(rates), max(rates))]}
+    return {"below_1_1": where(PAYS_GAIN), "below_1_0": where(1.0),
+            "note": "null: the ratio stays above that value at any bandwidth"}
 
 
 def ratio_with(local: dict, cloud: dict, phase: str, seconds: float) -> float:
@@ -109,17 +137,7 @@ def sensitivity(local: dict, cloud: dict) -> dict:
             "first_step_2x_slower_host": ratio_with(local, cloud, "first_step_s", 2 * cloud["first_step_s"])}
 
 
-def stops_paying(model: dict) -> dict:
-    """Where local-first stops paying (modelled, without this host's S3 ceiling)."""
-    def rate(ratio):
-        r = rate_at_ratio(model, ratio)
-        return None if math.isinf(r) else round(r, 1)
-    return {"ratio_1_1_above_mib_s_per_rank": rate(PAYS_GAIN), "ratio_1_0_above_mib_s_per_rank": rate(1.0),
-            "asymptote": round(model["cloud_rest_s"] / model["local_first_s"], 3),
-            "note": "null: the modelled ratio stays above that value at any bandwidth"}
-
-
-def headline(points: list[dict], model: dict, target_mib_s: float = TARGET_MIB_S) -> dict:
+def headline(points: list[dict], target_mib_s: float = TARGET_MIB_S) -> dict:
     """The headline: the measured whole-recovery ratio at the target bandwidth (else the highest measured),
     named with the rate the S3 server delivered, beside the model's figure at the target without the ceiling."""
     at = [p for p in points if math.isclose(p["cloud_mib_s_per_rank"], target_mib_s, rel_tol=1e-3)]
@@ -127,5 +145,36 @@ def headline(points: list[dict], model: dict, target_mib_s: float = TARGET_MIB_S
     return {"speedup_total": point["speedup_total"], "measured": True,
             "cloud_link": point["cloud_link"], "delivered_mib_s_per_rank": point["delivered_mib_s_per_rank"],
             "limited_by": point["limited_by"], "target_measured": bool(at),
-            "speedup_total_at_target_modelled": round(model_ratio(model, target_mib_s, server_ceiling=False), 3),
-            "target": describe_rate(target_mib_s)}
+            "at_target_modelled": modelled(points, target_mib_s), "target": describe_rate(target_mib_s)}
+
+
+def ranks_of(summary: dict) -> int:
+    """The ranks of a recovery: its report's num_ranks, else counted from its plan ('node:GPUxTP[a,b)')."""
+    if "num_ranks" in summary:
+        return summary["num_ranks"]
+    return sum(int(stage.split("x")[-1].split("[")[0]) for pipeline in summary["plan"] for stage in pipeline)
+
+
+def curve_report(pairs: list[tuple[float, dict, dict]], steady_s: float) -> dict:
+    """The curve from the measured pairs [(MiB/s per rank, local-first summary, cloud-only summary)] (summaries:
+    {"phases", "bytes_by_tier", "plan", ...}): each point, the model checked against them, the curve without
+    this host's S3 ceiling, where local-first stops paying, and the headline with its pair's sensitivity."""
+    points = [curve_point(mib_s, local["phases"], cloud["phases"], cloud_bytes=cloud["bytes_by_tier"]["cloud"],
+                          ranks=ranks_of(cloud), steady_s=steady_s) for mib_s, local, cloud in pairs]
+    head = headline(points)
+    _, local, cloud = next(pair for pair, p in zip(pairs, points) if p["cloud_link"] == head["cloud_link"])
+    return {"speedup_total": head["speedup_total"], "headline": head, "curve": points,
+            "model_check": model_check(points), "server_ceiling_mib_s_per_rank": server_ceiling(points),
+            "curve_modelled_without_s3_ceiling": [modelled(points, r) for r in MODELLED_RATES],
+            "stops_paying_modelled": stops_paying(points),
+            "stops_paying_modelled_without_first_step": stops_paying(points, first_step=False),
+            "sensitivity_modelled": sensitivity(local["phases"], cloud["phases"]),
+            "speedup": next(p["speedup"] for p in points if p["cloud_link"] == head["cloud_link"]),
+            "local_first": local, "cloud_reload": cloud, "steady_step_s": round(steady_s, 3),
+            "lost_steps_max": max(r["lost_steps"] for _, lf, cr in pairs for r in (lf, cr)),
+            "cloud_bytes_after_single_node_loss": max(lf["bytes_by_tier"].get("cloud", 0) for _, lf, _ in pairs)}
+
+
+def pairs_from_saved(saved: dict) -> list[tuple[float, dict, dict]]:
+    """The measured pairs of a saved recovery_bench.py JSON line (to assemble its report again)."""
+    return [(p["cloud_mib_s_per_rank"], p["local_first"], p["cloud_reload"]) for p in saved["pairs"]]

@@ -49,45 +49,62 @@ def test_speedup_to_normal_pace_counts_the_first_step_beyond_a_steady_one():
 
 
 def curve():
-    """cloud-only = 5 s + 40 MiB / rate (ceiling 40 MiB/s), local-first = 4 s."""
+    """Pairs whose cloud-only recovery is 5 s plus 40 MiB per rank at the rate delivered, local-first about 4 s."""
     return [point(10, 4.0, 9.0, 4.0), point(20, 4.1, 7.0, 2.0), point(1000, 3.9, 6.0, 1.0)]
 
 
-def test_the_model_is_fitted_from_the_measured_phases_and_reproduces_them():
-    model = rc.fit_phase_model(curve())
-    assert model == {"cloud_rest_s": 5.0, "local_first_s": 4.0, "mib_per_rank": 40.0,
-                     "server_ceiling_mib_s_per_rank": 40.0, "cloud_rest_s_range": [5.0, 5.0],
-                     "local_first_s_range": [3.9, 4.1]}
-    check = rc.model_check(model, curve())
-    assert [c["modelled"] for c in check] == [2.25, 1.75, 1.5]
-    assert max(abs(c["error"]) for c in check) < 0.03
-    assert rc.model_ratio(model, 2980, server_ceiling=False) == pytest.approx((5 + 40 / 2980) / 4)
+def test_a_pair_repriced_at_another_bandwidth_keeps_its_other_phases():
+    p = point(20, 4.0, 7.0, 2.0)
+    assert rc.repriced(p, 20) == pytest.approx(7.0 / 4.0)
+    assert rc.repriced(p, 40) == pytest.approx(6.0 / 4.0)
+    assert rc.repriced(p, 40, first_step=False) == pytest.approx((6.0 - 2.0) / (4.0 - 2.0))
 
 
-def test_local_first_stops_paying_where_the_modelled_ratio_falls_to_the_gain():
-    model = {"cloud_rest_s": 3.0, "local_first_s": 4.0, "mib_per_rank": 40.0, "server_ceiling_mib_s_per_rank": 40.0}
-    where = rc.stops_paying(model)
-    assert where["ratio_1_1_above_mib_s_per_rank"] == pytest.approx(40 / (1.1 * 4 - 3), abs=0.1)
-    assert where["ratio_1_0_above_mib_s_per_rank"] == 40.0
-    assert rc.model_ratio(model, 40 / (1.1 * 4 - 3), server_ceiling=False) == pytest.approx(1.1)
-    assert where["asymptote"] == 0.75
+def test_the_model_is_checked_on_each_point_from_the_other_pairs_alone():
+    check = rc.model_check(curve())
+    assert [c["cloud_mib_s_per_rank"] for c in check] == [10, 20, 1000]
+    # the 10 MiB/s point from the other two at 10 MiB/s: median of 9/4.1 and 9/3.9
+    assert check[0]["modelled"] == round((9 / 4.1 + 9 / 3.9) / 2, 3)
+    # the 1000 MiB/s point: the others delivered at most 20 MiB/s, so it is predicted at that ceiling
+    assert check[2]["modelled"] == round((7 / 4.0 + 7 / 4.1) / 2, 3)
+    assert check[2]["error"] == round(check[2]["modelled"] / check[2]["measured"] - 1, 3)
+    assert rc.model_check(curve()[:1]) == []
+
+
+def test_the_curve_without_the_s3_ceiling_is_the_median_and_range_of_the_repriced_pairs():
+    at = rc.modelled(curve(), 2000)
+    ratios = sorted([(5 + 0.02) / 4.0, (5 + 0.02) / 4.1, (5 + 0.02) / 3.9])
+    assert at["speedup_total"] == round(ratios[1], 3) and at["range"] == [round(ratios[0], 3), round(ratios[2], 3)]
+
+
+def test_local_first_stops_paying_where_the_repriced_ratio_falls_below_the_gain():
+    pairs = [point(20, 4.0, 5.0, 2.0), point(20, 4.0, 5.0, 2.0), point(20, 8.0, 8.0, 1.0)]   # rests 3, 3, 7 s
+    where = rc.stops_paying(pairs)
+    assert where["below_1_1"]["mib_s_per_rank"] == round(40 / (1.1 * 4 - 3), 1)
+    assert where["below_1_0"]["range"] == [40.0, 40.0 / (8 - 7)]
+    assert rc.repriced(pairs[0], 40 / (1.1 * 4 - 3)) == pytest.approx(1.1)
 
 
 def test_a_ratio_that_stays_above_the_gain_at_any_bandwidth_says_so():
-    where = rc.stops_paying(rc.fit_phase_model(curve()))       # rest 5 s > 1.1 x 4 s
-    assert where["ratio_1_1_above_mib_s_per_rank"] is None and where["ratio_1_0_above_mib_s_per_rank"] is None
-    assert rc.rate_at_ratio(rc.fit_phase_model(curve()), 1.1) == math.inf
+    where = rc.stops_paying(curve())                    # every pair: 5 s of rest > 1.1 x ~4 s
+    assert where["below_1_1"] == {"mib_s_per_rank": None, "range": [None, None]}
+    assert rc.rate_at_ratio(curve()[0], 1.1) == math.inf
+    without_first_step = rc.stops_paying(curve(), first_step=False)     # 3 s of rest, ~2 s local
+    assert without_first_step["below_1_1"]["mib_s_per_rank"] is None
 
 
 def test_the_headline_is_the_measured_point_at_25_gbit_with_the_rate_the_server_delivered():
-    head = rc.headline(curve() + [point(rc.TARGET_MIB_S, 4.0, 6.5, 1.0)], rc.fit_phase_model(curve()))
+    points = curve() + [point(rc.TARGET_MIB_S, 4.0, 6.5, 1.0)]
+    head = rc.headline(points)
     assert head["speedup_total"] == 1.625 and head["target_measured"] and head["measured"]
     assert head["delivered_mib_s_per_rank"] == 40.0 and head["limited_by"] == "s3 server"
-    assert head["speedup_total_at_target_modelled"] == pytest.approx((5 + 40 / rc.TARGET_MIB_S) / 4, abs=1e-3)
+    # modelled at a real 25 Gb/s: each pair's fetch of 40 MiB repriced, the median of the middle two of four
+    middle = sorted(rc.repriced(p, rc.TARGET_MIB_S) for p in points)[1:3]
+    assert head["at_target_modelled"]["speedup_total"] == round(sum(middle) / 2, 3)
 
 
 def test_without_a_25_gbit_point_the_headline_is_the_fastest_link_and_says_so():
-    head = rc.headline(curve(), rc.fit_phase_model(curve()))
+    head = rc.headline(curve())
     assert head["speedup_total"] == round(6.0 / 3.9, 3) and not head["target_measured"]
     assert head["cloud_link"].startswith("1000 MiB/s")
 
@@ -99,3 +116,23 @@ def test_sensitivity_replaces_one_phase_in_both_recoveries():
     assert moved["detect_3s_vanished_node"] == round((8.0 - 0.2 + 3) / (4.0 - 0.1 + 3), 3)
     assert moved["first_step_0s_fast_gpus"] == round(5.5 / 2.0, 3)
     assert moved["restart_30s_1000_ranks"] < moved["detect_3s_vanished_node"] < moved["measured"]
+
+
+def summary(total, fetch, cloud_mib, *, ranks_in_plan=True):
+    plan = [["a:H800x1[0,2)", "c:H20x1[2,4)"]]
+    out = {"phases": phases(total, fetch), "bytes_by_tier": {"cloud": int(cloud_mib * MiB)}, "plan": plan,
+           "lost_steps": 0}
+    return out if ranks_in_plan else out | {"num_ranks": 4}
+
+
+def test_the_report_is_assembled_from_saved_pairs_and_names_its_headline_pair():
+    saved = {"pairs": [{"cloud_mib_s_per_rank": 20.0, "local_first": summary(4.0, 0.1, 0),
+                        "cloud_reload": summary(8.0, 2.0, 80)},
+                       {"cloud_mib_s_per_rank": round(rc.TARGET_MIB_S, 3), "local_first": summary(4.0, 0.1, 0),
+                        "cloud_reload": summary(6.0, 2.0, 80, ranks_in_plan=False)}]}
+    report = rc.curve_report(rc.pairs_from_saved(saved), steady_s=1.5)
+    assert [p["cloud_mib_per_rank"] for p in report["curve"]] == [40.0, 20.0]   # 2 ranks from the plan, then 4
+    assert report["speedup_total"] == 1.5 and report["headline"]["target_measured"]
+    assert report["cloud_reload"]["phases"]["total_s"] == 6.0
+    assert report["cloud_bytes_after_single_node_loss"] == 0 and report["lost_steps_max"] == 0
+    assert len(report["curve_modelled_without_s3_ceiling"]) == len(rc.MODELLED_RATES)
