@@ -136,3 +136,16 @@ def test_the_report_is_assembled_from_saved_pairs_and_names_its_headline_pair():
     assert report["cloud_reload"]["phases"]["total_s"] == 6.0
     assert report["cloud_bytes_after_single_node_loss"] == 0 and report["lost_steps_max"] == 0
     assert len(report["curve_modelled_without_s3_ceiling"]) == len(rc.MODELLED_RATES)
+
+
+def test_a_slow_first_step_in_one_recovery_is_evened_out_by_the_runs_median_first_step():
+    slow = summary(8.0, 2.0, 80) | {"phases": phases(8.0, 2.0, first_step=6.0)}   # 4 s more than the others
+    saved = {"pairs": [{"cloud_mib_s_per_rank": 20.0, "local_first": summary(4.0, 0.1, 0),
+                        "cloud_reload": slow},
+                       {"cloud_mib_s_per_rank": 40.0, "local_first": summary(4.0, 0.1, 0),
+                        "cloud_reload": summary(5.0, 1.0, 80)}]}
+    report = rc.curve_report(rc.pairs_from_saved(saved), steady_s=1.5)
+    assert report["same_first_step_s"] == 2.0
+    assert report["curve"][0]["speedup_total"] == 2.0
+    assert report["curve"][0]["speedup_total_same_first_step"] == round((8.0 - 6.0 + 2.0) / 4.0, 3)
+    assert report["curve"][1]["speedup_total_same_first_step"] == report["curve"][1]["speedup_total"] == 1.25
