@@ -9,8 +9,8 @@ Setup (all on this machine, labelled EMULATED: fake GPUs, real CPU compute on 2 
   (data-parallel copies are written where they already are); the cloud tier: moto's S3 server on loopback
   in its own process at the lowest CPU priority (S3 is not on the training nodes), behind a token bucket per
   rank: uploads at --upload-mib-s (20), each cloud-only restore at its curve point's rate; S3 every --cloud-every
-  steps. Unthrottled, moto delivered 35-80 MiB/s in all to 1-8 readers of 4 MiB objects on this host under load,
-  and about 10 MiB/s per rank to a restore's chunk reads: above that the S3 server, not the throttle, sets the rate.
+  steps. Moto on this loaded host delivered 27-41 MiB/s per rank to a restore (--hidden 256, 2026-12-04): above
+  that the S3 server, not the throttle, sets the rate ("limited_by" of each curve point).
 
 Run: the initial plan spans a, b, c; with --overhead-blocks N (--overhead-only: 2) the overhead is measured
 first by alternating blocks of steps with snapshots off/on, with node stores only (every step), then with S3
