@@ -314,7 +314,8 @@ def main(argv=None) -> int:
         return reassemble(args.reassemble)
     server, endpoint, bucket = start_s3()
     job = build_job(args, endpoint, bucket)
-    out: dict = {"emulated": True, "host_cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "paced_iteration_wall_s": args.emulate_wall_s or None,
+    out: dict = {"emulated": True, "host_cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
+                 "paced_iteration_wall_s": args.emulate_wall_s or None,
                  "model": job.model, "health_checks": FAST_HEALTH_CHECKS,
                  "cloud_link": f"moto S3 on loopback (its own process, nice 19), token bucket per rank: uploads "
                  f"{args.upload_mib_s:g} MiB/s, cloud-only restores at each curve point's rate",

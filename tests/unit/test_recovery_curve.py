@@ -149,3 +149,29 @@ def test_a_slow_first_step_in_one_recovery_is_evened_out_by_the_runs_median_firs
     assert report["curve"][0]["speedup_total"] == 2.0
     assert report["curve"][0]["speedup_total_same_first_step"] == round((8.0 - 6.0 + 2.0) / 4.0, 3)
     assert report["curve"][1]["speedup_total_same_first_step"] == report["curve"][1]["speedup_total"] == 1.25
+
+
+def test_the_benchmark_takes_its_curve_from_one_option_and_refuses_a_bad_one(capsys):
+    import recovery_bench
+    args = recovery_bench.parse_args([])
+    assert args.bandwidths[-1] == pytest.approx(rc.TARGET_MIB_S) and len(args.bandwidths) >= 4
+    assert args.overhead_blocks == 0 and recovery_bench.parse_args(["--overhead-only"]).overhead_blocks == 2
+    with pytest.raises(SystemExit) as exit_:
+        recovery_bench.parse_args(["--cloud-mib-s", "20,fast"])
+    assert exit_.value.code == 2 and "--cloud-mib-s: bandwidth 'fast'" in capsys.readouterr().err
+
+
+def test_a_saved_run_is_reassembled_with_its_measured_pairs_and_its_other_fields(tmp_path, capsys):
+    import json
+
+    import recovery_bench
+    saved = {"model": {"hidden": 256}, "phase_model": {"stale": True}, "steady_step_s": 1.5,
+             "pairs": [{"cloud_mib_s_per_rank": m, "local_first": summary(4.0, 0.1, 0),
+                        "cloud_reload": summary(4.0 + 80 / 2 / m, 80 / 2 / m, 80)} for m in (20.0, 40.0)]}
+    path = tmp_path / "run.jsonl"
+    path.write_text("not json\n" + json.dumps(saved) + "\n")
+    assert recovery_bench.main(["--reassemble", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["model"] == {"hidden": 256} and "phase_model" not in out and out["reassembled_from"] == str(path)
+    assert [p["speedup_total"] for p in out["curve"]] == [1.5, 1.25]
+    assert out["pairs"] == saved["pairs"] and not out["headline"]["target_measured"]
