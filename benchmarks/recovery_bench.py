@@ -33,7 +33,8 @@ model fitted to them (recovery_curve.py, labelled modelled) is checked against e
 gives the curve without this host's S3 ceiling and where local-first stops paying; "sensitivity_modelled" moves
 the headline pair's ratio with the phases this host sets (detection, restart, the first step's CPU compute).
 "speedup" compares the time until training runs at its normal pace again (the first step counted only beyond a
-steady step). Ends with one JSON line.
+steady step). A pair that fails (on a shared host, an OOM kill) ends the curve: the pairs before it are reported,
+with "ended_early", and the exit status is 1. Ends with one JSON line.
 
     python benchmarks/recovery_bench.py [--hidden 256|512] [--layers 4 --vocab 8192] [--cloud-mib-s 5,20,25gbit]
         [--emulate-wall-s 8] [--overhead-only | --overhead-blocks 2]
@@ -47,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 
 import recovery_curve
 
@@ -265,13 +267,12 @@ def measure_overheads(ctl, args, out: dict) -> None:
     out |= overhead_figures(out)
 
 
-def run_job(args, job, out: dict) -> tuple[list, list[float]]:
-    """On one emulated cluster: the overhead (when asked), then one loss pair per bandwidth.
-    Returns [(MiB/s, local-first report, cloud-only report)] and the steady steps' walls."""
+def run_job(args, job, out: dict, pairs: list, walls: list[float]) -> None:
+    """On one emulated cluster: the overhead (when asked), then one loss pair per bandwidth, appended to `pairs`
+    as (MiB/s, local-first report, cloud-only report) as each completes; the steady steps' walls to `walls`."""
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.emulate.cluster import emulated_cluster
     from autohet_ray.orchestrate.controller import Controller
-    pairs, walls = [], []
     with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as cluster:
         ctl = Controller(job)
         try:
@@ -283,13 +284,12 @@ def run_job(args, job, out: dict) -> tuple[list, list[float]]:
             if args.overhead_blocks:
                 measure_overheads(ctl, args, out)
             if args.overhead_only:
-                return pairs, walls
+                return
             for mib_s in args.bandwidths:
                 print(f"cloud restore link {recovery_curve.describe_rate(mib_s)} per rank", file=sys.stderr)
                 pairs.append((mib_s, *recovery_pair(ctl, cluster, job.plan, mib_s, args.upload_mib_s, walls)))
         finally:
             ctl.close()
-    return pairs, walls
 
 
 def recovery_summary(rec: dict) -> dict:
@@ -320,8 +320,15 @@ def main(argv=None) -> int:
                  "cloud_link": f"moto S3 on loopback (its own process, nice 19), token bucket per rank: uploads "
                  f"{args.upload_mib_s:g} MiB/s, cloud-only restores at each curve point's rate",
                  "snapshot_policy": f"keeper + 1 peer every step, S3 every {args.cloud_every} steps"}
+    pairs, walls = [], []
     try:
-        pairs, walls = run_job(args, job, out)
+        run_job(args, job, out, pairs, walls)
+    except Exception as err:
+        if not pairs:
+            raise
+        # the pairs measured before a failure (on a shared host: an OOM kill, say) are still reported
+        traceback.print_exc()
+        out["ended_early"] = {"after_pairs": len(pairs), "error": f"{type(err).__name__}: {str(err)[:300]}"}
     finally:
         server.stop()
     out["load_average_at_end"] = os.getloadavg()
@@ -333,7 +340,7 @@ def main(argv=None) -> int:
                 "state_mib": round(sum(pairs[0][2]["bytes_by_tier"].values()) / MiB, 1)}
     out["goals"] = {"lost_steps": 1, "cloud_bytes": 0} | ({"overhead_ratio": 1.05} if args.overhead_blocks else {})
     print(json.dumps(out))
-    return 0
+    return 1 if "ended_early" in out else 0
 
 
 if __name__ == "__main__":
