@@ -1,9 +1,10 @@
 """The recovery curve of benchmarks/recovery_bench.py as plain data: the whole-recovery ratio (cloud-only reload
 over local-first recovery, each counted from the loss to the end of the first step after it) per cloud bandwidth,
-a phase model fitted to the measured points, where local-first stops paying, and the headline.
+a model that reprices each measured pair's cloud fetch at other bandwidths (checked leave-one-out against the
+measured points), where local-first stops paying, and the headline.
 
 Every figure here is computed from measured recovery phases (the dicts of recovery_bench.phases); what the
-phase model adds is labelled "modelled". No Ray, no processes: the unit tier tests it.
+model adds is labelled "modelled". No Ray, no processes: the unit tier tests it.
 """
 from __future__ import annotations
 
