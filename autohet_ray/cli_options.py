@@ -20,9 +20,17 @@ NESTED_SEP = "."                # dest of a nested dataclass's field: "optimizer
 
 @functools.cache
 def field_docs(cls) -> dict[str, str]:
-    """{field name: its docstring (the string literal right under it in the class body), one line}."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    """{field name: its docstring (the string literal right under it in the class body), one line}; a
+    subclass's fields and those it inherits."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs |= _own_field_docs(klass)
+    return docs
+
+
+def _own_field_docs(cls) -> dict[str, str]:
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \

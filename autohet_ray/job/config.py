@@ -143,6 +143,10 @@ class TrainJob:
         for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("seq_len", "priced_seq_len"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}={value!r} must be a positive integer (or none)")
         for name in ("max_recoveries", "recovery_window_steps"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
                     or getattr(self, name) < 1:
@@ -170,9 +174,9 @@ class TrainJob:
         if self.elastic and self.storage is None:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
-        if self.spot_watch:
-            from autohet_ray.cloud.notices import check_provider
-            check_provider(self.spot_provider)
+        from autohet_ray.cloud.notices import PROVIDER_CHOICES
+        if self.spot_provider not in PROVIDER_CHOICES:
+            raise ConfigError(f"spot_provider={self.spot_provider!r}; valid: {', '.join(PROVIDER_CHOICES)}")
         if self.tensorboard is not None:
             from autohet_ray.metrics.tensorboard import check_available
             check_available(self.tensorboard)

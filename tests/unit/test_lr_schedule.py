@@ -2,6 +2,7 @@
 and the config's way through TrainJob and the `autohet train` flags."""
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from autohet_ray import ConfigError
 from autohet_ray.job.config import compute_dtype, job_from_dict
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import build_adamw, decays
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 JOB = {"model": {}, "cluster": {}, "global_batch": 4}
 
@@ -79,7 +82,7 @@ def test_train_job_carries_the_config_and_reads_old_records():
 def test_train_flags_fill_the_config():
     from autohet_ray.cli import _parser
     from autohet_ray.cli_train import train_job
-    base = ["train", "--cluster", "jobs/local-3.yaml", "--model", "tiny-gpt", "--global-batch", "4", "--steps", "30",
+    base = ["train", "--cluster", os.path.join(REPO_ROOT, "jobs", "local-3.yaml"), "--model", "tiny-gpt", "--global-batch", "4", "--steps", "30",
             "--print-config"]
     args = _parser().parse_args(base + ["--lr", "3e-4", "--min-lr", "3e-5", "--warmup-steps", "5", "--decay", "cosine",
                                         "--weight-decay", "0.1", "--clip-grad", "0.5", "--betas", "0.9", "0.95"])
