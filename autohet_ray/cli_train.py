@@ -6,7 +6,8 @@ Without --elastic a job checkpoints every --checkpoint-every steps (and its fina
 notices (`--spot-watch`) and Ray drains, and re-plans onto nodes of the cluster file that (re)joined; a lost
 node is recovered from the cheapest copies. Every exit (the end, Ctrl-C, SIGTERM, an error) first gets the
 newest committed step into --storage. With `--emulate`, every op is stretched to its emulated device's
-predicted time (`--time-scale`; auto: a predicted iteration lasts --iteration-wall-s).
+predicted time (`--time-scale`, or `--iteration-wall-s`: a predicted iteration lasts that long). The job comes
+from a job file (--config) with the flags over its fields (job/file.py); --print-config writes it and exits.
 """
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ def train_job(args):
     from autohet_ray.job import file as job_file
     from autohet_ray.job.config import TrainJob
     where = f"job file {args.config!r}" if args.config else None
-    given = job_file.read_job_file(args.config) if args.config else {}
-    from_file = job_file.file_names(given)
-    fields, launch = job_file.split_launch(job_file.merge(given, overrides(args, args.job_dests)))
+    given, flags = job_file.read_job_file(args.config) if args.config else {}, overrides(args, args.job_dests)
+    from_file = job_file.file_names(given) - job_file.file_names(flags)     # the fields the flags leave alone
+    fields, launch = job_file.split_launch(job_file.merge(given, flags))
     launch = job_file.build_launch(launch, where)
+    job_file.check_required(fields, where)
     fields = job_file.resolve_all(fields, where=where, from_file=from_file, endpoint_url=args.endpoint_url)
     if launch.emulate and not fields.get("time_scale") and fields.get("iteration_wall_s") is None:
         from autohet_ray.cli import AUTO_ITERATION_WALL_S

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict, mapping, read_structured
@@ -103,11 +103,22 @@ def split_launch(raw: dict) -> tuple[dict, dict]:
             {k: v for k, v in raw.items() if k in launch_names})
 
 
+def _required(name: str, what: str, where: str | None) -> ConfigError:
+    flag = "--" + name.replace("_", "-")
+    return ConfigError(f"{name}: {what}; give {flag}" + (f" or {name}: in {where}" if where else ""))
+
+
 def build_launch(raw: dict, where: str | None) -> Launch:
     if "steps" not in raw:
-        raise ConfigError("steps: how many steps to train; give --steps N" + (f" or steps: in {where}" if where
-                                                                               else ""))
+        raise _required("steps", "how many steps to train", where)
     return dataclass_from_dict(Launch, raw, "launch")
+
+
+def check_required(raw: dict, where: str | None) -> None:
+    """ConfigError naming the first TrainJob field without a default that neither the file nor a flag gives."""
+    for f in fields(TrainJob):
+        if f.default is MISSING and f.default_factory is MISSING and raw.get(f.name) is None:
+            raise _required(f.name, "the job needs one", where)
 
 
 def file_names(raw: dict) -> set:
