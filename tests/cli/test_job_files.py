@@ -30,7 +30,8 @@ def train_one_step(cwd, config: str, *overrides: str) -> tuple[dict, dict]:
     done = autohet(cwd, "train", "--config", config, "--steps", "1", "--json", *overrides)
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert [s["step"] for s in out["steps"]] == [1] and out["secured"]["step"] == 1 and out["emulated"]
-    storage = yaml.safe_load(autohet(cwd, "train", "--config", config, "--print-config").stdout)["storage"]["path"]
+    with open(os.path.join(cwd, config)) as f:
+        storage = yaml.safe_load(f)["storage"]
     with open(os.path.join(cwd, storage, "job.json")) as f:
         return out, json.load(f)["job"]
 
@@ -52,7 +53,7 @@ def test_the_elastic_spot_job_trains_a_step(workdir):
     out, job = train_one_step(workdir, "jobs/paper-24-spot.yaml")
     assert job["elastic"] and job["spot_watch"] and job["spot_provider"] == "aws"   # what `resume` reads
     assert sum(n["count"] for n in job["cluster"]["nodes"]) == 24 and job["optimizer"]["decay"] == "cosine"
-    assert out["committed"] and out["committed"][-1]["step"] == 1          # in two nodes' stores
+    assert out["committed"] == [1] and out["cloud_committed"] == [1]        # in two nodes' stores and storage
 
 
 def _hf_model_with_tokenizer(path, corpus) -> None:
@@ -83,3 +84,14 @@ def test_the_hugging_face_fine_tune_trains_a_step(workdir):
     assert out["launch"]["init_from_bytes"] > 0                    # step 0 started from the HF weights
     assert job["model"]["family"] == "llama" and job["init_from"] == str(workdir / "out" / "hf-model")
     assert job["data"] == "out/hf-data" and job["optimizer"]["lr"] == 1e-4
+
+
+def test_jobs_train_py_takes_a_job_file(workdir):
+    """`jobs/train.py`, the script `ray job submit` runs, reads a job file and its flag overrides too."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, os.path.join(REPO, "jobs", "train.py"), "--config", "jobs/paper-24.yaml",
+                           "--no-emulate", "--steps", "7", "--print-config"], cwd=workdir, text=True,
+                          capture_output=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = yaml.safe_load(done.stdout)
+    assert job["steps"] == 7 and job["emulate"] is False and job["model"]["name"] == "small-gpt"
