@@ -15,6 +15,8 @@ import textwrap
 import types
 import typing
 
+import yaml
+
 NESTED_SEP = "."                # dest of a nested dataclass's field: "optimizer.lr"
 
 
@@ -80,8 +82,20 @@ def _kind(hint, f: dataclasses.Field, reference: dict) -> dict:
     if typing.get_origin(base) is tuple:
         items = typing.get_args(base)
         return {"type": items[0], "nargs": len(items), "metavar": metavar}
-    assert base in (int, float, str), f"{f.name}: no flag for a field of type {hint!r}; add it to `reference`"
-    return {"type": base, "metavar": metavar}
+    if base in (int, float, str):
+        return {"type": base, "metavar": metavar}
+    return {"type": yaml_value, "metavar": "YAML"}         # a mapping or list: inline YAML, or a YAML/JSON file
+
+
+def yaml_value(text: str):
+    """A structured flag value: a .yaml/.yml/.json file's content, else the text itself read as YAML."""
+    from autohet_ray.config_io import read_structured
+    if text.endswith((".yaml", ".yml", ".json")):
+        return read_structured(text, "flag value")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise argparse.ArgumentTypeError(f"not YAML: {str(exc).splitlines()[0]}") from None
 
 
 def add_options(parser, cls, *, skip=(), reference: dict | None = None, aliases: dict | None = None,

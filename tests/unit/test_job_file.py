@@ -52,12 +52,16 @@ def test_a_new_field_is_a_flag_with_no_second_edit():
     class PricedJob(TrainJob):
         price_per_gpu_hour: float = 2.5
         """What one GPU hour costs."""
+        prices: dict | None = None
+        """Price per hour of each GPU type."""
 
     parser = argparse.ArgumentParser()
     dests = add_options(parser, PricedJob, skip={"model", "cluster", "storage", "plan", "priced_as"})
     assert "(default: 2.5)" in parser.format_help() and "What one GPU hour costs." in parser.format_help()
     assert overrides(parser.parse_args(["--price-per-gpu-hour", "1.25"]), dests) == {"price_per_gpu_hour": 1.25}
     assert overrides(parser.parse_args([]), dests) == {}             # a flag not given overrides nothing
+    assert overrides(parser.parse_args(["--prices", "{H800: 2.0, H20: 0.9}"]), dests) == \
+        {"prices": {"H800": 2.0, "H20": 0.9}}                          # a mapping field: inline YAML
 
 
 def _job_file(tmp_path, text: str) -> str:
