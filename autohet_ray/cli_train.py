@@ -63,8 +63,8 @@ def train_job(args):
 def _decay_ends_at_steps(fields: dict, steps: int) -> None:
     """A decay with no decay_steps ends at the run's last step."""
     from autohet_ray.runtime.lr_schedule import OptimizerConfig
-    optimizer = dict(fields.get("optimizer") or {})
-    if optimizer.get("decay_steps") is None and optimizer.get("decay", OptimizerConfig.decay) != "constant":
+    optimizer = fields.get("optimizer") or {}
+    if isinstance(optimizer, dict) and optimizer.get("decay_steps") is None and optimizer.get("decay", OptimizerConfig.decay) != "constant":
         fields["optimizer"] = optimizer | {"decay_steps": steps}
 
 
