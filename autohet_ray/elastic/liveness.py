@@ -9,7 +9,6 @@ import ray
 from autohet_ray.cluster import node_probe
 from autohet_ray.cluster.node_probe import LOST_VERDICTS, RAYLET_PROBE_TIMEOUT_S, probe_all
 
-LOSS_GRACE_S = 3.0          # the default grace (TrainJob.loss_grace_s)
 
 
 def raylet_addresses(node_ids) -> dict[str, tuple[str, int] | None]:
@@ -58,7 +57,7 @@ def keeper_alive(job_id: str, node_id: str) -> bool | None:
 
 
 def detect_failure(group, node_ids: dict[str, str], failure: Exception, *, job_id: str, timeout_s: float,
-                   loss_grace_s: float = LOSS_GRACE_S, store_nodes: tuple[str, ...] = ()) -> dict:
+                   loss_grace_s: float, store_nodes: tuple[str, ...] = ()) -> dict:
     """Name the cause of a failed group call: a lost node of the plan, or one of `store_nodes` (nodes whose
     store takes copies but that run no worker), (Ray marks it dead, or its raylet refuses connections, which
     is conclusive and faster than Ray's health checks; a raylet that only stays silent counts once silent past

@@ -130,7 +130,7 @@ class SpotWatcher:
     """Runs on one node: polls the notice endpoint every `interval_s`; on a notice posts it to `board`, waits up
     to `flush_timeout_s` for the flush acknowledgement, then drains the node. `report()`: what happened."""
 
-    def __init__(self, board, *, provider: str = "aws", url: str = METADATA_URL, interval_s: float = 5.0,
+    def __init__(self, board, *, provider: str, url: str = METADATA_URL, interval_s: float = 5.0,
                  flush_timeout_s: float = 60.0, control_timeout_s: float = CONTROL_TIMEOUT_S):
         check_watcher_options(provider, interval_s, flush_timeout_s)
         self.board, self.url, self.interval_s, self.flush_timeout_s = board, url, interval_s, flush_timeout_s
@@ -181,7 +181,7 @@ class SpotWatcher:
         self._stop.set()
 
 
-def start_watchers(node_ids: list[str], *, job_id: str, provider: str = "aws", url: str = METADATA_URL,
+def start_watchers(node_ids: list[str], *, job_id: str, provider: str, url: str = METADATA_URL,
                    interval_s: float = 5.0, flush_timeout_s: float = 60.0,
                    control_timeout_s: float = CONTROL_TIMEOUT_S) -> dict:
     """One watcher of `job_id` pinned to each node (an existing one is reused), held by the job's notice board

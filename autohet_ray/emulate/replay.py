@@ -207,6 +207,7 @@ class Replay:
         just joined is watched before the controller may plan onto it)."""
         from autohet_ray.elastic.spot import start_watchers
         for name in sorted(set(self.rc.handles) - self.watched):
-            start_watchers([self.rc.handles[name].node_id], job_id=self.ctl.job_id, url=self.rc.imds[name].url,
+            start_watchers([self.rc.handles[name].node_id], job_id=self.ctl.job_id,
+                           provider=self.ctl.job.spot_provider, url=self.rc.imds[name].url,
                            interval_s=self.watch_interval_s, flush_timeout_s=60.0)
             self.watched.add(name)

@@ -393,7 +393,8 @@ class Controller:
         from autohet_ray.elastic.spot import watch_nodes
         self.watching = True
         self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id,
-                                 **{"control_timeout_s": self.job.control_timeout_s, **watcher_options})
+                                 **{"provider": self.job.spot_provider, "control_timeout_s": self.job.control_timeout_s,
+                                    **watcher_options})
         return self.board
 
     def check_notices(self, board=None) -> dict | None:
