@@ -37,7 +37,7 @@ def direct_tier(spec: dict):
     kind = spec.get("kind")
     if kind == "keeper":                           # a node store: RAM (/dev/shm), fsync has nothing to flush to
         return LocalDirTier(spec["dir"], name=spec["name"], fsync=False)
-    if kind == "dir":                              # the storage: durable by default (storage/durable.py)
+    if kind == "dir":                              # the storage: durable by default (autohet_ray/durable.py)
         return LocalDirTier(spec["path"], name=spec["name"], fsync=spec.get("fsync", True))
     if kind == "s3":
         from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier

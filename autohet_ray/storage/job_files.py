@@ -2,7 +2,7 @@
 config), profile.json (the profile every plan is priced with), plan.json (the plan running now) and
 metrics.jsonl (one line per step, appended as each step completes).
 
-In a directory every file is written durably (storage/durable.py). On S3, which cannot append, metrics.jsonl
+In a directory every file is written durably (autohet_ray/durable.py). On S3, which cannot append, metrics.jsonl
 is a series of numbered part objects (`metrics.jsonl.parts/00000000`, ...): each step rewrites only the part
 it fills (at most PART_LINES lines), never the whole log. `read_lines` reads either as one log."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from autohet_ray.storage.durable import append_line, write_atomic
+from autohet_ray.durable import append_line, write_atomic
 from autohet_ray.storage.spec import location
 
 JOB_FILE, PROFILE_FILE, PLAN_FILE, METRICS_FILE = "job.json", "profile.json", "plan.json", "metrics.jsonl"
