@@ -17,6 +17,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+import torch
+
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.codec import digest, dtype_name, encode
 from autohet_ray.checkpoint.faults import NO_FAULTS, Faults
@@ -193,7 +195,6 @@ class AsyncSnapshotter:
         snapshot time: the optimizer step) is reached, so compute queued after it keeps running."""
         if marker is None:
             return encode_shards(state, owned, self._reclaim())
-        import torch
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device=marker[1])
         with torch.cuda.stream(self._copy_stream):
@@ -290,7 +291,6 @@ def _device_marker(state: dict):
     device = next((t.device for t, _, _ in state.values() if t.is_cuda), None)
     if device is None:
         return None
-    import torch
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return event, device

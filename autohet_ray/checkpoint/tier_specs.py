@@ -40,7 +40,7 @@ def direct_tier(spec: dict):
     if kind == "dir":                              # the storage: durable by default (autohet_ray/durable.py)
         return LocalDirTier(spec["path"], name=spec["name"], fsync=spec.get("fsync", True))
     if kind == "s3":
-        from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
+        from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier  # lazy: boto3, for S3 storage only
         return S3Tier(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),
                                endpoint_url=spec.get("endpoint_url")), name=spec["name"])
     raise ConfigError(f"tier spec kind {kind!r}; valid: {', '.join(KINDS)}")

@@ -47,7 +47,7 @@ class NodeWatch(node_probe.NodeWatch):
 
 def keeper_alive(job_id: str, node_id: str) -> bool | None:
     """True when the job's keeper on the node answers (the node lives), False when it died, None when unsure."""
-    from autohet_ray.elastic.keeper import get_keeper
+    from autohet_ray.elastic.keeper_tier import get_keeper  # lazy: checkpoint/__init__ loads torch
     try:
         ray.get(get_keeper(job_id, node_id).node_id.remote(), timeout=1.0)
         return True

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
+from autohet_ray.metrics.tensorboard import check_available
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
@@ -161,7 +162,6 @@ class TrainJob:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
         if self.tensorboard is not None:
-            from autohet_ray.metrics.tensorboard import check_available
             check_available(self.tensorboard)
 
     @property

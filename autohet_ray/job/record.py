@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.config_io import mapping, parse_json, text_field
+from autohet_ray.job.config import job_from_dict
+from autohet_ray.model.spec import model_from_dict
 from autohet_ray.safe_names import plain_name
+from autohet_ray.storage import job_files
+from autohet_ray.storage.spec import location
 
 
 def read_job_record(storage: dict, *, whole: bool = True) -> tuple[str, dict]:
     """(job id, TrainJob fields) of the job that wrote `storage` (a tier spec); ConfigError when the storage
     holds no job.json or a malformed one. `whole`: every field is checked (a resume runs them all); else
     only the model and the dataset (what an export reads)."""
-    from autohet_ray.storage import job_files
-    from autohet_ray.storage.spec import location
     where = location(storage, job_files.JOB_FILE)
     try:
         text = job_files.read_text(storage, job_files.JOB_FILE)
@@ -40,7 +43,6 @@ def job_record_from_text(text: str, where: str, *, whole: bool = True) -> tuple[
 
 
 def check_model_and_data(job: dict, where: str) -> None:
-    from autohet_ray.model.spec import model_from_dict
     if "model" not in job:
         raise ConfigError(f"{where}: job has no 'model'")
     model_from_dict(job["model"], source=f"{where}: job.model")
@@ -50,9 +52,6 @@ def check_model_and_data(job: dict, where: str) -> None:
 
 def check_job_fields(job: dict, where: str) -> None:
     """ConfigError naming the field unless `job` builds a TrainJob whose model and cluster are valid."""
-    from autohet_ray.cluster.spec import cluster_from_dict
-    from autohet_ray.job.config import job_from_dict
-    from autohet_ray.model.spec import model_from_dict
     if not job:
         raise ConfigError(f"{where}: job is empty; it must hold the TrainJob fields")
     try:

@@ -20,11 +20,19 @@ import torch.distributed as dist
 from autohet_ray.checkpoint import AsyncSnapshotter, Manifest, SnapshotPolicy, restore
 from autohet_ray.checkpoint.codec import digest, encode
 from autohet_ray.checkpoint.errors import ChunkUnavailableError
+from autohet_ray.checkpoint.hf_weights import load_rank_state
 from autohet_ray.checkpoint.tiers.base import put_all
 from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.emulate.pacer import EmulationPacer
+from autohet_ray.job.config import compute_dtype
 from autohet_ray.layout import Chunk, overlap, to_local
 from autohet_ray.metrics.step import rank_measurements, start_peak_memory
+from autohet_ray.model.spec import model_from_dict
+from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.abort import collective_abort
+from autohet_ray.runtime.device import default_backend
+from autohet_ray.runtime.engine import Engine
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import STEP_KEY, needs_of_layout
 
 
@@ -67,13 +75,6 @@ class Worker:
         when given) and build this rank's Engine (as `rank` when a reused actor takes a new place).
         `dtype`: a TrainJob dtype ("auto": bf16 on this actor's GPU, fp32 on CPU); `optimizer`: OptimizerConfig
         fields (`lr`, when given, replaces its rate)."""
-        from autohet_ray.emulate.pacer import EmulationPacer
-        from autohet_ray.job.config import compute_dtype
-        from autohet_ray.model.spec import model_from_dict
-        from autohet_ray.plan.schema import plan_from_dict
-        from autohet_ray.runtime.device import default_backend
-        from autohet_ray.runtime.engine import Engine
-        from autohet_ray.runtime.lr_schedule import OptimizerConfig
         started_at, start = time.time(), time.perf_counter()
         if rank is not None:
             self.rank = rank
@@ -112,7 +113,6 @@ class Worker:
 
     def load_hf(self, path: str) -> dict:
         """Load this rank's slices of a Hugging Face checkpoint (step 0 of an --init-from job)."""
-        from autohet_ray.checkpoint.hf_weights import load_rank_state
         start = time.perf_counter()
         state, nbytes = load_rank_state(path, self.engine.spec, self.engine.layout)
         self.engine.load_state_dict(state)

@@ -27,7 +27,7 @@ def _s3(spec: dict):
 @functools.lru_cache(maxsize=16)
 def s3_client(bucket: str, endpoint_url: str | None):
     """The boto3 client of one storage, made once (a LineLog writes every step; boto3 clients are thread-safe)."""
-    from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
+    from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client  # lazy: boto3, for S3 only
     return make_client(S3Config(bucket=bucket, endpoint_url=endpoint_url))
 
 

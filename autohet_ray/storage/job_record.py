@@ -31,9 +31,10 @@ def read_job_record(spec: dict) -> dict | None:
 
 def newest_committed_step(spec: dict) -> tuple[int | None, int]:
     """(the newest step whose manifest is valid, or None; how many manifests the storage holds)."""
+    # lazy: checkpoint/__init__ loads torch
     from autohet_ray.checkpoint.errors import CheckpointError, ChunkMissingError
-    from autohet_ray.checkpoint.steps import load_manifest
-    from autohet_ray.checkpoint.tier_specs import direct_tier
+    from autohet_ray.checkpoint.steps import load_manifest  # lazy: checkpoint/__init__ loads torch
+    from autohet_ray.checkpoint.tier_specs import direct_tier  # lazy: checkpoint/__init__ loads torch
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         return None, 0                            # (a directory tier would make the directory)
     tier = direct_tier(spec)

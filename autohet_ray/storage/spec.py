@@ -44,7 +44,7 @@ def check_storage(spec: dict, *, create: bool = True) -> None:
     """ConfigError unless the storage of `spec` (a `storage_spec`) can be used: a directory that exists or
     (with `create`) can be made and is writable; an S3 bucket that answers these credentials."""
     if spec["kind"] == "s3":
-        from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket
+        from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket  # lazy: boto3, for S3 only
         check_bucket(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),
                               endpoint_url=spec.get("endpoint_url")))
         return

@@ -46,7 +46,7 @@ class StorageSweeper:
         return self._said(removed)
 
     def _tier(self):
-        from autohet_ray.checkpoint.tier_specs import direct_tier
+        from autohet_ray.checkpoint.tier_specs import direct_tier  # lazy: checkpoint/__init__ loads torch
         assert self.spec["kind"] in ("dir", "s3"), self.spec
         return direct_tier(self.spec)
 
