@@ -6,7 +6,13 @@ import sys
 
 from autohet_ray import ConfigError
 from autohet_ray.cli_checks import check_numeric_flags
+from autohet_ray.cli_data import add_data_parser, cmd_data
+from autohet_ray.cli_export import add_export_parser, cmd_export
+from autohet_ray.cli_resume import add_resume_parser, cmd_resume
+from autohet_ray.cli_train import cmd_profile_local, cmd_profile_ray, cmd_train
 from autohet_ray.config_io import check_writable
+from autohet_ray.job.config import TrainJob
+from autohet_ray.runtime.lr_schedule import DECAYS, OptimizerConfig
 
 AUTO_ITERATION_WALL_S = 10.0      # --time-scale auto: one predicted iteration takes about this long on the wall
 
@@ -61,11 +67,8 @@ def _parser() -> argparse.ArgumentParser:
                                               "one thread); default: each entry's TP degree")
     pr.add_argument("--out", required=True)
     _train_parser(sub)
-    from autohet_ray.cli_resume import add_resume_parser
     add_resume_parser(sub)
-    from autohet_ray.cli_data import add_data_parser
     add_data_parser(sub)
-    from autohet_ray.cli_export import add_export_parser
     add_export_parser(sub)
     return ap
 
@@ -84,7 +87,6 @@ def _schedule_option(parser) -> None:
 
 
 def _train_parser(sub) -> None:
-    from autohet_ray.job.config import TrainJob
     t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train")
     t.add_argument("--cluster", required=True, help="cluster file (nodes, GPU types, links)")
     t.add_argument("--model", required=True, help="preset name, model YAML, or hf:DIR (a Hugging Face config.json)")
@@ -148,7 +150,6 @@ def _train_parser(sub) -> None:
 
 
 def _optimizer_options(parser) -> None:
-    from autohet_ray.runtime.lr_schedule import DECAYS, OptimizerConfig
     d = OptimizerConfig()
     parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
     parser.add_argument("--min-lr", type=float, default=d.min_lr, help="learning rate at the end of the decay")
@@ -177,33 +178,27 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, option, None):
                 check_writable(getattr(args, option), f"--{option}")
         if args.command == "plan":
-            from autohet_ray.cli_plan import cmd_plan
+            from autohet_ray.cli_plan import cmd_plan  # lazy: PySCIPOpt (cli_plan loads the planner)
             return cmd_plan(args)
         if args.command == "evaluate":
-            from autohet_ray.cli_plan import cmd_evaluate
+            from autohet_ray.cli_plan import cmd_evaluate  # lazy: PySCIPOpt (cli_plan loads the planner)
             return cmd_evaluate(args)
         if args.command == "show":
-            from autohet_ray.cli_plan import cmd_show
+            from autohet_ray.cli_plan import cmd_show  # lazy: PySCIPOpt (cli_plan loads the planner)
             return cmd_show(args)
         if args.command == "profile":
             if args.local == bool(args.cluster):
                 raise ConfigError("profile needs exactly one of --local (this device) or --cluster FILE (Ray)")
             if args.cluster:
-                from autohet_ray.cli_train import cmd_profile_ray
                 return cmd_profile_ray(args)
-            from autohet_ray.cli_train import cmd_profile_local
             return cmd_profile_local(args)
         if args.command == "train":
-            from autohet_ray.cli_train import cmd_train
             return cmd_train(args)
         if args.command == "data":
-            from autohet_ray.cli_data import cmd_data
             return cmd_data(args)
         if args.command == "resume":
-            from autohet_ray.cli_resume import cmd_resume
             return cmd_resume(args)
         if args.command == "export":
-            from autohet_ray.cli_export import cmd_export
             return cmd_export(args)
     except ConfigError as exc:
         print(f"autohet {args.command}: error: {_message(exc)}", file=sys.stderr)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 
 from autohet_ray import ConfigError
+from autohet_ray.data.dataset import read_index
+from autohet_ray.plan.schema import load_plan
+from autohet_ray.plan.validate import validate_plan
+from autohet_ray.profile.db import load_profile
 
 ABOVE_ZERO = ("time_limit", "global_batch", "seq_len", "micro_batch", "steps", "iteration_wall_s",
               "eval_batches", "lr", "decay_steps", "plan_time_limit", "placement_timeout", "loss_grace_s",
@@ -31,12 +35,8 @@ def check_train_files(args, cluster, model) -> None:
     """`autohet train`'s files that are read only once the job starts, read now (before any cluster starts):
     --plan against the cluster and the model, a --profile JSON, and a local --data directory's index."""
     if args.plan:
-        from autohet_ray.plan.schema import load_plan
-        from autohet_ray.plan.validate import validate_plan
         validate_plan(load_plan(args.plan), cluster, model)
     if args.profile and args.profile.endswith(".json"):
-        from autohet_ray.profile.db import load_profile
         load_profile(args.profile)
     if args.data and not args.data.startswith("s3://"):
-        from autohet_ray.data.dataset import read_index
         read_index(args.data)

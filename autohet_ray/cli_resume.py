@@ -12,19 +12,22 @@ import os
 import sys
 
 from autohet_ray import ConfigError
+from autohet_ray.cli_signals import exit_status, stop_signals
+from autohet_ray.cli_train import run_until
+from autohet_ray.cluster.spec import cluster_from_dict
+from autohet_ray.config_io import parse_json
+from autohet_ray.job.config import job_from_dict
+from autohet_ray.job.record import read_job_record
+from autohet_ray.profile.db import profile_from_dict
+from autohet_ray.storage import job_files
+from autohet_ray.storage.lease import storage_lease
+from autohet_ray.storage.spec import check_storage, location, storage_spec
 
 
 def resume_job(storage_url: str, *, endpoint_url: str | None = None):
     """(TrainJob, job id, profile, newest step in the storage) of the job that wrote `storage_url`."""
-    from autohet_ray.checkpoint import scan_manifests
-    from autohet_ray.elastic.tiers import build_tier
-    from autohet_ray.storage.spec import check_storage, storage_spec
-    from autohet_ray.storage import job_files
-    from autohet_ray.job.config import job_from_dict
-    from autohet_ray.job.record import read_job_record
-    from autohet_ray.config_io import parse_json
-    from autohet_ray.storage.spec import location
-    from autohet_ray.profile.db import profile_from_dict
+    from autohet_ray.checkpoint import scan_manifests  # lazy: torch
+    from autohet_ray.elastic.tiers import build_tier  # lazy: Ray and torch
     spec = storage_spec(storage_url, endpoint_url=endpoint_url)
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         raise ConfigError(f"storage {storage_url!r} is not a directory; give the --storage the job wrote to")
@@ -38,13 +41,9 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None):
 
 
 def cmd_resume(args) -> int:
-    from autohet_ray.cli_signals import exit_status, stop_signals
-    from autohet_ray.cli_train import run_until
-    from autohet_ray.cluster.spec import cluster_from_dict
-    from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.orchestrate.session import ray_session
+    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch
+    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
 
-    from autohet_ray.storage.lease import storage_lease
     job, job_id, _, _ = resume_job(args.storage, endpoint_url=args.endpoint_url)   # a job's storage, before a lease
     with storage_lease(job.storage, args.storage, job_id=job_id, break_lease=args.break_lease):
         job, job_id, profile, newest = resume_job(args.storage, endpoint_url=args.endpoint_url)   # as it is now

@@ -17,11 +17,17 @@ import sys
 import time
 
 from autohet_ray import ConfigError
-from autohet_ray.cli_signals import as_raised, exit_status, stop_signals, stopped_by
 from autohet_ray.cli_checks import check_train_files
+from autohet_ray.cli_signals import as_raised, exit_status, stop_signals, stopped_by
+from autohet_ray.cloud.notices import check_provider
 from autohet_ray.cluster.spec import load_cluster
+from autohet_ray.job.config import job_from_dict
+from autohet_ray.metrics.tensorboard import check_available
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import load_plan
+from autohet_ray.storage.job_record import refuse_existing_job
+from autohet_ray.storage.lease import new_job_id, storage_lease
+from autohet_ray.storage.spec import check_storage, storage_spec
 
 BAR_WIDTH = 20
 
@@ -33,9 +39,6 @@ def _bar(done: int, total: int) -> str:
 
 def job_fields(args) -> dict:
     """TrainJob fields from the `autohet train` arguments (checked before any cluster starts)."""
-    from autohet_ray.cloud.notices import check_provider
-    from autohet_ray.storage.job_record import refuse_existing_job
-    from autohet_ray.storage.spec import check_storage, storage_spec
     if args.spot_watch:
         check_provider(args.spot_provider)
     if args.elastic and not args.storage:
@@ -64,7 +67,7 @@ def job_fields(args) -> dict:
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     check_train_files(args, cluster, model)
     if args.init_from:                    # the weights must fit the model before any cluster starts
-        from autohet_ray.checkpoint.hf_weights import check_hf_dir
+        from autohet_ray.checkpoint.hf_weights import check_hf_dir  # lazy: torch
         check_hf_dir(args.init_from, model)
     return {"model": model.to_dict(), "optimizer": optimizer_fields(args), "cluster": cluster.to_dict(),
             "init_from": os.path.abspath(args.init_from) if args.init_from else None,
@@ -84,7 +87,6 @@ def _tensorboard_dir(args) -> str | None:
     """--tensorboard as an absolute directory, checked before any cluster starts."""
     if not args.tensorboard:
         return None
-    from autohet_ray.metrics.tensorboard import check_available
     check_available(args.tensorboard)
     return os.path.abspath(args.tensorboard)
 
@@ -130,7 +132,7 @@ def _between_steps(ctl) -> list[dict]:
 def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: str | None = None) -> dict:
     """Start the controller, train until step `target`, close it on every exit path. The run's summary;
     "failure": why the job stopped early (a step raised, recovery gave up), after securing its newest step."""
-    from autohet_ray.elastic.recovery import RecoveryFailed, StepFailed
+    from autohet_ray.elastic.recovery import RecoveryFailed, StepFailed  # lazy: Ray and torch
     tag = " (emulated)" if ctl.job.paced else ""
     events: list[dict] = []
     launch, failure, stopping, ctl.target_steps = {}, None, None, target
@@ -198,11 +200,8 @@ def _starting(cluster) -> None:
 
 
 def cmd_train(args) -> int:
-    from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.job.config import job_from_dict
-    from autohet_ray.orchestrate.session import ray_session
-    from autohet_ray.storage.job_record import refuse_existing_job
-    from autohet_ray.storage.lease import new_job_id, storage_lease
+    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch
+    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
     job = job_from_dict(job_fields(args))          # bad values fail here, before a cluster starts
     job_id = new_job_id()
     with storage_lease(job.storage, args.storage, job_id=job_id, break_lease=args.break_lease):
@@ -225,7 +224,7 @@ def cmd_train(args) -> int:
 
 def cmd_profile_ray(args) -> int:
     """`autohet profile --cluster FILE --model M --out F [--emulate]`: one profile per GPU type on Ray."""
-    from autohet_ray.orchestrate.session import profile_on_ray, ray_session
+    from autohet_ray.orchestrate.session import profile_on_ray, ray_session  # lazy: Ray
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     seq_len = args.seq_len or model.max_seq_len
     start = time.perf_counter()
@@ -248,9 +247,9 @@ def _collectives_cell(layers: dict) -> str:
 
 
 def _check_ranks(ranks: int | None) -> None:
-    import torch
+    import torch  # lazy: torch
 
-    from autohet_ray.runtime.in_situ_cost import devices_on_host
+    from autohet_ray.runtime.in_situ_cost import devices_on_host  # lazy: torch
     if ranks is None:
         return
     cuda = torch.cuda.is_available()
@@ -264,9 +263,9 @@ def cmd_profile_local(args) -> int:
     [--ranks N]`: the layers' memory (profile/measure.py), their compute and TP collectives timed in situ on a
     group of ranks where this host can run one (runtime/in_situ_cost.py), and the update's rate
     (runtime/update_rate.py) on this device."""
-    from autohet_ray.profile.measure import measure_profile, parse_ints
-    from autohet_ray.runtime.in_situ_cost import add_in_situ_costs
-    from autohet_ray.runtime.update_rate import update_s_per_param
+    from autohet_ray.profile.measure import measure_profile, parse_ints  # lazy: torch
+    from autohet_ray.runtime.in_situ_cost import add_in_situ_costs  # lazy: torch
+    from autohet_ray.runtime.update_rate import update_s_per_param  # lazy: torch
     spec = load_model(args.model)
     seq_len = args.seq_len or spec.max_seq_len
     _check_ranks(args.ranks)
