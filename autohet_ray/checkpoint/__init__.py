@@ -1,13 +1,13 @@
-"""Checkpoints for recovery from node loss: hashed chunks in tiers (node memory, peer node, cloud),
+"""Checkpoints for recovery from node loss: hashed chunks in tiers (node memory, peer node, the job's storage),
 atomic per-step manifests, resharding restore, asynchronous snapshots. torch + boto3 only (no Ray).
 
 Typical flow (one coordinator, many ranks):
-    snap = AsyncSnapshotter(local=node_tier, peers=[peer_tier], cloud=cloud_tier, policy=SnapshotPolicy())
+    snap = AsyncSnapshotter(local=node_tier, peers=[peer_tier], storage=storage_tier, policy=SnapshotPolicy())
     handle = snap.snapshot(step, engine.state_dict(), owned=writers[rank])      # per rank
     commit_step(step, [r for h in handles for r in h.fast_result().records], tiers=[node_tier, ...])
     ...
     manifest = find_manifest(tiers, latest_committed_step(tiers))
-    state, report = restore(manifest, needs, tiers=[node_tier, peer_tier, cloud_tier])
+    state, report = restore(manifest, needs, tiers=[node_tier, peer_tier, storage_tier])
 """
 from autohet_ray.checkpoint.errors import (CheckpointError, ChunkMissingError, ChunkUnavailableError,
                                            CorruptChunkError, IncompleteStepError, InjectedFault,

@@ -121,14 +121,14 @@ class Worker:
     def holdings(self) -> list[tuple[str, Chunk, int]]:
         return holdings_of(self.engine)
 
-    def configure_snapshots(self, *, routes: dict[str, list], local: dict, peers: list[dict], cloud: dict | None,
-                            cloud_every: int, num_threads: int = 2) -> None:
-        """`routes`: tier name (the local, peer and cloud specs' names) -> the (name, chunk)s it takes."""
+    def configure_snapshots(self, *, routes: dict[str, list], local: dict, peers: list[dict], storage: dict | None,
+                            storage_every: int, num_threads: int = 2) -> None:
+        """`routes`: tier name (the local, peer and storage specs' names) -> the (name, chunk)s it takes."""
         self.close_snapshots()
         self.snapshotter = AsyncSnapshotter(
             local=build_tier(local), peers=[build_tier(p) for p in peers],
-            cloud=build_tier(cloud) if cloud else None,
-            policy=SnapshotPolicy(cloud_every=cloud_every if cloud else 0, num_threads=num_threads))
+            storage=build_tier(storage) if storage else None,
+            policy=SnapshotPolicy(storage_every=storage_every if storage else 0, num_threads=num_threads))
         self.routes = {tier: set(items) for tier, items in routes.items()}
         self.owned = set().union(*self.routes.values())
 
@@ -192,7 +192,7 @@ class Worker:
 
     def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
         try:
-            result = self._snapshot_of(step).cloud_result(timeout_s)     # waits outside the lock
+            result = self._snapshot_of(step).storage_result(timeout_s)     # waits outside the lock
         except Exception as err:
             raise self._as_text(err, f"upload of step {step}") from None
         with self._handles_lock:
