@@ -8,7 +8,7 @@
                                  (the writing rank sends its bytes once, to its own node's keeper)
     {"kind": "dir", ...} or {"kind": "s3", ...}: the durable storage (storage/spec.py: storage_spec); a "dir"
                                  fsyncs every file and its directory unless it carries "fsync": False
-Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic cloud link).
+Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic S3 link).
 Every built tier is wrapped in a TimedTier that records how long reads from it took (wall span and bytes).
 The keeper kinds reached through an actor are built in elastic/tiers.py (Ray); the rest here.
 """

@@ -5,7 +5,7 @@ any process, gone with the node), one per node: `<root>/<node id>`. Stage actors
 chunks into it directly (one file write per chunk, no Ray object, no copy through another process) and read
 from it directly on restore. The keeper owns and serves the directory to everyone else: other nodes' reads,
 peer replicas pushed from other keepers, and the manifests the driver commits. It dies with its node (that
-is what the peer copy and the cloud tier are for) or when stopped, which removes the directory.
+is what the peer copy and the storage are for) or when stopped, which removes the directory.
 
 In Ray an object dies with its owner; bytes here live in files, and what crosses an actor boundary is a
 uint8 numpy view (moved out of band through the object store, zero-copy for the receiver).
@@ -76,7 +76,7 @@ class NodeKeeper(NodeStore):
             return None
 
     def upload(self, digests: dict[str, str], spec: dict) -> dict:
-        """Copy these chunks (key -> the manifest's hash) to the durable tier of `spec`, each only when its
+        """Copy these chunks (key -> the manifest's hash) to the storage of `spec`, each only when its
         bytes hash to the manifest's (NodeStore.upload_checked: {"bytes", "copied", "refused"})."""
         return self.upload_checked(digests, build_tier(spec))
 

@@ -2,7 +2,9 @@
 
     {"kind": "dir", "name": "cloud", "path": "/ckpt/run-7"}
     {"kind": "s3", "name": "cloud", "bucket": "b", "prefix": "run-7/", "endpoint_url": None}
-Either may carry "rate_bytes_per_s": the tier is then throttled (a realistic cloud link, elastic/tiers.py)."""
+Either may carry "rate_bytes_per_s": the tier is then throttled (a realistic S3 link, elastic/tiers.py).
+The tier keeps the name "cloud": committed manifests list it among each chunk's replicas, and restore reports
+and metrics.jsonl name it (renaming it needs a reader for both names)."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Local-directory tier: the embedded default "cloud". Write-then-rename with fsync of the file and then of its
+"""Local-directory tier: the embedded default storage. Write-then-rename with fsync of the file and then of its
 directory (autohet_ray/durable.py); manifests are created with a hard link, which fails if the name exists (an
 atomic create-if-absent)."""
 from __future__ import annotations
