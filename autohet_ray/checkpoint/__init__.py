@@ -8,19 +8,28 @@ Typical flow (one coordinator, many ranks):
     ...
     manifest = find_manifest(tiers, latest_committed_step(tiers))
     state, report = restore(manifest, needs, tiers=[node_tier, peer_tier, storage_tier])
+
+The names below load their submodule on first use, so the torch-free parts (errors, keys, faults, tiers,
+tier specs) import without torch: storage/ and the CLI use them.
 """
-from autohet_ray.checkpoint.errors import (CheckpointError, ChunkMissingError, ChunkUnavailableError,
-                                           CorruptChunkError, IncompleteStepError, InjectedFault,
-                                           ManifestExistsError, TierUnavailableError)
-from autohet_ray.checkpoint.faults import NO_FAULTS, POINTS, Faults
-from autohet_ray.checkpoint.manifest import ChunkRecord, Manifest, merge_records
-from autohet_ray.checkpoint.peers import CopyPlan, assign_writers, choose_peers, place_copies
-from autohet_ray.checkpoint.reshard import (ChunkFetcher, LayoutMismatchError, Piece, RestoreReport, TierStats,
-                                            choose_restorable_step, plan_reads, restore)
-from autohet_ray.checkpoint.snapshot import AsyncSnapshotter, LaneResult, SnapshotHandle, SnapshotPolicy
-from autohet_ray.checkpoint.steps import (CollectReport, collect_garbage, commit_step, find_manifest,
-                                          latest_committed_step, load_manifest, scan_manifests)
-from autohet_ray.checkpoint.tiers import LocalDirTier, MemoryTier, ThrottledTier, Tier, TokenBucket
+import importlib
+
+_HOME = {    # name -> the submodule that defines it
+    "CheckpointError": "errors", "ChunkMissingError": "errors", "ChunkUnavailableError": "errors",
+    "CorruptChunkError": "errors", "IncompleteStepError": "errors", "InjectedFault": "errors",
+    "ManifestExistsError": "errors", "TierUnavailableError": "errors",
+    "Faults": "faults", "NO_FAULTS": "faults", "POINTS": "faults",
+    "ChunkRecord": "manifest", "Manifest": "manifest", "merge_records": "manifest",
+    "assign_writers": "peers", "choose_peers": "peers", "CopyPlan": "peers", "place_copies": "peers",
+    "choose_restorable_step": "reshard", "ChunkFetcher": "reshard", "LayoutMismatchError": "reshard",
+    "Piece": "reshard", "plan_reads": "reshard", "restore": "reshard", "RestoreReport": "reshard",
+    "TierStats": "reshard",
+    "AsyncSnapshotter": "snapshot", "LaneResult": "snapshot", "SnapshotHandle": "snapshot",
+    "SnapshotPolicy": "snapshot",
+    "collect_garbage": "steps", "CollectReport": "steps", "commit_step": "steps", "find_manifest": "steps",
+    "latest_committed_step": "steps", "load_manifest": "steps", "scan_manifests": "steps",
+    "LocalDirTier": "tiers", "MemoryTier": "tiers", "ThrottledTier": "tiers", "Tier": "tiers", "TokenBucket": "tiers",
+}
 
 __all__ = [
     "CopyPlan", "place_copies",
@@ -32,3 +41,10 @@ __all__ = [
     "choose_peers", "choose_restorable_step", "collect_garbage", "commit_step", "find_manifest",
     "latest_committed_step", "load_manifest", "merge_records", "plan_reads", "restore", "scan_manifests",
 ]
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'autohet_ray.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"autohet_ray.checkpoint.{home}"), name)   # torch only where needed

@@ -14,6 +14,7 @@ The keeper kinds reached through an actor are built in elastic/tiers.py (Ray); t
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -92,3 +93,12 @@ class TimedTier:
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
+
+
+def location(spec: dict, name: str) -> str:
+    """Where the object `name` of a tier spec lives, for messages and local files (a path or an s3:// URL)."""
+    if spec["kind"] == "s3":
+        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}{name}"
+    if spec["kind"] == "dir":
+        return os.path.join(spec["path"], name)
+    return os.path.join(spec.get("dir") or f"<node store of {spec['name']}>", name)

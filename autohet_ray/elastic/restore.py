@@ -5,7 +5,7 @@ is not a reason to skip a step: it is raised, for recovery to handle like any ot
 from __future__ import annotations
 
 from autohet_ray.checkpoint import find_manifest
-from autohet_ray.elastic.restore_report import (NothingToRestore, describe_skipped, merge_restores,
+from autohet_ray.checkpoint.restore_report import (NothingToRestore, describe_skipped, merge_restores,
                                                    skipped_chunk, tier_order)
 from autohet_ray.elastic.report import report_failure
 

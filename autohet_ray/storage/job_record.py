@@ -7,9 +7,11 @@ import json
 import os
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.errors import CheckpointError, ChunkMissingError
+from autohet_ray.checkpoint.tier_specs import direct_tier
+from autohet_ray.safe_names import plain_name
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import check_storage, location
-from autohet_ray.safe_names import plain_name
 
 
 def read_job_record(spec: dict) -> dict | None:
@@ -31,10 +33,7 @@ def read_job_record(spec: dict) -> dict | None:
 
 def newest_committed_step(spec: dict) -> tuple[int | None, int]:
     """(the newest step whose manifest is valid, or None; how many manifests the storage holds)."""
-    # lazy: checkpoint/__init__ loads torch
-    from autohet_ray.checkpoint.errors import CheckpointError, ChunkMissingError
-    from autohet_ray.checkpoint.steps import load_manifest  # lazy: checkpoint/__init__ loads torch
-    from autohet_ray.checkpoint.tier_specs import direct_tier  # lazy: checkpoint/__init__ loads torch
+    from autohet_ray.checkpoint.steps import load_manifest  # lazy: torch (manifests hash with the codec)
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         return None, 0                            # (a directory tier would make the directory)
     tier = direct_tier(spec)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.tier_specs import location  # noqa: F401 (re-exported)
 
 
 def split_s3(url: str) -> tuple[str, str]:
@@ -61,12 +62,3 @@ def check_storage(spec: dict, *, create: bool = True) -> None:
         raise ConfigError(f"storage {path!r} is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"storage directory {path!r} is not writable")
-
-
-def location(spec: dict, name: str) -> str:
-    """Where the object `name` of a tier spec lives, for messages and local files (a path or an s3:// URL)."""
-    if spec["kind"] == "s3":
-        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}{name}"
-    if spec["kind"] == "dir":
-        return os.path.join(spec["path"], name)
-    return os.path.join(spec.get("dir") or f"<node store of {spec['name']}>", name)

@@ -11,7 +11,7 @@ from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.layout import Chunk
 from autohet_ray.cluster.live import without_nodes
 from autohet_ray.checkpoint.holdings import tiling_holdings
-from autohet_ray.elastic.restore_report import merge_restores, tier_order
+from autohet_ray.checkpoint.restore_report import merge_restores, tier_order
 from autohet_ray.elastic.tiers import build_tier
 from autohet_ray.storage.spec import storage_spec
 

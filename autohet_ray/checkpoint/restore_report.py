@@ -3,7 +3,7 @@ order, the chunks a restore could not use, and one report over the ranks."""
 from __future__ import annotations
 
 from autohet_ray import ConfigError
-from autohet_ray.storage.spec import location
+from autohet_ray.checkpoint.tier_specs import location
 
 RESTORE_MODES = ("local_first", "cloud_only")
 
