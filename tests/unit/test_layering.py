@@ -1,6 +1,6 @@
 """The layers of docs/design.md ("Layers"), checked over every module's imports, those inside functions included:
-no arrow runs back up a floor, no two modules import each other through any chain, and the few third-party
-libraries stay in their layers."""
+no arrow runs back up a floor, no two modules import each other through any chain, the few third-party
+libraries stay in their layers, and an import stays inside a function only with a `# lazy: <reason>`."""
 import ast
 import functools
 import pathlib
