@@ -8,6 +8,7 @@ import ray
 
 from autohet_ray.cluster import node_probe
 from autohet_ray.cluster.node_probe import LOST_VERDICTS, RAYLET_PROBE_TIMEOUT_S, probe_all
+from autohet_ray.elastic.keeper_tier import get_keeper
 
 
 
@@ -46,7 +47,6 @@ class NodeWatch(node_probe.NodeWatch):
 
 def keeper_alive(job_id: str, node_id: str) -> bool | None:
     """True when the job's keeper on the node answers (the node lives), False when it died, None when unsure."""
-    from autohet_ray.elastic.keeper import get_keeper
     try:
         ray.get(get_keeper(job_id, node_id).node_id.remote(), timeout=1.0)
         return True

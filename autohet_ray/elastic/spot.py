@@ -28,6 +28,8 @@ import threading
 import time
 
 import ray
+from ray._private.state import state
+from ray.core.generated import autoscaler_pb2
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
@@ -51,7 +53,6 @@ def watcher_name(job_id: str, node_id: str) -> str:
 
 def drain_node(node_id: str, *, deadline_s: float, message: str, gcs_address: str | None = None) -> None:
     """Drain a node through Ray's GCS with the preemption reason; RuntimeError if Ray refuses."""
-    from ray.core.generated import autoscaler_pb2
     address = gcs_address or ray.get_runtime_context().gcs_address
     gcs = ray._raylet.GcsClient(address=address)
     accepted, why = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
@@ -63,7 +64,6 @@ def drain_node(node_id: str, *, deadline_s: float, message: str, gcs_address: st
 def draining_nodes() -> dict[str, int]:
     """Ray's own drain signal: node id -> drain deadline (ms since the epoch; 0: none) of every live node being
     drained (by a spot watcher, the autoscaler, or KubeRay's pod SIGTERM). Private Ray API: see the module doc."""
-    from ray._private.state import state
     return dict(state.get_draining_nodes())
 
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
+from autohet_ray.metrics.tensorboard import check_available
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
@@ -178,7 +179,6 @@ class TrainJob:
         if self.spot_provider not in PROVIDER_CHOICES:
             raise ConfigError(f"spot_provider={self.spot_provider!r}; valid: {', '.join(PROVIDER_CHOICES)}")
         if self.tensorboard is not None:
-            from autohet_ray.metrics.tensorboard import check_available
             check_available(self.tensorboard)
 
     @property
