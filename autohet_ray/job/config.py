@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from autohet_ray import ConfigError
+from autohet_ray.cloud.notices import PROVIDER_CHOICES
 from autohet_ray.config_io import dataclass_from_dict
 from autohet_ray.metrics.tensorboard import check_available
 from autohet_ray.plan.schedule import schedule_choices
@@ -175,7 +176,6 @@ class TrainJob:
         if self.elastic and self.storage is None:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
-        from autohet_ray.cloud.notices import PROVIDER_CHOICES
         if self.spot_provider not in PROVIDER_CHOICES:
             raise ConfigError(f"spot_provider={self.spot_provider!r}; valid: {', '.join(PROVIDER_CHOICES)}")
         if self.tensorboard is not None:

@@ -12,8 +12,12 @@ import re
 from dataclasses import MISSING, dataclass, fields
 
 from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
 from autohet_ray.config_io import dataclass_from_dict, mapping, read_structured
 from autohet_ray.job.config import TrainJob
+from autohet_ray.model.spec import load_model, model_from_dict
+from autohet_ray.plan.schema import load_plan, plan_from_dict
+from autohet_ray.storage.spec import storage_spec
 
 REFERENCES = {"model": "PRESET|FILE|hf:DIR", "priced_as": "PRESET|FILE|hf:DIR", "cluster": "FILE",
               "plan": "FILE", "storage": "DIR|s3://BUCKET/PREFIX"}
@@ -55,19 +59,15 @@ def resolve(name: str, value, *, endpoint_url: str | None = None):
     if value is None:
         return None
     if name in ("model", "priced_as"):
-        from autohet_ray.model.spec import load_model, model_from_dict
         spec = load_model(value) if isinstance(value, str) else model_from_dict(mapping(value, name), source=name)
         return spec.to_dict()
     if name == "cluster":
-        from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
         spec = load_cluster(value) if isinstance(value, str) else cluster_from_dict(mapping(value, name),
                                                                                     source=name)
         return spec.to_dict()
     if name == "plan":
-        from autohet_ray.plan.schema import load_plan, plan_from_dict
         return (load_plan(value) if isinstance(value, str) else plan_from_dict(mapping(value, name))).to_dict()
     if name == "storage" and isinstance(value, str):
-        from autohet_ray.storage.spec import storage_spec
         return storage_spec(value, endpoint_url=endpoint_url)
     if name in ABSOLUTE_PATHS and isinstance(value, str):
         return os.path.abspath(value)

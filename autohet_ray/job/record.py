@@ -7,8 +7,16 @@ from __future__ import annotations
 import os
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.errors import CheckpointError, ChunkMissingError
+from autohet_ray.checkpoint.steps import load_manifest
+from autohet_ray.checkpoint.tier_specs import direct_tier
+from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.config_io import mapping, parse_json, text_field
+from autohet_ray.job.config import job_from_dict
+from autohet_ray.model.spec import model_from_dict
 from autohet_ray.safe_names import plain_name
+from autohet_ray.storage import job_files
+from autohet_ray.storage.spec import check_storage, location
 
 
 CHECKS = ("all", "model", "id")
@@ -18,8 +26,6 @@ def read_job_record(storage: dict, *, check: str = "all", missing_ok: bool = Fal
     """(job id, TrainJob fields) of the job that wrote `storage` (a tier spec); ConfigError when the storage
     holds a malformed job.json, or none (None instead with `missing_ok`). `check`: "all" fields (a resume runs
     them all), the "model" and the dataset only (what an export reads), or the job "id" only."""
-    from autohet_ray.storage import job_files
-    from autohet_ray.storage.spec import location
     where = location(storage, job_files.JOB_FILE)
     try:
         text = job_files.read_text(storage, job_files.JOB_FILE)
@@ -51,9 +57,6 @@ def job_record_from_text(text: str, where: str, *, check: str = "all") -> tuple[
 
 def newest_committed_step(spec: dict) -> tuple[int | None, int]:
     """(the newest step whose manifest is valid, or None; how many manifests the storage holds)."""
-    from autohet_ray.checkpoint.errors import CheckpointError, ChunkMissingError
-    from autohet_ray.checkpoint.steps import load_manifest
-    from autohet_ray.checkpoint.tier_specs import direct_tier
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         return None, 0                            # (a directory tier would make the directory)
     tier = direct_tier(spec)
@@ -70,7 +73,6 @@ def newest_committed_step(spec: dict) -> tuple[int | None, int]:
 def refuse_existing_job(spec: dict, url: str) -> None:
     """ConfigError (one line) when the storage `url` already holds a job: a job.json or any manifest. Reads
     only; a directory that does not exist holds nothing."""
-    from autohet_ray.storage.spec import check_storage
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         return                                     # nothing there, or no directory (check_storage says so)
     if spec["kind"] == "s3":
@@ -90,7 +92,6 @@ def refuse_existing_job(spec: dict, url: str) -> None:
 
 
 def check_model_and_data(job: dict, where: str) -> None:
-    from autohet_ray.model.spec import model_from_dict
     if "model" not in job:
         raise ConfigError(f"{where}: job has no 'model'")
     model_from_dict(job["model"], source=f"{where}: job.model")
@@ -100,9 +101,6 @@ def check_model_and_data(job: dict, where: str) -> None:
 
 def check_job_fields(job: dict, where: str) -> None:
     """ConfigError naming the field unless `job` builds a TrainJob whose model and cluster are valid."""
-    from autohet_ray.cluster.spec import cluster_from_dict
-    from autohet_ray.job.config import job_from_dict
-    from autohet_ray.model.spec import model_from_dict
     if not job:
         raise ConfigError(f"{where}: job is empty; it must hold the TrainJob fields")
     try:
