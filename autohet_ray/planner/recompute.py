@@ -17,7 +17,7 @@ from autohet_ray.plan.schema import RECOMPUTE_MODES, check_recompute  # noqa: F4
 
 
 def plan_auto_recompute(plan_once: Callable, time_limit_s: float, cluster, model, profile, schedules,
-                        improve: Callable | None = None):
+                        improve: Callable | None = None, key: Callable | None = None):
     """`plan_once(recompute: bool, time_limit_s) -> PlanResult` without and with recomputation (half the time
     limit each), the faster result, with recomputation kept only on the stages that need it to fit, then
     `improve(plan, evaluation) -> (plan, evaluation)` if given."""
@@ -32,7 +32,7 @@ def plan_auto_recompute(plan_once: Callable, time_limit_s: float, cluster, model
             errors.append(err)
     if not results:
         raise errors[-1]
-    best = min(results, key=lambda r: r.evaluation.iteration_time_s)
+    best = min(results, key=key or (lambda r: r.evaluation.iteration_time_s))   # key: the planner's goal
     plan, ev = drop_unneeded_recompute(best.plan, best.evaluation, cluster, model, profile, schedules)
     if improve is not None:
         plan, ev = improve(plan, ev)
