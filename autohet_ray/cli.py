@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--micro-batch", type=int)
     _schedule_option(p)
+    from autohet_ray.cli_money import add_money_options
+    add_money_options(p)
     p.add_argument("--profile", help="profile DB JSON (default: analytic, from the device catalog)")
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--dtype", choices=("bf16", "fp32", "bfloat16", "float32"), default="bf16",
@@ -114,6 +116,8 @@ def _train_parser(sub) -> None:
     t.add_argument("--seq-len", type=int)
     t.add_argument("--micro-batch", type=int)
     _schedule_option(t)
+    from autohet_ray.cli_money import add_money_options
+    add_money_options(t)
     t.add_argument("--profile", default="analytic", help="analytic, measured (profile on Ray), or a profile JSON")
     t.add_argument("--profile-cache", help="directory caching measured profiles")
     t.add_argument("--seed", type=int, default=0)

@@ -77,7 +77,12 @@ def job_fields(args) -> dict:
             "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
             "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s,
             "max_recoveries": args.max_recoveries, "recovery_window_steps": args.recovery_window,
-            "dataset_cache_gb": args.dataset_cache_gb, **clock}
+            "dataset_cache_gb": args.dataset_cache_gb, **job_money_fields(args), **clock}
+
+
+def job_money_fields(args) -> dict:
+    from autohet_ray.cli_money import job_money_fields as fields
+    return fields(args)
 
 
 def _tensorboard_dir(args) -> str | None:
