@@ -19,6 +19,7 @@ from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
 from autohet_ray.planner.batch import allocate_microbatches
 from autohet_ray.planner.floor import iteration_floor_s
+from autohet_ray.planner.enumerate_groupings import all_groupings
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
 from autohet_ray.planner.money import (check_goal_cluster, cheapest_groupings, estimate_key, grouping_gpus,
                                        grouping_money, on_cheapest_nodes, unmet_goal_message)
@@ -41,6 +42,7 @@ DEADLINE_SLACKS = (0.01, 0.02, 0.04)   # small clusters: also solve this much ab
 SMALL_CANDIDATES = 40         # small clusters: full-model evaluations are cheap, the deadline model is rough
 SHORTLIST = 300
 MAX_MICROBATCH_TOKENS = 8192
+ALL_ORDERS_UP_TO = 2          # small clusters: pipelines of up to this many stages keep every stage order
 EXACT_TIMES_UP_TO = 256       # small clusters: exact per-template times for up to this many micro-batches
 
 
@@ -265,6 +267,8 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
     solved = _groupings(shortlist, cluster, total, clock, warm,
                         candidates=SMALL_CANDIDATES if small else CANDIDATES_PER_BATCH,
                         slacks=DEADLINE_SLACKS if small else (), money=money)
+    if small:
+        solved = solved + all_groupings(shortlist, cluster, total, SMALL_CANDIDATES)
     if goal.minimizes_cost:
         floor_s = global_batch / goal.min_samples_per_s if goal.min_samples_per_s else None
         fastest = min((g.deadline_s for g in solved), default=min(t.fixed_s for t in shortlist))
@@ -314,7 +318,10 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
                 evals += [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble, schedules)
                           for o in orderings(usage, exhaustive=small) if o not in tried]
             evals = [e for e in evals if e is not None]
-            if evals:
+            if evals and small and len(first) <= ALL_ORDERS_UP_TO:
+                # each order: which is faster depends on the micro-batches the pipeline gets
+                found.update({e.kinds: e for e in evals})
+            elif evals:
                 found[tuple(sorted(usage.items()))] = min(evals, key=score)
         if small and found:
             found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO), zero_bubble, schedules)
