@@ -1,6 +1,6 @@
 """The planner against the independent exhaustive search (tests/exhaustive.py) under money goals
-(cost/money.py), on tiny instances (MONEY_INSTANCES, 30): `cost` ($ per token; the planner may
-leave GPUs out, and the searcher tries every subset of them) and `budget` (the most samples/s within 60% of
+(cost/money.py), on tiny instances (MONEY_INSTANCES, 31): `cost` ($ per token; the planner may
+leave GPUs out, and the searcher tries every subset of them) and `budget` (the most samples/s within 75% of
 what all the GPUs cost). The gap is planner key / optimum key - 1 (key: $ per iteration, or seconds under a
 budget); the bar is <= 1% on every instance. Prices: TEST_PRICES below (on-demand list-like figures, spot at
 40%), with every instance's first node on spot. Analytic profile: predictions of the cost model.
@@ -32,7 +32,7 @@ from optimality_bench import BAR, INSTANCES, PROFILED_MICRO_BATCHES, describe  #
 ON_DEMAND = {"H800": 12.29, "H100": 12.29, "H200": 14.0, "H20": 5.12, "A100-80GB": 5.12, "A100-40GB": 4.09,
              "V100": 3.06, "L40S": 3.77, "A10": 1.21}
 TEST_PRICES = {d: Price(on_demand=p, spot=round(0.4 * p, 2)) for d, p in ON_DEMAND.items()}
-BUDGET_SHARE = 0.6
+BUDGET_SHARE = 0.75
 _2A1H = (("A100-80GB", 2), ("H20", 1))
 _2H1A = (("H800", 2), ("A100-80GB", 1))
 _2L1H = (("L40S", 2), ("H100", 1))
@@ -45,7 +45,8 @@ MONEY_INSTANCES = [(nodes, model, layers, batch, mb, "1f1b")
                    for nodes in (_2A1H, _2H1A, _2L1H, _1H2L, _2A2V, _2H2H)
                    for model, layers, batch, mb in (("llama-13b", 16, 8, 1), ("llama-7b", 8, 32, 2),
                                                     ("llama-13b", 16, 64, 4), ("gpt3-6.7b", 16, 16, None),
-                                                    ("llama-7b", 16, 32, 2))]
+                                                    ("llama-7b", 16, 32, 2))] + [
+    (_2H2H, "gpt3-1.3b", 8, 64, 4, "1f1b")]       # (#22 fits nowhere: 31 instances, 30 with a plan)
 
 
 def money_cluster(nodes):
