@@ -27,7 +27,7 @@ from autohet_ray.model import PRESETS  # noqa: E402
 from autohet_ray.planner import plan_with_baselines  # noqa: E402
 from autohet_ray.profile.analytic import analytic_profile  # noqa: E402
 from exhaustive import exhaustive_best  # noqa: E402
-from optimality_bench import BAR, INSTANCES, PROFILED_MICRO_BATCHES, describe  # noqa: E402
+from optimality_bench import BAR, PROFILED_MICRO_BATCHES, describe  # noqa: E402
 
 ON_DEMAND = {"H800": 12.29, "H100": 12.29, "H200": 14.0, "H20": 5.12, "A100-80GB": 5.12, "A100-40GB": 4.09,
              "V100": 3.06, "L40S": 3.77, "A10": 1.21}

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.money import Goal, node_gpu_price, plan_usd_per_hour
+from autohet_ray.cost.money import Goal, check_priced, node_gpu_price, plan_usd_per_hour
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.grouping import Grouping, GroupingMoney, price_pieces, solve_grouping
 
@@ -107,12 +106,10 @@ def unmet_goal_message(goal: Goal, cluster: Cluster, fastest, cheapest) -> str:
     usd = plan_usd_per_hour(plan, cluster, goal.prices)
     return (f"no plan fits a budget of ${goal.max_usd_per_hour:g}/hour on {cluster.name}: the cheapest plan found "
             f"costs ${usd:.2f}/hour ({ev.samples_per_s:.1f} samples/s); raise --max-cost-per-hour to at least "
-            f"{math.ceil(usd * 100) / 100:.2f}" + (f" or lower --min-samples-per-s" if goal.min_samples_per_s else ""))
+            f"{math.ceil(usd * 100) / 100:.2f}" + (" or lower --min-samples-per-s" if goal.min_samples_per_s else ""))
 
 
 def check_goal_cluster(goal: Goal, cluster: Cluster) -> None:
+    """ConfigError naming the cluster's device types the goal's prices lack."""
     if goal.prices is not None:
-        missing = [d for d in cluster.device_types() if d not in goal.prices]
-        if missing:
-            raise ConfigError(f"the prices have no price for {', '.join(missing)} (cluster {cluster.name!r}); "
-                              f"priced: {', '.join(sorted(goal.prices))}")
+        check_priced(cluster, goal.prices)

@@ -5,7 +5,6 @@ bounded by the memory of the schedules allowed (only zb-h1: its activations and 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
@@ -17,8 +16,8 @@ from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import Plan
 from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
+from autohet_ray.planner.best import PlanResult, _Best, _Deadline  # noqa: F401  (PlanResult re-exported)
 from autohet_ray.planner.batch import allocate_microbatches
-from autohet_ray.planner.floor import iteration_floor_s
 from autohet_ray.planner.enumerate_groupings import all_groupings
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
 from autohet_ray.planner.money import (check_goal_cluster, cheapest_groupings, estimate_key, grouping_gpus,
@@ -44,76 +43,6 @@ SHORTLIST = 300
 MAX_MICROBATCH_TOKENS = 8192
 ALL_ORDERS_UP_TO = 2          # small clusters: pipelines of up to this many stages keep every stage order
 EXACT_TIMES_UP_TO = 256       # small clusters: exact per-template times for up to this many micro-batches
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanResult:
-    plan: Plan
-    evaluation: Evaluation
-    solve_time_s: float
-    num_templates: int
-    hit_time_limit: bool
-
-
-@dataclass(kw_only=True)
-class _Best:
-    plan: Plan | None = None
-    evaluation: Evaluation | None = None
-    templates: int = 0
-    keep: int = 1                # how many of the best plans `top` holds
-    top: list[tuple[Plan, Evaluation]] = field(default_factory=list)     # best first
-    goal: Goal = THROUGHPUT      # what "best" means (cost/money.py): seconds, or $, per iteration
-    cluster: Cluster | None = None
-    fastest_unmet: tuple | None = None      # plans that fit but break the goal's budget or floor
-    cheapest_unmet: tuple | None = None
-
-    def key(self, plan: Plan, ev: Evaluation) -> float:
-        return self.goal.key(plan, self.cluster, ev.iteration_time_s)
-
-    def beats(self, plan: Plan, cluster: Cluster, table: GroupCostTable, schedules: tuple[str, ...]) -> bool:
-        """Whether the `keep` plans kept are all no worse than `plan` can be (from its time's floor): then
-        pricing it is moot."""
-        return len(self.top) >= self.keep and self.goal.key(plan, cluster, iteration_floor_s(
-            plan, cluster, table.model, table.profile, table, schedules)) >= self.key(*self.top[-1])
-
-    def offer(self, plan: Plan, ev: Evaluation) -> None:
-        if not ev.feasible or any(p == plan for p, _ in self.top):
-            return
-        key = self.key(plan, ev)
-        if key == float("inf"):
-            self._unmet(plan, ev)
-            return
-        if self.evaluation is None or key < self.key(self.plan, self.evaluation):
-            self.plan, self.evaluation = plan, ev
-        self.top.append((plan, ev))
-        self.top.sort(key=lambda entry: self.key(*entry))
-        del self.top[self.keep:]
-
-    def _unmet(self, plan: Plan, ev: Evaluation) -> None:
-        if self.fastest_unmet is None or ev.iteration_time_s < self.fastest_unmet[1].iteration_time_s:
-            self.fastest_unmet = (plan, ev)
-        usd = lambda entry: self.goal.usd_per_hour(entry[0], self.cluster)  # noqa: E731
-        if self.cheapest_unmet is None or usd((plan, ev)) < usd(self.cheapest_unmet):
-            self.cheapest_unmet = (plan, ev)
-
-    def merge_unmet(self, other: "_Best") -> None:
-        for entry in (other.fastest_unmet, other.cheapest_unmet):
-            if entry is not None:
-                self._unmet(*entry)
-
-
-@dataclass
-class _Deadline:
-    start: float
-    limit_s: float
-    hit: bool = field(default=False)
-
-    def left(self) -> float:
-        return self.limit_s - (time.perf_counter() - self.start)
-
-    def over(self) -> bool:
-        self.hit = self.hit or self.left() <= 0
-        return self.hit
 
 
 def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: int | None) -> list[int]:
