@@ -96,7 +96,7 @@ def on_cheapest_nodes(plan: Plan, cluster: Cluster, goal: Goal) -> Plan:
 
 def unmet_goal_message(goal: Goal, cluster: Cluster, fastest, cheapest) -> str:
     """One line: what a goal no plan met would need. `fastest` / `cheapest`: (plan, evaluation) of the fastest
-    and the cheapest-per-hour plans that fit in memory but broke the goal."""
+    plan that fits in memory but broke the goal, and of the cheapest per token (or per hour, of those seen)."""
     plan, ev = fastest
     if goal.min_samples_per_s is not None and ev.samples_per_s < goal.min_samples_per_s:
         return (f"no plan reaches {goal.min_samples_per_s:g} samples/s on {cluster.name}: the fastest found gives "
@@ -104,9 +104,10 @@ def unmet_goal_message(goal: Goal, cluster: Cluster, fastest, cheapest) -> str:
                 f"lower --min-samples-per-s or add GPUs")
     plan, ev = cheapest
     usd = plan_usd_per_hour(plan, cluster, goal.prices)
-    return (f"no plan fits a budget of ${goal.max_usd_per_hour:g}/hour on {cluster.name}: the cheapest plan found "
-            f"costs ${usd:.2f}/hour ({ev.samples_per_s:.1f} samples/s); raise --max-cost-per-hour to at least "
-            f"{math.ceil(usd * 100) / 100:.2f}" + (" or lower --min-samples-per-s" if goal.min_samples_per_s else ""))
+    return (f"no plan found fits a budget of ${goal.max_usd_per_hour:g}/hour on {cluster.name}: the plan cheapest "
+            f"per token costs ${usd:.2f}/hour ({ev.samples_per_s:.1f} samples/s); raise --max-cost-per-hour to "
+            f"{math.ceil(usd * 100) / 100:.2f} for it" + (" or lower --min-samples-per-s" if goal.min_samples_per_s
+                                                        else ""))
 
 
 def check_goal_cluster(goal: Goal, cluster: Cluster) -> None:

@@ -159,7 +159,14 @@ def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, gl
             per_size.append(improve_best(local.top, table, cluster, small, schedules, clock.over, local.key))
             best.offer(*per_size[-1])
     if best.plan is None and best.fastest_unmet is not None:
-        raise ConfigError(unmet_goal_message(goal, cluster, best.fastest_unmet, best.cheapest_unmet))
+        cheapest = best.cheapest_unmet
+        if goal.max_usd_per_hour is not None:      # the plan cheapest per token: what a budget would need
+            cheap = _plan_training(cluster=cluster, model=model, profile=profile, global_batch=global_batch,
+                                   seq_len=seq_len, micro_batch=micro_batch, time_limit_s=max(1.0, clock.left()),
+                                   incumbents=(), schedules=schedules, recompute=recompute, shard=shard,
+                                   goal=Goal(objective="cost", prices=goal.prices))
+            cheapest = min((cheapest, (cheap.plan, cheap.evaluation)), key=lambda e: goal.usd_per_hour(e[0], cluster))
+        raise ConfigError(unmet_goal_message(goal, cluster, best.fastest_unmet, cheapest))
     if best.plan is None:
         hint = "" if recompute else "; activation recomputation may make it fit (recompute='auto', --recompute auto)"
         raise ConfigError(_no_fit_message(cluster, model, profile, seq_len) + hint)
