@@ -128,7 +128,8 @@ def money_lines(report: dict, titles: dict) -> list[str]:
         lines.append(f"  vs {titles.get(name, name):<29}: ${money['usd_per_hour']:8.2f}/hour, "
                      f"${money['usd_per_million_tokens']:.4f} per million tokens")
     for row in report["left_out"]:
-        where = "on the nodes used" if row["of_used_nodes"] else f"on {', '.join(row['nodes'])}"
+        names = row["nodes"] if len(row["nodes"]) <= 3 else row["nodes"][:2] + [f"{len(row['nodes']) - 2} more"]
+        where = "on the nodes used" if row["of_used_nodes"] else f"on {', '.join(names)}"
         adds = row.get("adds", {})
         gain = (f"adding them: {adds['samples_per_s']:+.1f} samples/s, ${adds['usd_per_hour']:.2f}/hour, "
                 f"${adds['usd_per_million_tokens']:.4f} per million tokens") if "samples_per_s" in adds \
