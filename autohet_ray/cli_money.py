@@ -134,6 +134,9 @@ def money_lines(report: dict, titles: dict) -> list[str]:
         gain = (f"adding them: {adds['samples_per_s']:+.1f} samples/s, ${adds['usd_per_hour']:.2f}/hour, "
                 f"${adds['usd_per_million_tokens']:.4f} per million tokens") if "samples_per_s" in adds \
             else f"adding them: {adds.get('reason', 'not evaluated')}"
+        if report["objective"] == "cost" and adds.get("usd_per_million_tokens", float("inf")) < \
+                plan["usd_per_million_tokens"]:
+            gain += " (cheaper per token than the plan: a longer --time-limit may find it)"
         lines.append(f"left out: {row['gpus']}x {row['device']} ({_spot(row['spot'])}) {where}; {gain}")
     rent = report["rent"]
     lines.append("rent: " + ", ".join(f"{r['node']} ({r['gpus']}x {r['device']}, {_spot(r['spot'])})" for r in rent))
