@@ -10,7 +10,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price,
                                     plan_usd_per_hour, usd_per_million_tokens)
 
-LEFT_OUT_TIME_LIMIT_S = 1.0      # each "what would it add" re-plan
+LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
 
 
 def add_money_options(parser) -> None:

@@ -16,7 +16,7 @@ from autohet_ray.cost.money import Goal, check_priced, node_gpu_price, plan_usd_
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.grouping import Grouping, GroupingMoney, price_pieces, solve_grouping
 
-SCAN_POINTS = 24           # deadlines scanned from the fastest grouping's to the slowest single pipeline's
+SCAN_POINTS = 16           # deadlines scanned from the fastest grouping's to the slowest single pipeline's
 SCAN_RATIO_MIN = 1.04      # adjacent deadlines differ by at least this factor
 
 
