@@ -70,9 +70,9 @@ def _compact(plan, used: dict[str, list[int]]):
 
 
 def what_each_adds(result, cluster, goal: Goal, request: dict, seq_len: int, rows: list[dict]) -> None:
-    """For each left-out class: the fastest plan on the GPUs the plan uses plus that class (a short re-plan
-    seeded with the plan, so it never loses throughput), its samples/s gained, $/hour and $ per million
-    tokens, into the row."""
+    """For each left-out class: the fastest plan on the GPUs the plan uses plus that class (a short re-plan at
+    the plan's micro-batch size, seeded with the plan, so it never loses throughput), its samples/s gained,
+    $/hour and $ per million tokens, into the row."""
     from autohet_ray.planner import plan_training
     used: dict[str, list[int]] = {}
     for p in result.plan.pipelines:
@@ -84,7 +84,8 @@ def what_each_adds(result, cluster, goal: Goal, request: dict, seq_len: int, row
                       for n in cluster.nodes if n.name in used or n.name in row["nodes"])
         sub = replace(cluster, nodes=nodes)
         try:
-            r = plan_training(**request, cluster=sub, time_limit_s=LEFT_OUT_TIME_LIMIT_S, incumbents=(seed,))
+            r = plan_training(**(request | {"micro_batch": request["micro_batch"] or result.plan.micro_batch}),
+                              cluster=sub, time_limit_s=LEFT_OUT_TIME_LIMIT_S, incumbents=(seed,))
         except ConfigError as err:
             row["adds"] = {"reason": str(err)}
             continue
