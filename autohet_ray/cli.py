@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--micro-batch", type=int)
     _schedule_option(p)
+    from autohet_ray.cli_money import add_money_options
+    add_money_options(p)
     p.add_argument("--profile", help="profile DB JSON (default: analytic, from the device catalog)")
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--dtype", choices=("bf16", "fp32", "bfloat16", "float32"), default="bf16",

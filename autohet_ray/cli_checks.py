@@ -8,7 +8,8 @@ from autohet_ray import ConfigError
 
 ABOVE_ZERO = ("time_limit", "global_batch", "seq_len", "priced_seq_len", "micro_batch", "steps", "iteration_wall_s",
               "eval_batches", "lr", "decay_steps", "plan_time_limit_s", "setup_timeout_s", "loss_grace_s",
-              "shard_mb", "workers", "ranks", "train_tokenizer", "dataset_cache_gb")
+              "shard_mb", "workers", "ranks", "train_tokenizer", "dataset_cache_gb", "max_cost_per_hour",
+              "min_samples_per_s")
 AT_LEAST_ZERO = ("eval_every", "min_lr", "warmup_steps", "weight_decay", "clip_grad", "checkpoint_every", "seed",
                  "step", "val_fraction", "adam_beta1", "adam_beta2")
 

@@ -73,7 +73,9 @@ def cmd_plan(args) -> int:
     sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)
     profile = _profile(args, model, cluster, seq_len, sizes)
     check_request(model, profile, args.global_batch, seq_len, schedule_choices(args.schedule))
-    bound = lower_bound_in_background(cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
+    from autohet_ray.cli_money import goal_from_args
+    goal = goal_from_args(args, cluster)
+    bound = lower_bound_in_background(goal=goal, cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
                                       seq_len=seq_len, schedules=schedule_choices(args.schedule),
                                       recompute=args.recompute,
                                       optimizer_sharding=args.optimizer_sharding)
@@ -84,13 +86,22 @@ def cmd_plan(args) -> int:
                                             time_limit_s=args.time_limit - (time.perf_counter() - started),
                                             schedules=schedule_choices(args.schedule),
                                             recompute=args.recompute,
-                                      optimizer_sharding=args.optimizer_sharding)
+                                            optimizer_sharding=args.optimizer_sharding, goal=goal)
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
-    bound_s = bound.result()
+    bound_all = bound.result()
+    bound_s = bound_all["iteration_s"]
+    if goal.prices is not None:
+        from autohet_ray.cli_money import money_report
+        request = dict(model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
+                       micro_batch=args.micro_batch, schedules=schedule_choices(args.schedule),
+                       recompute=args.recompute, optimizer_sharding=args.optimizer_sharding)
+        money = money_report(result, baselines, cluster, goal, seq_len, request)
+        money["lower_bound_usd_per_million_tokens"] = _per_million(bound_all, args.global_batch, seq_len)
     report = plan_report(result, baselines, wall_s=time.perf_counter() - started) | {
-        "lower_bound_iteration_s": bound_s, "dtype": profile.meta.get("dtype", "bfloat16")}
+        "lower_bound_iteration_s": bound_s, "dtype": profile.meta.get("dtype", "bfloat16")} | (
+        {"money": money} if goal.prices is not None else {})
     if args.json:
         print(json.dumps({"plan": result.plan.to_dict(), "predicted": result.plan.predicted.to_dict(), **report}))
         return 0
@@ -111,9 +122,22 @@ def cmd_plan(args) -> int:
               f"or sync)")
     for line in gain_lines(report):
         print(line)
+    if goal.prices is not None:
+        from autohet_ray.cli_money import money_lines
+        for line in money_lines(money, BASELINE_TITLES):
+            print(line)
+        if money["lower_bound_usd_per_million_tokens"] and goal.minimizes_cost:
+            low = money["lower_bound_usd_per_million_tokens"]
+            print(f"within {money['plan']['usd_per_million_tokens'] / low - 1:.0%} of the proven lower bound "
+                  f"${low:.4f} per million tokens (the same relaxation, choosing which GPUs to pay for)")
     if args.out:
         print(f"wrote {args.out}")
     return 0
+
+
+def _per_million(bound: dict, global_batch: int, seq_len: int) -> float | None:
+    usd = bound.get("usd_per_iteration")
+    return None if usd is None else usd / (global_batch * seq_len) * 1e6
 
 
 BASELINE_TITLES = {"megatron": "Megatron-LM, all GPUs", "megatron-subset": "Megatron-LM, best GPU subset",

@@ -24,6 +24,13 @@ Pruning, each provably safe (it drops only plans that cannot beat the incumbent,
   partitions run best bound first, so the search stops at the first such one);
 - identical pipelines (the same groups on the same nodes) are interchangeable: only one order of their
   allocations and options is priced.
+
+With a money goal (cost/money.py Goal: $ per token, a budget, a throughput floor) every plan is ranked by the
+goal's key: $ per iteration = $/hour of the GPUs the partition uses x its iteration time (or the time, under a
+budget). A partition's GPUs are known before its plans are, so each time bound above becomes the incumbent's
+key over the partition's $/hour (a pipeline's own options, cached across partitions, use its own $/hour: a
+partition holding it costs at least that much, so nothing it drops could count). Partitions over the budget
+are skipped, and plans slower than the floor are not kept.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ import itertools
 import math
 
 from autohet_ray.cost.evaluate import evaluate_plan, stage_link_time
+from autohet_ray.cost.money import THROUGHPUT, node_gpu_price
 from autohet_ray.cost.memory import stage_peak_memory
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
@@ -111,8 +119,9 @@ def build_stages(cluster, order, counts, taken=None, flags=None) -> tuple[Stage,
 
 class _Search:
     def __init__(self, cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed,
-                 recompute="none"):
+                 recompute="none", goal=THROUGHPUT):
         self.cluster, self.model, self.profile = cluster, model, profile
+        self.goal, self.unit_usd = goal, 0.0
         self.flags = RECOMPUTE_OPTIONS[recompute]
         self.global_batch, self.seq_len = global_batch, seq_len
         self.micro_batches = sorted(mb for mb in set(micro_batches) if global_batch % mb == 0 or mixed)
@@ -124,14 +133,34 @@ class _Search:
         self.options_cache: dict[tuple, list] = {}
         self.priced = 0
 
+    def key(self, plan: Plan, ev) -> float:
+        return self.goal.key(plan, self.cluster, ev.iteration_time_s)
+
+    def usd(self, groups) -> float:
+        """$/hour of a set of (node, TP degree) groups (0 for plain throughput)."""
+        if self.goal.plain:
+            return 0.0
+        return sum(t * node_gpu_price(self.cluster, self.goal.prices, n) for n, t in groups)
+
+    def limit(self, usd: float) -> float:
+        """Iteration seconds a plan of GPUs costing `usd` per hour must beat to beat the incumbent."""
+        best = self.key(*self.best) if self.best else math.inf
+        if self.goal.min_samples_per_s is not None:
+            floor = self.global_batch / self.goal.min_samples_per_s * (1 + 1e-9)
+        else:
+            floor = math.inf
+        if self.goal.plain or not self.goal.minimizes_cost:
+            return min(best, floor)
+        return min(best / usd if usd > 0 else math.inf, floor)
+
     @property
     def bound(self) -> float:
-        return self.best[1].iteration_time_s if self.best else math.inf
+        return self.limit(self.unit_usd)
 
     def offer(self, plan: Plan) -> None:
         ev = evaluate_plan(plan, self.cluster, self.model, self.profile, self.tables[plan.micro_batch])
         self.priced += 1
-        if ev.feasible and ev.iteration_time_s < self.bound:
+        if ev.feasible and self.key(plan, ev) < (self.key(*self.best) if self.best else math.inf):
             self.best = (plan.with_predicted(ev.predicted()), ev)
 
     def plan_of(self, schedule, pipelines, mb) -> Plan:
@@ -153,13 +182,13 @@ class _Search:
         incumbent of that time, which only falls later, so nothing dropped could have counted)."""
         key = (block, schedule, mb, m)
         if key not in self.options_cache:
-            found = []
+            found, limit = [], self.limit(self.usd(block))
             for order in sorted(set(itertools.permutations(block))):
-                found += self._order_options(order, schedule, mb, m)
+                found += self._order_options(order, schedule, mb, m, limit)
             self.options_cache[key] = sorted(found)
         return [o for o in self.options_cache[key] if o[0] < self.bound]
 
-    def _order_options(self, order, schedule, mb, m):
+    def _order_options(self, order, schedule, mb, m, limit):
         table, split, p, layers = self.tables[mb], schedule in SPLIT_BACKWARD, len(order), self.model.num_layers
         if p > layers:
             return []
@@ -178,7 +207,7 @@ class _Search:
                             micro_batch=mb, seq_len=self.seq_len, pipelines=(pipe,), schedule=schedule)
                 ev = evaluate_plan(plan, self.cluster, self.model, self.profile, table)
                 self.priced += 1
-                if ev.feasible and ev.iteration_time_s < self.bound:
+                if ev.feasible and ev.iteration_time_s < limit:
                     found.append((ev.iteration_time_s, order, tuple(counts), tuple(flags)))
                 return
             first, last = j == 0, j == p - 1
@@ -188,7 +217,7 @@ class _Search:
                     if stage_peak_memory(gc, schedule, p, j, m, n) > gc.capacity_bytes:
                         break
                     parts = gc.stage_split(n, first, last, split)
-                    if arrival + m * sum(parts) >= self.bound:
+                    if arrival + m * sum(parts) >= limit:
                         break
                     rec(j + 1, left - n, arrival + parts[0] + (links[j] if not last else 0.0), counts + [n],
                         flags + [flag])
@@ -258,14 +287,18 @@ class _Search:
                     for b in blocks:
                         floors = [self.per_sample_floor(b, s, schedule) for s in self.sizes_for(b, mb)]
                         rates.append(1.0 / min(floors) if floors else 0.0)
+                    usd = self.usd([g for b in blocks for g in b])
+                    if self.goal.max_usd_per_hour is not None and usd > self.goal.max_usd_per_hour * (1 + 1e-9):
+                        continue
                     if all(r > 0 for r in rates):
-                        out.append((self.global_batch / sum(rates), schedule, mb, blocks))
-        return sorted(out, key=lambda u: (u[0], u[1], u[2] or 0, u[3]))
+                        out.append((self.global_batch / sum(rates), schedule, mb, blocks, usd))
+        order = (lambda u: u[0] * u[4]) if self.goal.minimizes_cost else (lambda u: u[0])
+        return sorted(out, key=lambda u: (order(u), u[1], u[2] or 0, u[3]))
 
     def seed(self, units) -> None:
         """An incumbent from a few cheap plans (each pipeline's layers and every pipeline's micro-batches in
         proportion to speed), so that the bounds prune from the start; the search itself does not rely on it."""
-        for _, schedule, mb, blocks in units[:SEED_UNITS]:
+        for _, schedule, mb, blocks, _ in units[:SEED_UNITS]:
             size = mb if mb is not None else min(self.micro_batches)
             if self.global_batch % size or not all(self.has_entries(b, size) for b in blocks):
                 continue
@@ -291,9 +324,13 @@ class _Search:
     def run(self):
         units = self.units()
         self.seed(units)
-        for floor, schedule, mb, blocks in units:
+        for floor, schedule, mb, blocks, usd in units:
+            self.unit_usd = usd
+            best = self.key(*self.best) if self.best else math.inf
+            if (floor * usd if self.goal.minimizes_cost else floor) >= best:
+                break                # units run in order of their key's floor: none later can do better
             if floor >= self.bound:
-                break
+                continue             # slower than the throughput floor
             floors = [{s: self.per_sample_floor(b, s, schedule) for s in self.sizes_for(b, mb)} for b in blocks]
             ranked = sorted((max(s * m * f[s] for (s, m), f in zip(alloc, floors)), alloc)
                             for alloc in self.allocations(blocks, schedule, mb))
@@ -317,12 +354,13 @@ def _proportional(total: int, weights: list[float]) -> list[int] | None:
 
 def exhaustive_best(cluster, model, profile, global_batch, seq_len, micro_batches,
                     schedules: tuple[str, ...] = PLAN_SCHEDULES, mixed_micro_batches: bool = False,
-                    recompute: str = "none"):
+                    recompute: str = "none", goal=THROUGHPUT):
     """The fastest feasible plan and its evaluation, as (plan, Evaluation), or None if no plan fits.
     Without `mixed_micro_batches` every pipeline runs one of `micro_batches` (those dividing the batch);
     with it each pipeline picks its own size from them. `recompute`: "none", "full" (every stage recomputes)
-    or "auto" (each stage either way)."""
+    or "auto" (each stage either way). `goal` (cost/money.py): the best plan for it instead of the fastest; GPUs
+    may be left out either way."""
     assert recompute in RECOMPUTE_OPTIONS, recompute
     search = _Search(cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed_micro_batches,
-                     recompute)
+                     recompute, goal)
     return search.run()

@@ -17,6 +17,7 @@ class Node:
     device: str          # device type name (catalog or custom)
     count: int           # GPUs on this node
     nic_gbps: float      # this node's inter-node NIC, Gb/s
+    spot: bool = False   # billed at the spot price (cost/money.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +58,7 @@ class Cluster:
         return {
             "name": self.name,
             "nodes": [{"name": n.name, "device": n.device, "count": n.count, "nic_gbps": n.nic_gbps}
-                      for n in self.nodes],
+                      | ({"spot": True} if n.spot else {}) for n in self.nodes],
             "network": {"inter_node_gbps": self.inter_node_gbps},
             "devices": {k: {f: v for f, v in d.to_dict().items() if f != "name"}
                         for k, d in self.custom_devices.items()},
@@ -76,7 +77,7 @@ def _positive_number(value, what: str) -> float:
     return float(value)
 
 
-_NODE_KEYS = {"name", "device", "count", "replicas", "nic_gbps"}
+_NODE_KEYS = {"name", "device", "count", "replicas", "nic_gbps", "spot"}
 
 
 def _expand_node(raw, index: int, inter_gbps: float, custom: dict) -> list[Node]:
@@ -93,8 +94,11 @@ def _expand_node(raw, index: int, inter_gbps: float, custom: dict) -> list[Node]
     count = _positive_int(raw["count"], f"nodes[{index}].count")
     replicas = _positive_int(raw.get("replicas", 1), f"nodes[{index}].replicas")
     nic = _positive_number(raw.get("nic_gbps", inter_gbps), f"nodes[{index}].nic_gbps")
+    spot = raw.get("spot", False)
+    if not isinstance(spot, bool):
+        raise ConfigError(f"nodes[{index}].spot={spot!r} must be true or false")
     names = [name] if replicas == 1 else [f"{name}-{i}" for i in range(replicas)]
-    return [Node(name=n, device=device.name, count=count, nic_gbps=nic) for n in names]
+    return [Node(name=n, device=device.name, count=count, nic_gbps=nic, spot=spot) for n in names]
 
 
 def cluster_from_dict(raw, source: str = "<cluster>") -> Cluster:

@@ -77,6 +77,17 @@ class TrainJob:
     optimizer_sharding: str = "none"
     """Optimizer state (fp32 master, AdamW moments) sharded across each layer's data-parallel holders: "none",
     "dp" (every stage) or "auto" (the planner picks it per stage where it makes the plan fit or faster)."""
+    objective: str = "throughput"
+    """What every planning (the first and every re-plan) optimizes: "throughput" (samples/s) or "cost" ($ per
+    token, from `prices`; it may leave GPUs or whole nodes out, so a node that joins is used only if it lowers
+    the $ per token)."""
+    prices: dict | None = None
+    """Contents of a prices file ({prices: {GPU type: {on_demand, spot}}}, $ per GPU-hour; cost/money.py); nodes
+    marked `spot: true` in the cluster file pay the spot price. Needed by objective "cost" and the two limits."""
+    max_cost_per_hour: float | None = None
+    """A budget in $/hour for the GPUs the plan uses: the fastest plan within it (needs `prices`)."""
+    min_samples_per_s: float | None = None
+    """A throughput floor: the cheapest plan per token that reaches it (needs `prices`)."""
     profile: str = "analytic"
     """"analytic" (device catalog), "measured" (profiled on Ray once), or a profile DB .json path. The
     profile the job starts with is saved in `storage` and prices every re-plan."""
@@ -171,6 +182,7 @@ class TrainJob:
         schedule_choices(self.schedule)
         check_recompute(self.recompute)
         check_sharding(self.optimizer_sharding)
+        self.goal()
         if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
             raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
         if self.elastic and self.storage is None:
@@ -185,6 +197,11 @@ class TrainJob:
     def paced(self) -> bool:
         """Whether workers stretch their ops to emulated devices' predicted times."""
         return bool(self.time_scale or self.iteration_wall_s)
+
+    def goal(self):
+        """What the planner optimizes for this job (cost/money.py Goal)."""
+        from autohet_ray.cost.money import goal_from
+        return goal_from(self.objective, self.prices, self.max_cost_per_hour, self.min_samples_per_s)
 
     def schedules(self) -> tuple[str, ...]:
         """The schedules the planner may choose from."""

@@ -26,7 +26,8 @@ def plan_request(job: TrainJob, cluster: Cluster, *, profile, priced_model, seq_
     """The planner's arguments for this job on `cluster`."""
     return dict(cluster=cluster, model=priced_model, profile=profile, global_batch=job.global_batch,
                 seq_len=seq_len, micro_batch=job.micro_batch, time_limit_s=job.plan_time_limit_s,
-                schedules=job.schedules(), recompute=job.recompute, optimizer_sharding=job.optimizer_sharding)
+                schedules=job.schedules(), recompute=job.recompute, optimizer_sharding=job.optimizer_sharding,
+                goal=job.goal())
 
 
 def choose_plan(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int, plan: dict | None,

@@ -12,11 +12,13 @@ BASELINES = {"megatron": ("megatron", False), "megatron-subset": ("megatron", Tr
 
 
 def plan_with_baselines(*, cluster, model, profile, global_batch, seq_len, micro_batch=None, time_limit_s=60.0,
-                        schedules=PLAN_SCHEDULES, seed=True, recompute="none", optimizer_sharding="none"):
+                        schedules=PLAN_SCHEDULES, seed=True, recompute="none", optimizer_sharding="none",
+                        goal=None):
     """The planner's plan and every baseline of BASELINES, all priced with the same cost model and schedules.
     With `seed` the baselines' plans seed the planner (so it is never worse than any of them); the time limit
     covers the baselines too. The baselines may recompute activations as the planner may (`recompute`), and
-    Megatron-LM shards its optimizer state when the planner may (`optimizer_sharding`)."""
+    Megatron-LM shards its optimizer state when the planner may (`optimizer_sharding`). `goal` (cost/money.py)
+    is the planner's objective and limits; the baselines keep their own rules (the most samples/s)."""
     start = time.perf_counter()
     check_request(model, profile, global_batch, seq_len, schedules)
     mbs = micro_batch_candidates(global_batch, profile, micro_batch)
@@ -29,7 +31,8 @@ def plan_with_baselines(*, cluster, model, profile, global_batch, seq_len, micro
                            seq_len=seq_len, micro_batch=micro_batch,
                            time_limit_s=max(0.0, time_limit_s - (time.perf_counter() - start)),
                            incumbents=tuple(b.plan for b in baselines.values() if b.plan is not None) if seed else (),
-                           schedules=schedules, recompute=recompute, optimizer_sharding=optimizer_sharding)
+                           schedules=schedules, recompute=recompute, optimizer_sharding=optimizer_sharding,
+                           **({"goal": goal} if goal is not None else {}))
     return result, baselines
 
 

@@ -5,6 +5,10 @@ finish at most cap_T(D) micro-batches (from its exact split). The program maximi
 whole cluster finishes by D subject to the GPUs of each type, and to packing TP groups inside nodes: for
 every type and TP degree t, groups of degree >= t must fit in the nodes' room for groups that large.
 The smallest D whose optimum reaches the global batch is found by bisection.
+
+With prices (GroupingMoney): each type's GPUs cost the cheapest first (spot nodes before on-demand ones), a
+convex piecewise-linear $/hour of the GPUs used. A budget bounds it; the "cost" mode instead minimizes it
+subject to finishing the batch by D (the caller scans D: $ per iteration is about $/hour x D).
 """
 from __future__ import annotations
 
@@ -25,13 +29,49 @@ class Grouping:
     timed_out: bool = False      # SCIP stopped at its time limit (the result may then vary from run to run)
 
 
+@dataclass(frozen=True)
+class GroupingMoney:
+    pieces: dict[str, tuple[tuple[float, float], ...]]   # device -> (slope, offset): $/h >= slope * gpus + offset
+    budget: float | None = None                             # $/hour at most
+    minimize_cost: bool = False
+
+
+def price_pieces(prices_by_node: list[tuple[str, int, float]]) -> dict[str, tuple[tuple[float, float], ...]]:
+    """The convex $/hour of n GPUs of each type, cheapest nodes first: (device, GPUs, $/GPU-hour) per node."""
+    out = {}
+    for device in dict.fromkeys(d for d, _, _ in prices_by_node):
+        rows = sorted((p, c) for d, c, p in prices_by_node if d == device)
+        pieces = []
+        for k, (price, _) in enumerate(rows):
+            below = sum((price - p) * c for p, c in rows[:k])   # what the cheaper nodes save against this price
+            pieces.append((price, -below))
+        out[device] = tuple(pieces)
+    return out
+
+
+def _add_money(model, n, usage, usable, cluster: Cluster, money: GroupingMoney):
+    """The $/hour expression of the GPUs used, with its budget."""
+    costs = []
+    for device in cluster.device_types():
+        used = quicksum(c * k[1] * n[i] for i in usable for k, c in usage[i] if k[0] == device)
+        cost = model.addVar(lb=0, name=f"usd_{device}")
+        for slope, offset in money.pieces[device]:
+            model.addCons(cost >= slope * used + offset)
+        costs.append(cost)
+    total = quicksum(costs)
+    if money.budget is not None:
+        model.addCons(total <= money.budget * (1 + 1e-9), name="budget")
+    return total
+
+
 def _room(cluster: Cluster, device: str, tp: int) -> int:
     """GPUs of `device` usable by groups of degree >= tp (each node holds whole groups only)."""
     return sum((n.count // tp) * tp for n in cluster.nodes if n.device == device)
 
 
 def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microbatches: int, deadline_s: float,
-                   time_limit_s: float, warm_start: dict[int, int] | None = None) -> Grouping:
+                   time_limit_s: float, warm_start: dict[int, int] | None = None,
+                   money: GroupingMoney | None = None) -> Grouping:
     caps = [min(t.max_microbatches(deadline_s), total_microbatches) for t in templates]
     usable = [i for i, c in enumerate(caps) if c > 0]
     model = Model("device_grouping")
@@ -46,7 +86,16 @@ def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microb
             if terms:
                 model.addCons(quicksum(terms) <= _room(cluster, device, tp), name=f"room_{device}_{tp}")
     model.addCons(quicksum(n.values()) <= total_microbatches, name="one_microbatch_per_pipeline")
-    model.setObjective(quicksum(caps[i] * n[i] for i in usable), "maximize")
+    capacity = quicksum(caps[i] * n[i] for i in usable)
+    usd = _add_money(model, n, usage, usable, cluster, money) if money is not None else None
+    if money is not None and money.minimize_cost:
+        model.addCons(capacity >= total_microbatches, name="finish_the_batch")
+        model.setObjective(usd, "minimize")
+        warm_start = None            # its capacity may fall short of this deadline
+    else:
+        model.setObjective(capacity, "maximize")
+    if warm_start and money is not None and money.budget is not None:
+        warm_start = None            # it may break the budget
     if warm_start:
         sol = model.createSol()
         for i, var in n.items():

@@ -53,19 +53,22 @@ def refine(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: C
 
 
 def improve_best(top: list[tuple[Plan, Evaluation]], table: GroupCostTable, cluster: Cluster, small: bool,
-                 schedules: tuple[str, ...], stop: Callable[[], bool]) -> tuple[Plan, Evaluation]:
+                 schedules: tuple[str, ...], stop: Callable[[], bool],
+                 key: Callable | None = None) -> tuple[Plan, Evaluation]:
     """One micro-batch size's best plan (`top`: its fastest plans, fastest first), with its stage order
     polished. Small clusters: each of `top` is refined first (the closed-form split and allocation leave out
     the optimizer step and zero-bubble's deferred work, which weigh more there), then the best is polished,
-    keeping its few fastest stage orders, and each of those is refined."""
+    keeping its few fastest stage orders, and each of those is refined. `key(plan, evaluation)` ranks plans
+    that use different GPUs (default: the iteration time); refining and polishing keep each plan's GPUs."""
+    key = key or (lambda plan, ev: ev.iteration_time_s)
     if not small:
         return polish(*top[0], table, cluster, exhaustive=False, schedules=schedules)
     refined = [refine(plan, ev, table, cluster, schedules, stop=stop) for plan, ev in top]
-    plan, ev = min(refined, key=lambda entry: entry[1].iteration_time_s)
+    plan, ev = min(refined, key=lambda entry: key(*entry))
     orders = polished(plan, ev, table, cluster, exhaustive=True, schedules=schedules, keep=REFINED_CANDIDATES)
     refined = [entry if entry[0] is plan else refine(*entry, table, cluster, schedules, stop=stop)
                for entry in orders]
-    return min(refined, key=lambda entry: entry[1].iteration_time_s)
+    return min(refined, key=lambda entry: key(*entry))
 
 
 def _neighbours(plan: Plan):

@@ -5,20 +5,23 @@ bounded by the memory of the schedules allowed (only zb-h1: its activations and 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, best_schedule
+from autohet_ray.cost.money import THROUGHPUT, Goal
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import Plan
 from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
+from autohet_ray.planner.best import _Best, _Deadline
 from autohet_ray.planner.batch import allocate_microbatches
-from autohet_ray.planner.floor import iteration_floor_s
+from autohet_ray.planner.enumerate_groupings import all_groupings
 from autohet_ray.planner.grouping import Grouping, kinds_available, solve_grouping
+from autohet_ray.planner.money import (check_goal_cluster, cheapest_groupings, estimate_key, grouping_gpus,
+                                       grouping_money, on_cheapest_nodes, unmet_goal_message)
 from autohet_ray.planner.no_fit import no_fit_message as _no_fit_message
 from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
@@ -39,45 +42,8 @@ DEADLINE_SLACKS = (0.01, 0.02, 0.04)   # small clusters: also solve this much ab
 SMALL_CANDIDATES = 40         # small clusters: full-model evaluations are cheap, the deadline model is rough
 SHORTLIST = 300
 MAX_MICROBATCH_TOKENS = 8192
+ALL_ORDERS_UP_TO = 2          # small clusters: pipelines of up to this many stages keep every stage order
 EXACT_TIMES_UP_TO = 256       # small clusters: exact per-template times for up to this many micro-batches
-
-
-@dataclass(kw_only=True)
-class _Best:
-    plan: Plan | None = None
-    evaluation: Evaluation | None = None
-    templates: int = 0
-    keep: int = 1                # how many of the fastest plans `top` holds
-    top: list[tuple[Plan, Evaluation]] = field(default_factory=list)     # fastest first
-
-    def beats(self, plan: Plan, cluster: Cluster, table: GroupCostTable, schedules: tuple[str, ...]) -> bool:
-        """Whether the `keep` plans kept are all no slower than `plan` can be (its floor): then pricing it is
-        moot."""
-        return len(self.top) >= self.keep and iteration_floor_s(
-            plan, cluster, table.model, table.profile, table, schedules) >= self.top[-1][1].iteration_time_s
-
-    def offer(self, plan: Plan, ev: Evaluation) -> None:
-        if not ev.feasible or any(p == plan for p, _ in self.top):
-            return
-        if self.evaluation is None or ev.iteration_time_s < self.evaluation.iteration_time_s:
-            self.plan, self.evaluation = plan, ev
-        self.top.append((plan, ev))
-        self.top.sort(key=lambda entry: entry[1].iteration_time_s)
-        del self.top[self.keep:]
-
-
-@dataclass
-class _Deadline:
-    start: float
-    limit_s: float
-    hit: bool = field(default=False)
-
-    def left(self) -> float:
-        return self.limit_s - (time.perf_counter() - self.start)
-
-    def over(self) -> bool:
-        self.hit = self.hit or self.left() <= 0
-        return self.hit
 
 
 def micro_batch_candidates(global_batch: int, profile: ProfileDB, micro_batch: int | None) -> list[int]:
@@ -127,23 +93,27 @@ def check_schedules(schedules: tuple[str, ...]) -> None:
 def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                   micro_batch: int | None = None, time_limit_s: float = 60.0,
                   incumbents: tuple[Plan, ...] = (), schedules: tuple[str, ...] = PLAN_SCHEDULES,
-                  recompute: str = "none", optimizer_sharding: str = "none") -> PlanResult:
-    """The fastest plan found within the time limit, each candidate under the fastest of `schedules` that
-    fits. `incumbents` (e.g. the baselines' plans) are evaluated as candidates too, so the result is never
-    worse than them. `recompute` (planner/recompute.py): "none", "full" (every stage) or "auto" (per stage,
-    where it makes the plan fit or faster); `optimizer_sharding` (planner/sharding.py) likewise."""
+                  recompute: str = "none", optimizer_sharding: str = "none", goal: Goal = THROUGHPUT) -> PlanResult:
+    """The best plan found within the time limit for `goal` (cost/money.py: the fastest, the cheapest per
+    token, the fastest within a budget, the cheapest above a throughput floor; all but the first may leave GPUs
+    out), each candidate under the fastest of `schedules` that fits. `incumbents` (e.g. the baselines' plans)
+    are evaluated as candidates too, so the result is never worse than them. `recompute`
+    (planner/recompute.py): "none", "full" (every stage) or "auto" (per stage, where it makes the plan fit or
+    faster); `optimizer_sharding` (planner/sharding.py) likewise."""
     check_request(model, profile, global_batch, seq_len, schedules)
     check_recompute(recompute)
     check_sharding(optimizer_sharding)
+    check_goal_cluster(goal, cluster)
+    key = lambda r: goal.key(r.plan, cluster, r.evaluation.iteration_time_s)  # noqa: E731
     if optimizer_sharding == "auto":
         return plan_auto_sharding(lambda flag, limit, seeds: plan_training(
             cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
             micro_batch=micro_batch, time_limit_s=limit, incumbents=incumbents + seeds, schedules=schedules,
-            recompute=recompute, optimizer_sharding="dp" if flag else "none"),
-            time_limit_s, cluster, model, profile, schedules)
+            recompute=recompute, optimizer_sharding="dp" if flag else "none", goal=goal),
+            time_limit_s, cluster, model, profile, schedules, key)
     request = dict(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
                    micro_batch=micro_batch, incumbents=incumbents, schedules=schedules,
-                   shard=optimizer_sharding == "dp")
+                   shard=optimizer_sharding == "dp", goal=goal)
     if recompute != "auto":
         return _plan_training(**request, time_limit_s=time_limit_s, recompute=recompute == "full")
     small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
@@ -156,19 +126,19 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=plan.micro_batch,
                                seq_len=seq_len)
         return refine(plan, ev, table, cluster, schedules) if small else (plan, ev)
-    return plan_auto_recompute(plan_once, time_limit_s, cluster, model, profile, schedules, improve)
+    return plan_auto_recompute(plan_once, time_limit_s, cluster, model, profile, schedules, improve, key)
 
 
 def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                    micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
                    schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False,
-                   shard: bool = False) -> PlanResult:
+                   shard: bool = False, goal: Goal = THROUGHPUT) -> PlanResult:
     """One planning pass with recomputation on every stage or none. `mixed_recompute` (small clusters under
     recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
     that recomputes on one pipeline only is ranked as such."""
     clock = _Deadline(time.perf_counter(), time_limit_s)
     incumbents = tuple(plan.with_recompute(recompute).with_optimizer_sharding(shard) for plan in incumbents)
-    best, per_size = _Best(), []
+    best, per_size = _Best(goal=goal, cluster=cluster), []
     for plan in incumbents:
         best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
     sizes = micro_batch_candidates(global_batch, profile, micro_batch)
@@ -178,16 +148,26 @@ def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, gl
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len,
                                recompute=recompute, shard_ways=search_ways(shard))
-        local = _Best(keep=REFINED_CANDIDATES if small else 1)
+        local = _Best(keep=REFINED_CANDIDATES if small else 1, goal=goal, cluster=cluster)
         _plan_for_micro_batch(table, cluster, global_batch, clock, local, schedules)
         best.templates += local.templates
+        best.merge_unmet(local)
         if local.plan is not None:
             # every size's best is polished: the estimate can misjudge the stage order by more than the sizes differ
             if mixed_recompute and recompute:
                 local.top = [drop_unneeded_recompute(plan, ev, cluster, model, profile, schedules)
                              for plan, ev in local.top]
-            per_size.append(improve_best(local.top, table, cluster, small, schedules, clock.over))
+            per_size.append(improve_best(local.top, table, cluster, small, schedules, clock.over, local.key))
             best.offer(*per_size[-1])
+    if best.plan is None and best.fastest_unmet is not None:
+        cheapest = best.cheapest_unmet
+        if goal.max_usd_per_hour is not None:      # the plan cheapest per token: what a budget would need
+            cheap = _plan_training(cluster=cluster, model=model, profile=profile, global_batch=global_batch,
+                                   seq_len=seq_len, micro_batch=micro_batch, time_limit_s=max(1.0, clock.left()),
+                                   incumbents=(), schedules=schedules, recompute=recompute, shard=shard,
+                                   goal=Goal(objective="cost", prices=goal.prices))
+            cheapest = min((cheapest, (cheap.plan, cheap.evaluation)), key=lambda e: goal.usd_per_hour(e[0], cluster))
+        raise ConfigError(unmet_goal_message(goal, cluster, best.fastest_unmet, cheapest))
     if best.plan is None:
         hint = "" if recompute else "; activation recomputation may make it fit (recompute='auto', --recompute auto)"
         raise ConfigError(_no_fit_message(cluster, model, profile, seq_len) + hint)
@@ -216,17 +196,26 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
     best.templates += len(templates)
     if not templates:
         return
-    replicated = _replicated(templates, cluster, total)
+    goal, money = best.goal, grouping_money(best.goal, cluster)
+    replicated = _replicated(templates, cluster, total, goal, money, global_batch)
     shortlist = _shortlist(templates)
     warm = _warm_start(replicated[0], templates, shortlist) if replicated else None
     small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
     solved = _groupings(shortlist, cluster, total, clock, warm,
                         candidates=SMALL_CANDIDATES if small else CANDIDATES_PER_BATCH,
-                        slacks=DEADLINE_SLACKS if small else ())
+                        slacks=DEADLINE_SLACKS if small else (), money=money)
+    if small:
+        solved = solved + all_groupings(shortlist, cluster, total, SMALL_CANDIDATES)
+    if goal.minimizes_cost:
+        floor_s = global_batch / goal.min_samples_per_s if goal.min_samples_per_s else None
+        fastest = min((g.deadline_s for g in solved), default=min(t.fixed_s for t in shortlist))
+        solved = cheapest_groupings(shortlist, cluster, total, money, fastest, clock.left, floor_s)[
+            :SMALL_CANDIDATES if small else 2 * CANDIDATES_PER_BATCH] + solved
     # replicated groupings index `templates`, the program's index the shortlist
     memo: dict = {}
     for grouping, pool in [(g, templates) for g in replicated] + [(g, shortlist) for g in solved]:
         plan = _realize(grouping, pool, table, cluster, global_batch, zero_bubble, memo, schedules)
+        plan = plan if plan is None or money is None else on_cheapest_nodes(plan, cluster, goal)
         if plan is not None and not best.beats(plan, cluster, table, schedules):
             best.offer(*best_schedule(plan, cluster, table.model, table.profile, table, schedules))
 
@@ -266,7 +255,10 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
                 evals += [evaluate_template(o, cluster, table, total_microbatches, links, zero_bubble, schedules)
                           for o in orderings(usage, exhaustive=small) if o not in tried]
             evals = [e for e in evals if e is not None]
-            if evals:
+            if evals and small and len(first) <= ALL_ORDERS_UP_TO:
+                # each order: which is faster depends on the micro-batches the pipeline gets
+                found.update({e.kinds: e for e in evals})
+            elif evals:
                 found[tuple(sorted(usage.items()))] = min(evals, key=score)
         if small and found:
             found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO), zero_bubble, schedules)
@@ -288,17 +280,20 @@ def _fits_cluster(usage: dict, cluster: Cluster) -> bool:
     return all(cluster.gpus_of(d) >= n for d, n in _gpus_needed(usage).items())
 
 
-def _replicated(templates: list[TemplateEval], cluster: Cluster, total: int) -> list[Grouping]:
+def _replicated(templates: list[TemplateEval], cluster: Cluster, total: int, goal: Goal = THROUGHPUT,
+                money=None, global_batch: int = 1) -> list[Grouping]:
     """Data-parallel copies of one pipeline shape: the same stage of every copy shares a node, so gradient
-    sync stays on NVLink. The best few by estimate; the full cost model decides."""
+    sync stays on NVLink. The best few for the goal by estimate; the full cost model decides."""
     options = []
     for i, t in enumerate(templates):
         most = min(total, _max_copies(t, cluster))
         for copies in range(1, most + 1):
             est = t.estimate_s(-(-total // copies), replicated=True)
-            options.append((est, i, copies))
+            key = estimate_key(goal, money, grouping_gpus({i: copies}, templates), est, global_batch)
+            if key < float("inf"):
+                options.append((key, est, i, copies))
     options.sort()
-    return [Grouping({i: c}, total, est) for est, i, c in options[:CANDIDATES_PER_BATCH]]
+    return [Grouping({i: c}, total, est) for _, est, i, c in options[:CANDIDATES_PER_BATCH]]
 
 
 def _max_copies(t: TemplateEval, cluster: Cluster) -> int:
@@ -319,18 +314,21 @@ def _warm_start(grouping: Grouping, templates: list[TemplateEval], shortlist: li
     return {index[id(templates[i])]: copies} if id(templates[i]) in index else None
 
 
-def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CANDIDATES_PER_BATCH, slacks=()):
-    """Groupings at the smallest deadlines that finish the batch, best first, each followed by the other
-    solutions SCIP found at that deadline (the deadline model is an estimate: the full cost model decides)."""
-    hi = min(t.sync_nic_s + (t.exact_s[total - 1] if len(t.exact_s) >= total else
-                             t.fixed_s + (total - 1) * t.bottleneck_s) for t in templates)
+def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CANDIDATES_PER_BATCH, slacks=(),
+               money=None):
+    """Groupings at the smallest deadlines that finish the batch (within the budget of `money`, if any), best
+    first, each followed by the other solutions SCIP found at that deadline (the deadline model is an estimate:
+    the full cost model decides)."""
+    single = [t.sync_nic_s + (t.exact_s[total - 1] if len(t.exact_s) >= total else
+                              t.fixed_s + (total - 1) * t.bottleneck_s) for t in templates]
+    hi = max(single) if money is not None and money.budget is not None else min(single)
     lo = min(t.fixed_s for t in templates)
     feasible, solved = [], []
     for _ in range(BISECTION_STEPS):
         if clock.over() or hi - lo <= 2e-3 * hi:
             break
         mid = (lo + hi) / 2
-        g = solve_grouping(templates, cluster, total, mid, min(10.0, max(0.1, clock.left() / 4)), warm_start)
+        g = solve_grouping(templates, cluster, total, mid, min(10.0, max(0.1, clock.left() / 4)), warm_start, money)
         solved.append(g)
         if g.capacity >= total:
             hi = mid
@@ -338,7 +336,7 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
         else:
             lo = mid
     if not feasible or feasible[-1].deadline_s > hi:
-        g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())), warm_start)
+        g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())), warm_start, money)
         solved.append(g)
         if g.capacity >= total:
             feasible.append(g)
@@ -346,7 +344,7 @@ def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CAN
         if clock.over() or not feasible:
             break
         g = solve_grouping(templates, cluster, total, feasible[-1].deadline_s * (1 + slack),
-                           min(10.0, max(0.1, clock.left() / 4)), warm_start)
+                           min(10.0, max(0.1, clock.left() / 4)), warm_start, money)
         solved.append(g)
         feasible.insert(0, g)
     clock.hit = clock.hit or any(g.timed_out for g in solved)

@@ -26,7 +26,8 @@ def search_ways(shard: bool) -> int:
     return SEARCH_SHARD_WAYS if shard else 1
 
 
-def plan_auto_sharding(plan_once: Callable, time_limit_s: float, cluster, model, profile, schedules):
+def plan_auto_sharding(plan_once: Callable, time_limit_s: float, cluster, model, profile, schedules,
+                       key: Callable | None = None):
     """`plan_once(shard: bool, time_limit_s, incumbents) -> PlanResult` without, then with sharding (half the
     time each; the unsharded plan seeds the sharded search, so that one is never worse), the faster result,
     sharding kept only on the stages where it fits the plan or makes it faster."""
@@ -40,7 +41,7 @@ def plan_auto_sharding(plan_once: Callable, time_limit_s: float, cluster, model,
             errors.append(err)
     if not results:
         raise errors[-1]
-    best = min(results, key=lambda r: r.evaluation.iteration_time_s)
+    best = min(results, key=key or (lambda r: r.evaluation.iteration_time_s))   # key: the planner's goal
     plan, ev = drop_unneeded_sharding(best.plan, best.evaluation, cluster, model, profile, schedules)
     return PlanResult(plan=plan.with_predicted(ev.predicted()), evaluation=ev,
                       solve_time_s=time.perf_counter() - start,

@@ -1,11 +1,13 @@
 """The exhaustive searcher (tests/exhaustive.py) against a naive brute force that prunes nothing."""
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
 
 from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.cost import evaluate_plan
+from autohet_ray.cost.money import Goal, Price, cluster_usd_per_hour
 from autohet_ray.model import PRESETS
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.profile import analytic_profile
@@ -43,8 +45,9 @@ def _splits(total, parts):
     return [c for c in itertools.product(range(1, total + 1), repeat=parts) if sum(c) == total]
 
 
-def naive_best(cluster, model, profile, batch, micro_batches, schedules, recompute=(False,)):
-    """The fastest plan's time; `recompute`: the flags each stage may take."""
+def naive_best(cluster, model, profile, batch, micro_batches, schedules, recompute=(False,), goal=None):
+    """The fastest plan's time (with `goal`: the least goal key, cost/money.py); `recompute`: the flags each
+    stage may take."""
     best = None
     for schedule, mb in itertools.product(schedules, micro_batches):
         if batch % mb:
@@ -72,8 +75,11 @@ def naive_best(cluster, model, profile, batch, micro_batches, schedules, recompu
                         for alloc in _splits(batch // mb, len(part)):
                             plan = _plan(model, batch, mb, schedule, chosen, counts, alloc, flags)
                             ev = evaluate_plan(plan, cluster, model, profile)
-                            if ev.feasible and (best is None or ev.iteration_time_s < best):
-                                best = ev.iteration_time_s
+                            if not ev.feasible:
+                                continue
+                            key = goal.key(plan, cluster, ev.iteration_time_s) if goal else ev.iteration_time_s
+                            if key < (math.inf if best is None else best):
+                                best = key
     return best
 
 
@@ -140,3 +146,35 @@ def test_exhaustive_search_with_recomputation_matches_naive_brute_force():
     assert expected is not None and ev.iteration_time_s == pytest.approx(expected, rel=1e-12)
     assert any(s.recompute for p in plan.pipelines for s in p.stages)
     assert exhaustive_best(cluster, model, profile, 2, model.max_seq_len, [1], schedules=("1f1b",)) is None
+
+
+_PRICES = {"H800": Price(on_demand=12.29, spot=4.92), "H20": Price(on_demand=5.12, spot=2.05),
+           "A100-40GB": Price(on_demand=4.09, spot=1.64), "V100": Price(on_demand=3.06, spot=1.22),
+           "H100": Price(on_demand=12.29, spot=4.92), "L40S": Price(on_demand=3.77, spot=1.51)}
+GOALS = {"cost": dict(objective="cost"), "budget": dict(max_usd_per_hour=0.6),     # of all the GPUs' $/hour
+         "floor": dict(min_samples_per_s=0.5)}                                           # of the fastest plan's
+
+
+@pytest.mark.parametrize("goal", list(GOALS))
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_exhaustive_search_matches_naive_brute_force_for_money_goals(case, goal):
+    """The goal's key ($ per iteration, or seconds within a budget / above a floor) over every plan, every
+    subset of GPUs included; the first node is on spot."""
+    nodes, name, layers, batch, mbs, schedules = CASES[case]
+    cluster = cluster_from_dict({"name": "tiny", "network": {"inter_node_gbps": 200},
+                                 "nodes": [{"name": f"n{i}", "device": d, "count": c, "spot": i == 0}
+                                           for i, (d, c) in enumerate(nodes)]})
+    model = replace(PRESETS[name], num_layers=layers)
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=mbs)
+    fastest = naive_best(cluster, model, profile, batch, mbs, schedules)
+    share = GOALS[goal]
+    goal = Goal(prices=_PRICES, **{k: (v if k == "objective" else v * (
+        cluster_usd_per_hour(cluster, _PRICES) if k == "max_usd_per_hour" else batch / fastest))
+        for k, v in share.items()})
+    expected = naive_best(cluster, model, profile, batch, mbs, schedules, goal=goal)
+    found = exhaustive_best(cluster, model, profile, batch, model.max_seq_len, list(mbs), schedules=schedules,
+                            goal=goal)
+    assert expected is not None and found is not None
+    plan, ev = found
+    assert goal.key(plan, cluster, ev.iteration_time_s) == pytest.approx(expected, rel=1e-12)
+    assert ev.iteration_time_s > fastest * (1 + 1e-9)      # the goal binds: the fastest plan is not its answer

@@ -1,0 +1,137 @@
+"""Money on the command line: the --prices / --objective / --max-cost-per-hour / --min-samples-per-s options of
+`autohet plan` and `autohet train`, and the plan's money report: its $/hour and $ per million tokens beside each
+baseline's, the GPUs it leaves out with what each would add, and the nodes to rent (the fleet answer)."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from autohet_ray import ConfigError
+from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price,
+                                    plan_usd_per_hour, usd_per_million_tokens)
+
+LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
+
+
+def add_money_options(parser) -> None:
+    parser.add_argument("--prices", help="prices file: $ per GPU-hour per device type, on-demand and spot "
+                                         "(e.g. jobs/clusters/prices.yaml); nodes marked spot: true pay spot")
+    parser.add_argument("--objective", default="throughput", choices=OBJECTIVES,
+                        help="throughput (most samples/s) or cost (least $ per token; may leave GPUs or whole "
+                             "nodes out); default throughput")
+    parser.add_argument("--max-cost-per-hour", type=float, metavar="USD",
+                        help="budget: the fastest plan whose GPUs cost at most this per hour (needs --prices)")
+    parser.add_argument("--min-samples-per-s", type=float, metavar="N",
+                        help="throughput floor: the cheapest plan per token that reaches it (needs --prices)")
+
+
+def goal_from_args(args, cluster) -> Goal:
+    return goal_from(args.objective, args.prices, args.max_cost_per_hour, args.min_samples_per_s, cluster)
+
+
+def _money(plan, samples_per_s: float, cluster, goal: Goal, seq_len: int) -> dict:
+    usd = plan_usd_per_hour(plan, cluster, goal.prices)
+    return {"usd_per_hour": round(usd, 4),
+            "usd_per_million_tokens": round(usd_per_million_tokens(usd, samples_per_s, seq_len), 6)}
+
+
+def left_out(plan, cluster, goal: Goal) -> list[dict]:
+    """GPUs the plan does not use, per class (device type, spot or on-demand): which nodes, how many."""
+    used: dict[str, int] = {}
+    for p in plan.pipelines:
+        for s in p.stages:
+            used[s.node] = used.get(s.node, 0) + s.tp
+    classes: dict[tuple, dict] = {}
+    for n in cluster.nodes:
+        free = n.count - used.get(n.name, 0)
+        if free > 0:
+            row = classes.setdefault((n.device, n.spot, n.name in used),
+                                     {"device": n.device, "spot": n.spot, "gpus": 0, "nodes": [],
+                                      "of_used_nodes": n.name in used,
+                                      "usd_per_gpu_hour": node_gpu_price(cluster, goal.prices, n.name)})
+            row["gpus"] += free
+            row["nodes"].append(n.name)
+    return list(classes.values())
+
+
+def _compact(plan, used: dict[str, list[int]]):
+    """The plan with each node's GPUs renumbered 0.. in order (on a node shrunk to the GPUs the plan uses)."""
+    index = {node: {g: i for i, g in enumerate(sorted(gpus))} for node, gpus in used.items()}
+    return replace(plan, pipelines=tuple(replace(p, stages=tuple(
+        replace(s, devices=tuple(index[s.node][g] for g in s.devices)) for s in p.stages)) for p in plan.pipelines),
+        predicted=None)
+
+
+def what_each_adds(result, cluster, goal: Goal, request: dict, seq_len: int, rows: list[dict]) -> None:
+    """For each left-out class: the fastest plan on the GPUs the plan uses plus that class (a short re-plan at
+    the plan's micro-batch size, seeded with the plan, so it never loses throughput), its samples/s gained,
+    $/hour and $ per million tokens, into the row."""
+    from autohet_ray.planner import plan_training
+    used: dict[str, list[int]] = {}
+    for p in result.plan.pipelines:
+        for s in p.stages:
+            used.setdefault(s.node, []).extend(s.devices)
+    seed = _compact(result.plan, used)
+    for row in rows:
+        nodes = tuple(n if n.name in row["nodes"] else replace(n, count=len(used[n.name]))
+                      for n in cluster.nodes if n.name in used or n.name in row["nodes"])
+        sub = replace(cluster, nodes=nodes)
+        try:
+            r = plan_training(**(request | {"micro_batch": request["micro_batch"] or result.plan.micro_batch}),
+                              cluster=sub, time_limit_s=LEFT_OUT_TIME_LIMIT_S, incumbents=(seed,))
+        except ConfigError as err:
+            row["adds"] = {"reason": str(err)}
+            continue
+        money = _money(r.plan, r.evaluation.samples_per_s, sub, goal, seq_len)
+        row["adds"] = {"samples_per_s": round(r.evaluation.samples_per_s - result.evaluation.samples_per_s, 3),
+                       **money}
+
+
+def money_report(result, baselines: dict, cluster, goal: Goal, seq_len: int, request: dict) -> dict:
+    """The `money` part of `autohet plan --json` (with --prices)."""
+    started = time.perf_counter()
+    report = {"objective": goal.objective, "max_usd_per_hour": goal.max_usd_per_hour,
+              "min_samples_per_s": goal.min_samples_per_s,
+              "plan": _money(result.plan, result.evaluation.samples_per_s, cluster, goal, seq_len),
+              "all_gpus_usd_per_hour": round(cluster_usd_per_hour(cluster, goal.prices), 4),
+              "baselines": {n: _money(b.plan, b.evaluation.samples_per_s, cluster, goal, seq_len)
+                            for n, b in baselines.items() if b.evaluation is not None}}
+    rows = left_out(result.plan, cluster, goal)
+    if rows:
+        what_each_adds(result, cluster, goal, request, seq_len, rows)
+    report["left_out"] = rows
+    used: dict[str, int] = {}
+    for p in result.plan.pipelines:
+        for s in p.stages:
+            used[s.node] = used.get(s.node, 0) + s.tp
+    report["rent"] = [{"node": name, "device": cluster.node(name).device, "spot": cluster.node(name).spot,
+                       "gpus": gpus} for name, gpus in used.items()]
+    report["left_out_time_s"] = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _spot(flag: bool) -> str:
+    return "spot" if flag else "on-demand"
+
+
+def money_lines(report: dict, titles: dict) -> list[str]:
+    plan = report["plan"]
+    lines = [f"cost: ${plan['usd_per_hour']:.2f}/hour, ${plan['usd_per_million_tokens']:.4f} per million tokens "
+             f"(objective {report['objective']}; all GPUs would cost ${report['all_gpus_usd_per_hour']:.2f}/hour)"]
+    for name, money in report["baselines"].items():
+        lines.append(f"  vs {titles.get(name, name):<29}: ${money['usd_per_hour']:8.2f}/hour, "
+                     f"${money['usd_per_million_tokens']:.4f} per million tokens")
+    for row in report["left_out"]:
+        names = row["nodes"] if len(row["nodes"]) <= 3 else row["nodes"][:2] + [f"{len(row['nodes']) - 2} more"]
+        where = "on the nodes used" if row["of_used_nodes"] else f"on {', '.join(names)}"
+        adds = row.get("adds", {})
+        gain = (f"adding them: {adds['samples_per_s']:+.1f} samples/s, ${adds['usd_per_hour']:.2f}/hour, "
+                f"${adds['usd_per_million_tokens']:.4f} per million tokens") if "samples_per_s" in adds \
+            else f"adding them: {adds.get('reason', 'not evaluated')}"
+        if report["objective"] == "cost" and adds.get("usd_per_million_tokens", float("inf")) < \
+                plan["usd_per_million_tokens"]:
+            gain += " (cheaper per token than the plan: a longer --time-limit may find it)"
+        lines.append(f"left out: {row['gpus']}x {row['device']} ({_spot(row['spot'])}) {where}; {gain}")
+    rent = report["rent"]
+    lines.append("rent: " + ", ".join(f"{r['node']} ({r['gpus']}x {r['device']}, {_spot(r['spot'])})" for r in rent))
+    return lines
