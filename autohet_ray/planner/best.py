@@ -12,7 +12,6 @@ from autohet_ray.cost.money import THROUGHPUT, Goal
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.floor import iteration_floor_s
-from autohet_ray.planner.result import PlanResult  # noqa: F401  (re-exported)
 
 
 @dataclass(kw_only=True)
