@@ -220,7 +220,7 @@ def main(argv=None) -> int:
                 assert grow is not None and grow["joined"] == ["b"], grow
                 assert ctl.planning_ahead.wait(300)
                 print(f"re-planned onto the replacement: {grow['plan']}", file=sys.stderr)
-                ctl.restore_mode = "cloud_only"
+                ctl.recovery.mode = "cloud_only"
                 full = fail_node(ctl, cluster, "b")
                 print(f"cloud-only recovery {phases(full)} bytes {full['bytes_by_tier']} "
                       f"plan {full['plan_source']}", file=sys.stderr)
