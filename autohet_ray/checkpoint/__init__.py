@@ -9,18 +9,31 @@ Typical flow (one coordinator, many ranks):
     manifest = find_manifest(tiers, latest_committed_step(tiers))
     state, report = restore(manifest, needs, tiers=[node_tier, peer_tier, cloud_tier])
 """
-from autohet_ray.checkpoint.errors import (CheckpointError, ChunkMissingError, ChunkUnavailableError,
-                                           CorruptChunkError, IncompleteStepError, InjectedFault,
-                                           ManifestExistsError, TierUnavailableError)
-from autohet_ray.checkpoint.faults import NO_FAULTS, POINTS, Faults
-from autohet_ray.checkpoint.manifest import ChunkRecord, Manifest, merge_records
-from autohet_ray.checkpoint.peers import CopyPlan, assign_writers, choose_peers, place_copies
-from autohet_ray.checkpoint.reshard import (ChunkFetcher, LayoutMismatchError, Piece, RestoreReport, TierStats,
-                                            choose_restorable_step, plan_reads, restore)
-from autohet_ray.checkpoint.snapshot import AsyncSnapshotter, LaneResult, SnapshotHandle, SnapshotPolicy
-from autohet_ray.checkpoint.steps import (CollectReport, collect_garbage, commit_step, find_manifest,
-                                          latest_committed_step, load_manifest, scan_manifests)
-from autohet_ray.checkpoint.tiers import LocalDirTier, MemoryTier, ThrottledTier, Tier, TokenBucket
+import importlib
+
+# Each public name and the module that defines it, imported on first use (PEP 562): a process that needs
+# only the torch-free parts (a node keeper: node_store, copy_check, chunk_hash) does not import torch.
+_MODULE_OF = {
+    "errors": ["CheckpointError", "ChunkMissingError", "ChunkUnavailableError", "CorruptChunkError",
+               "IncompleteStepError", "InjectedFault", "ManifestExistsError", "TierUnavailableError"],
+    "faults": ["NO_FAULTS", "POINTS", "Faults"],
+    "manifest": ["ChunkRecord", "Manifest", "merge_records"],
+    "peers": ["CopyPlan", "assign_writers", "choose_peers", "place_copies"],
+    "reshard": ["ChunkFetcher", "LayoutMismatchError", "Piece", "RestoreReport", "TierStats",
+                "choose_restorable_step", "plan_reads", "restore"],
+    "snapshot": ["AsyncSnapshotter", "LaneResult", "SnapshotHandle", "SnapshotPolicy"],
+    "steps": ["CollectReport", "collect_garbage", "commit_step", "find_manifest", "latest_committed_step",
+              "load_manifest", "scan_manifests"],
+    "tiers": ["LocalDirTier", "MemoryTier", "ThrottledTier", "Tier", "TokenBucket"],
+}
+_NAMES = {name: module for module, names in _MODULE_OF.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'autohet_ray.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"autohet_ray.checkpoint.{_NAMES[name]}"), name)
+
 
 __all__ = [
     "CopyPlan", "place_copies",

@@ -9,23 +9,19 @@ older manifests still verify.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import struct
 import sys
 
 import torch
-import xxhash
 
+from autohet_ray.checkpoint.chunk_hash import HASH_NAME, digest, verify  # noqa: F401  (re-exported)
 from autohet_ray.checkpoint.errors import CorruptChunkError
 
 MAGIC = b"AHC1"
 _LEN = struct.Struct("<I")
 PAYLOAD_ALIGN = 64
-HASH_NAME = "xxh3-128"
-_HASHES = {"xxh3-128": lambda b: xxhash.xxh3_128(b).hexdigest(),
-           "blake2b-256": lambda b: hashlib.blake2b(b, digest_size=32).hexdigest()}
 assert sys.byteorder == "little", "chunk payloads are stored little endian"
 
 
@@ -37,11 +33,6 @@ def dtype_from_name(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     assert isinstance(dtype, torch.dtype), f"not a torch dtype: {name!r}"
     return dtype
-
-
-def digest(blob, algorithm: str = HASH_NAME) -> str:
-    """"<algorithm>:<hex>" of any bytes-like object."""
-    return f"{algorithm}:{_HASHES[algorithm](blob)}"
 
 
 def encode(tensor: torch.Tensor, out: bytearray | None = None) -> bytearray:
@@ -58,18 +49,6 @@ def encode(tensor: torch.Tensor, out: bytearray | None = None) -> bytearray:
         view = torch.frombuffer(blob, dtype=torch.uint8, offset=offset).view(t.dtype).view(t.shape)
         view.copy_(t)
     return blob
-
-
-def verify(blob, expected_digest: str, *, key: str, step: int, tier: str) -> None:
-    """Raise CorruptChunkError unless the blob hashes to `expected_digest`."""
-    algorithm = expected_digest.partition(":")[0]
-    if algorithm not in _HASHES:
-        raise CorruptChunkError(key, step, tier, f"unknown hash algorithm {algorithm!r} in the manifest; "
-                                                 f"known: {', '.join(_HASHES)}")
-    got = digest(blob, algorithm)
-    if got != expected_digest:
-        raise CorruptChunkError(key, step, tier, f"hash mismatch over {len(blob)} bytes "
-                                                 f"(expected {expected_digest}, got {got})")
 
 
 def decode(blob, *, key: str, step: int, tier: str) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from autohet_ray.checkpoint.codec import verify
+from autohet_ray.checkpoint.chunk_hash import verify
 from autohet_ray.checkpoint.errors import ChunkMissingError, CorruptChunkError
 from autohet_ray.checkpoint.keys import step_of_key
 

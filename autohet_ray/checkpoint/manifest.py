@@ -10,7 +10,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from autohet_ray.checkpoint.codec import digest
+from autohet_ray.checkpoint.chunk_hash import digest
 from autohet_ray.checkpoint.errors import CheckpointError, IncompleteStepError
 from autohet_ray.checkpoint.keys import chunk_key
 from autohet_ray.layout import Chunk, covers_exactly

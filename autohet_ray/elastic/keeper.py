@@ -117,9 +117,16 @@ def start_keeper(job_id: str, node_id: str, *, label: str):
 def keeper_spec(job_id: str, node_id: str, node_name: str) -> dict:
     """Start the job's keeper on the node; its tier spec (the store directory lets that node's ranks bypass
     the actor)."""
-    keeper = start_keeper(job_id, node_id, label=f"keeper-{node_name}")
-    return {"kind": "keeper", "name": f"keeper-{node_name}", "node_id": node_id, "job_id": job_id,
-            "dir": ray.get(keeper.directory.remote(), timeout=60)}
+    return keeper_specs(job_id, {node_name: node_id})[node_name]
+
+
+def keeper_specs(job_id: str, node_ids: dict[str, str]) -> dict[str, dict]:
+    """Start the job's keepers on these nodes ({node name: Ray node id}) all at once, then wait for each;
+    their tier specs by node name. (Started one by one, each waits for its own process start.)"""
+    directories = {name: start_keeper(job_id, node_id, label=f"keeper-{name}").directory.remote()
+                   for name, node_id in node_ids.items()}
+    return {name: {"kind": "keeper", "name": f"keeper-{name}", "node_id": node_ids[name], "job_id": job_id,
+                   "dir": ray.get(directory, timeout=60)} for name, directory in directories.items()}
 
 
 def get_keeper(job_id: str, node_id: str):

@@ -16,7 +16,7 @@ import ray
 
 from autohet_ray.cluster.live import describe, without_nodes
 from autohet_ray.cluster.spec import cluster_from_dict
-from autohet_ray.elastic.keeper import keeper_spec
+from autohet_ray.elastic.keeper import keeper_specs
 from autohet_ray.elastic.recovery import Recovery
 from autohet_ray.elastic.report import report_failure
 from autohet_ray.elastic.restore import restore_newest
@@ -79,13 +79,12 @@ class LiveJob:
 
     def start_keepers(self) -> None:
         """A node store (and its keeper) of this job on every live node that has none yet."""
-        for node in self.found.nodes:
-            if node.name not in self.keeper_specs:
-                spec = keeper_spec(self.job_id, node.node_id, node.name)
-                if self.committer is None:
-                    self.keeper_specs[node.name] = spec
-                else:
-                    self.committer.add_keeper(node.name, spec)
+        missing = {n.name: n.node_id for n in self.found.nodes if n.name not in self.keeper_specs}
+        for name, spec in keeper_specs(self.job_id, missing).items():
+            if self.committer is None:
+                self.keeper_specs[name] = spec
+            else:
+                self.committer.add_keeper(name, spec)
 
     def launch(self, restore: str | None, reuse: dict[str, list] | None = None, plan: dict | None = None) -> dict:
         """Plan on self.found, start the workers, optionally restore, configure snapshots; phase seconds."""
