@@ -15,23 +15,21 @@ class StepFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Stop:
-    """End the job: the controller raises `error` (its exit path secures the newest committed step)."""
+    """End the job: raise `error` (the exit path then secures the newest committed step)."""
     error: Exception
 
 
 @dataclass(frozen=True)
 class Salvage:
-    """Nodes or workers were lost (`lost`: liveness.detect_failure's report): drop the lost nodes' stores, keep
-    the survivors' processes (after they rewrote the chunks only they still hold), then relaunch."""
+    """`lost` (liveness.detect_failure's report) is gone: drop its stores, keep the survivors' processes."""
     lost: dict
     detect_s: float
 
 
 @dataclass(frozen=True)
 class Relaunch:
-    """Rediscover the live nodes, plan on them (or run `plan`), restart reusing `reuse` (node name -> idle
-    actors) and restore the newest committed step from `restore_from` ("local_first" or "cloud_only"; None:
-    nothing was committed, so the job starts over from its seeded initialization)."""
+    """Rediscover, plan (or run `plan`), restart reusing `reuse` (node name -> idle actors), restore from
+    `restore_from` ("local_first", "cloud_only"; None: nothing was committed, start from the seeded init)."""
     reason: str
     reuse: dict
     plan: dict | None = None
@@ -40,13 +38,12 @@ class Relaunch:
 
 @dataclass(frozen=True)
 class Drain:
-    """Spot notices or Ray drains between steps: flush, acknowledge `ack` (notice-board node ids), then
-    re-plan without `leaving` (node names; none: only nodes the job does not use were noticed)."""
+    """Notices or drains: flush, acknowledge `ack` (node ids), re-plan without `leaving` (node names), if any."""
     ack: list[str]
     leaving: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Grow:
-    """Nodes of the cluster file joined since the last plan: re-plan onto them."""
+    """Nodes of the cluster file joined: re-plan onto them."""
     joined: list[str]
