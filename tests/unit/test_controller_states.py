@@ -2,6 +2,9 @@
 move, or a call made in the wrong state, fails. No Ray: a controller that was never started."""
 from __future__ import annotations
 
+import ast
+import pathlib
+
 import pytest
 
 from autohet_ray.job.config import TrainJob
@@ -52,3 +55,15 @@ def test_a_controller_that_never_started_refuses_to_step_or_replan_and_closes_on
     assert ctl.close() == {}                 # every exit path closes; only the first does anything
     with pytest.raises(AssertionError):
         ctl.start()
+
+
+def test_elastic_decides_and_imports_nothing_from_the_controller_layer():
+    """elastic/ sits below orchestrate/: no import of it, module-level or inside a function."""
+    elastic = pathlib.Path(__file__).resolve().parents[2] / "autohet_ray" / "elastic"
+    found = [f"{path.name} imports {node.module}" for path in sorted(elastic.glob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autohet_ray.orchestrate")]
+    found += [f"{path.name} imports {alias.name}" for path in sorted(elastic.glob("*.py"))
+              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Import)
+              for alias in node.names if alias.name.startswith("autohet_ray.orchestrate")]
+    assert not found, found
