@@ -8,7 +8,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cli_checks import check_numeric_flags
 from autohet_ray.config_io import check_writable
 
-AUTO_ITERATION_WALL_S = 10.0      # --time-scale auto: one predicted iteration takes about this long on the wall
+AUTO_ITERATION_WALL_S = 10.0      # --emulate, unpaced otherwise: one predicted iteration takes this long
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -71,95 +71,49 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _schedule_option(parser) -> None:
-    parser.add_argument("--schedule", default="auto",
+    from autohet_ray.job.config import TrainJob
+    parser.add_argument("--schedule", default=TrainJob.schedule,
                         help="pipeline schedule: auto (the faster that fits in memory), 1f1b, or zb-h1 "
                              "(zero-bubble: weight gradients deferred into the pipeline's idle time)")
-    parser.add_argument("--recompute", default="none", choices=("none", "full", "auto"),
+    parser.add_argument("--recompute", default=TrainJob.recompute, choices=("none", "full", "auto"),
                         help="activation recomputation: none, full (every stage), or auto (the planner picks it "
                              "per stage where it makes the plan fit or faster)")
-    parser.add_argument("--optimizer-sharding", default="none", choices=("none", "dp", "auto"),
+    parser.add_argument("--optimizer-sharding", default=TrainJob.optimizer_sharding, choices=("none", "dp", "auto"),
                         help="shard optimizer state (fp32 master, AdamW moments) across each layer's data-parallel "
                              "holders: none, dp (every stage), or auto (the planner picks it per stage where it "
                              "makes the plan fit or faster)")
 
 
+TRAIN_ALIASES = {"checkpoint_every": ["--cloud-every"], "recovery_window_steps": ["--recovery-window"]}
+TRAIN_NOTES = {"iteration_wall_s": f"With --emulate and neither this nor --time-scale: {AUTO_ITERATION_WALL_S}.",
+               "decay_steps": "A decay with none given ends at --steps."}
+
+
 def _train_parser(sub) -> None:
+    from autohet_ray.cli_options import add_options
     from autohet_ray.job.config import TrainJob
-    t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train")
-    t.add_argument("--cluster", required=True, help="cluster file (nodes, GPU types, links)")
-    t.add_argument("--model", required=True, help="preset name, model YAML, or hf:DIR (a Hugging Face config.json)")
-    t.add_argument("--init-from", help="Hugging Face directory (config.json + safetensors) to start from; each rank "
-                   "reads only its slices")
-    t.add_argument("--global-batch", type=int, required=True)
-    t.add_argument("--steps", type=int, required=True)
-    t.add_argument("--plan", help="plan JSON to run (default: plan now)")
-    t.add_argument("--emulate", action="store_true",
-                   help="emulated GPUs: pace each op to the profile's prediction (starts a local emulated "
-                        "cluster unless --address or RAY_ADDRESS is given)")
-    t.add_argument("--time-scale", default="auto",
-                   help="wall seconds per emulated second, or auto (a predicted iteration lasts --iteration-wall-s)")
-    t.add_argument("--iteration-wall-s", type=float, default=AUTO_ITERATION_WALL_S,
-                   help="--time-scale auto: wall seconds of one predicted iteration (room for the real CPU work)")
-    t.add_argument("--data", help="a dataset made by `autohet data prepare` (directory or s3://bucket/prefix); "
-                   "default: synthetic random tokens")
-    t.add_argument("--eval-every", type=int, default=TrainJob.eval_every,
-                   help="--data: validation loss every N steps (forward only, with the running plan)")
-    t.add_argument("--eval-batches", type=int, default=TrainJob.eval_batches,
-                   help="validation global batches per evaluation")
-    t.add_argument("--storage", help="directory or s3://bucket/prefix: the job's checkpoints, plan, profile and "
-                   "per-step metrics")
-    t.add_argument("--tensorboard", metavar="DIR", help="also write the per-step metrics (loss, lr, tokens/s, MFU, "
-                   "peak memory) as TensorBoard events into DIR (needs: pip install 'autohet_ray[tensorboard]')")
-    t.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
-    t.add_argument("--seq-len", type=int)
-    t.add_argument("--micro-batch", type=int)
-    _schedule_option(t)
-    t.add_argument("--profile", default="analytic", help="analytic, measured (profile on Ray), or a profile JSON")
-    t.add_argument("--profile-cache", help="directory caching measured profiles")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--dtype", default=TrainJob.dtype,
-                   help="compute dtype: bf16 (fp32 master weights and AdamW), fp32, fp64, or auto (bf16 on GPUs, "
-                        "fp32 on CPU); also float32, float64, bfloat16")
-    _optimizer_options(t)
-    t.add_argument("--plan-time-limit", type=float, default=TrainJob.plan_time_limit_s)
-    t.add_argument("--placement-timeout", type=float, default=TrainJob.setup_timeout_s,
-                   help="seconds the workers may take to start and join")
-    t.add_argument("--json", action="store_true", help="end with one JSON line of the run's figures")
-    t.add_argument("--elastic", action="store_true",
-                   help="checkpoint every step to the nodes (two copies) and recover from node loss local-first")
-    t.add_argument("--checkpoint-every", "--cloud-every", dest="checkpoint_every", type=int,
-                   default=TrainJob.checkpoint_every, help="commit to --storage every N steps (and at the end)")
-    t.add_argument("--dataset-cache-gb", type=float, default=TrainJob.dataset_cache_gb,
-                   help="--data s3://...: the node's dataset cache keeps at most this many GB (least recently "
-                        "used datasets that no running job holds are evicted)")
-    t.add_argument("--loss-grace-s", type=float, default=TrainJob.loss_grace_s,
-                   help="a node whose raylet stays silent this long is lost (a shorter stall costs nothing)")
-    t.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
-    t.add_argument("--max-recoveries", type=int, default=TrainJob.max_recoveries,
-                   help="recoveries allowed within --recovery-window steps without progress; one more failure "
-                        "stops the job (its newest committed step secured first; exit status 4)")
-    t.add_argument("--recovery-window", type=int, default=TrainJob.recovery_window_steps, metavar="M",
-                   help="--max-recoveries counts the recoveries until the job gets M steps past where it was")
-    t.add_argument("--spot-watch", action="store_true",
-                   help="--elastic: watch each node's instance metadata for spot interruption notices")
-    t.add_argument("--spot-provider", default="aws", help="--spot-watch: aws, gcp, azure, or auto (tries each)")
-    t.add_argument("--break-lease", action="store_true", help="take the storage's lease even though another run "
-                   "holds it (only when that run is gone; one on this host that is gone is broken without this)")
+    from autohet_ray.job.file import REFERENCES, Launch
+    t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train",
+                       description="Every field of a job is a flag below; --config FILE gives a whole job (a job "
+                                   "file), and the flags given override its fields one by one.")
+    t.add_argument("--config", metavar="FILE", help="a job file (YAML): the whole job, its fields named as these "
+                   "flags are (default: none)")
+    t.add_argument("--print-config", action="store_true",
+                   help="write the fully resolved job as YAML (itself a job file) and exit (default: off)")
+    dests = add_options(t, Launch) + add_options(t, TrainJob, reference=REFERENCES, aliases=TRAIN_ALIASES,
+                                                 notes=TRAIN_NOTES)
+    t.set_defaults(job_dests=dests)
+    _run_options(t)
+    t.add_argument("--json", action="store_true", help="end with one JSON line of the run's figures (default: off)")
 
 
-def _optimizer_options(parser) -> None:
-    from autohet_ray.runtime.lr_schedule import DECAYS, OptimizerConfig
-    d = OptimizerConfig()
-    parser.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
-    parser.add_argument("--min-lr", type=float, default=d.min_lr, help="learning rate at the end of the decay")
-    parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear warm-up updates")
-    parser.add_argument("--decay", default=d.decay, help=f"decay after warm-up: {', '.join(DECAYS)}")
-    parser.add_argument("--decay-steps", type=int, help="step at which the decay reaches --min-lr (default: --steps)")
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay,
-                        help="AdamW weight decay (never on norms, biases or embeddings)")
-    parser.add_argument("--clip-grad", type=float, default=d.clip_grad, help="global grad-norm clip (0: none)")
-    parser.add_argument("--adam-beta1", type=float, default=d.betas[0])
-    parser.add_argument("--adam-beta2", type=float, default=d.betas[1])
+def _run_options(parser) -> None:
+    """The options of a run that are not part of its job (`train` and `resume`)."""
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
+    parser.add_argument("--endpoint-url", help="S3 endpoint of an s3:// storage (default: AWS_ENDPOINT_URL, or AWS)")
+    parser.add_argument("--break-lease", action="store_true", help="take the storage's lease even though another "
+                        "run holds it (only when that run is gone; one on this host that is gone is broken without "
+                        "this) (default: off)")
 
 
 def _message(exc: ConfigError) -> str:

@@ -6,8 +6,8 @@ import math
 
 from autohet_ray import ConfigError
 
-ABOVE_ZERO = ("time_limit", "global_batch", "seq_len", "micro_batch", "steps", "iteration_wall_s",
-              "eval_batches", "lr", "decay_steps", "plan_time_limit", "placement_timeout", "loss_grace_s",
+ABOVE_ZERO = ("time_limit", "global_batch", "seq_len", "priced_seq_len", "micro_batch", "steps", "iteration_wall_s",
+              "eval_batches", "lr", "decay_steps", "plan_time_limit_s", "setup_timeout_s", "loss_grace_s",
               "shard_mb", "workers", "ranks", "train_tokenizer", "dataset_cache_gb")
 AT_LEAST_ZERO = ("eval_every", "min_lr", "warmup_steps", "weight_decay", "clip_grad", "checkpoint_every", "seed",
                  "step", "val_fraction", "adam_beta1", "adam_beta2")
@@ -18,6 +18,7 @@ def check_numeric_flags(args) -> None:
     for dest, value in vars(args).items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
+        dest = dest.split(".")[-1]                 # a nested field's flag is its own name (optimizer.lr: --lr)
         flag = "--" + dest.replace("_", "-")
         if not math.isfinite(value):
             raise ConfigError(f"{flag}={value} must be a finite number")
@@ -27,16 +28,17 @@ def check_numeric_flags(args) -> None:
             raise ConfigError(f"{flag}={value} must be >= 0")
 
 
-def check_train_files(args, cluster, model) -> None:
-    """`autohet train`'s files that are read only once the job starts, read now (before any cluster starts):
-    --plan against the cluster and the model, a --profile JSON, and a local --data directory's index."""
-    if args.plan:
-        from autohet_ray.plan.schema import load_plan
+def check_job_files(job, model) -> None:
+    """A job's files that are read only once it starts, read now (before any cluster starts): its plan
+    against the cluster and the model, a profile JSON, and a local dataset's index."""
+    if job.plan:
+        from autohet_ray.cluster.spec import cluster_from_dict
+        from autohet_ray.plan.schema import plan_from_dict
         from autohet_ray.plan.validate import validate_plan
-        validate_plan(load_plan(args.plan), cluster, model)
-    if args.profile and args.profile.endswith(".json"):
+        validate_plan(plan_from_dict(job.plan), cluster_from_dict(job.cluster), model)
+    if job.profile.endswith(".json"):
         from autohet_ray.profile.db import load_profile
-        load_profile(args.profile)
-    if args.data and not args.data.startswith("s3://"):
+        load_profile(job.profile)
+    if job.data and not job.data.startswith("s3://"):
         from autohet_ray.data.dataset import read_index
-        read_index(args.data)
+        read_index(job.data)

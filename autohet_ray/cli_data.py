@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from autohet_ray import ConfigError
+from autohet_ray.data import Dataset
 
 
 def add_data_parser(sub) -> None:
@@ -42,7 +43,7 @@ def cmd_data(args) -> int:
 
 
 def _prepare(args) -> int:
-    from autohet_ray.orchestrate.data_prepare import prepare_dataset, ray_for_prepare
+    from autohet_ray.orchestrate.data_prepare import prepare_dataset, ray_for_prepare  # lazy: Ray and torch
     if args.shard_mb <= 0:
         raise ConfigError(f"--shard-mb {args.shard_mb} must be > 0")
     with ray_for_prepare(args.address, args.workers):
@@ -56,7 +57,6 @@ def _prepare(args) -> int:
 
 
 def _check(args) -> int:
-    from autohet_ray.data import Dataset
     index = Dataset.open(args.dataset).index
     summary = {"dataset": args.dataset, "fingerprint": index.fingerprint, "shards": len(index.shards),
                "documents": index.num_documents, "tokens": index.num_tokens, "train_tokens": index.train_tokens,

@@ -40,7 +40,7 @@ def parse_size(text: str) -> int:
 
 def _job_record(storage: dict) -> dict:
     from autohet_ray.job.record import read_job_record
-    return read_job_record(storage, whole=False)[1]
+    return read_job_record(storage, check="model")[1]
 
 
 def _tokenizer(job: dict, storage: dict) -> tuple[str | None, int | None]:

@@ -5,12 +5,14 @@ import json
 import time
 
 from autohet_ray.cluster.spec import load_cluster
+from autohet_ray.config_io import read_structured
 from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
 from autohet_ray.cost.evaluate import evaluate_plan
+from autohet_ray.cost.sharding import saved_bytes, shard_ways
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schedule import schedule_choices
-from autohet_ray.config_io import read_structured
 from autohet_ray.plan.schema import Plan, plan_from_dict
+from autohet_ray.plan_view import draw_plan, timeline_text
 from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
 from autohet_ray.planner.background import lower_bound_in_background
 from autohet_ray.planner.search import token_cap_sizes
@@ -54,7 +56,6 @@ def plan_table(plan: Plan, memory: dict[str, int], saved: dict | None = None) ->
 
 
 def _sharding(plan: Plan, k: int, j: int, saved: dict | None) -> str:
-    from autohet_ray.cost.sharding import shard_ways
     ways = shard_ways(plan, k, j)
     if ways == 1:
         return "replicated"
@@ -62,7 +63,6 @@ def _sharding(plan: Plan, k: int, j: int, saved: dict | None) -> str:
 
 
 def _savings(plan: Plan, cluster, model, profile) -> dict:
-    from autohet_ray.cost.sharding import saved_bytes
     return saved_bytes(plan, cluster, model, profile)
 
 
@@ -176,7 +176,6 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from autohet_ray.plan_view import draw_plan, timeline_text
     plan = read_plan(args.plan)
     print(timeline_text(plan))
     if args.png:

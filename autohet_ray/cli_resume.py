@@ -14,8 +14,14 @@ import sys
 from autohet_ray import ConfigError
 
 
-def resume_job(storage_url: str, *, endpoint_url: str | None = None):
-    """(TrainJob, job id, profile, newest step in the storage) of the job that wrote `storage_url`."""
+# what a job trains (its model, data, batch, rates): a resume keeps them; its other fields a flag may change
+KEPT_ON_RESUME = ("model", "cluster", "priced_as", "storage", "plan", "global_batch", "seq_len", "priced_seq_len",
+                  "data", "seed", "dtype", "optimizer", "init_from")
+
+
+def resume_job(storage_url: str, *, endpoint_url: str | None = None, changes: dict | None = None):
+    """(TrainJob, job id, profile, newest step in the storage) of the job that wrote `storage_url`, with the
+    fields in `changes` changed."""
     from autohet_ray.checkpoint import scan_manifests
     from autohet_ray.elastic.tiers import build_tier
     from autohet_ray.storage.spec import check_storage, storage_spec
@@ -31,7 +37,8 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None):
     check_storage(spec, create=False)
     job_id, recorded = read_job_record(spec)
     profile = job_files.read_text(spec, job_files.PROFILE_FILE)
-    job = job_from_dict(recorded | {"storage": spec, "plan": None})   # the nodes may have changed: plan afresh
+    job = job_from_dict(recorded | (changes or {}) | {"storage": spec, "plan": None})   # plan afresh: the nodes
+                                                                                        # may have changed
     newest = max(scan_manifests([build_tier(spec)]).steps, default=None)
     where = location(spec, job_files.PROFILE_FILE)
     return job, job_id, profile_from_dict(parse_json(profile, where)) if profile else None, newest
@@ -44,10 +51,13 @@ def cmd_resume(args) -> int:
     from autohet_ray.orchestrate.controller import Controller
     from autohet_ray.orchestrate.session import ray_session
 
+    from autohet_ray.cli_options import overrides
     from autohet_ray.storage.lease import storage_lease
-    job, job_id, _, _ = resume_job(args.storage, endpoint_url=args.endpoint_url)   # a job's storage, before a lease
+    changes = overrides(args, args.job_dests)
+    job, job_id, _, _ = resume_job(args.storage, endpoint_url=args.endpoint_url, changes=changes)   # before a lease
     with storage_lease(job.storage, args.storage, job_id=job_id, break_lease=args.break_lease):
-        job, job_id, profile, newest = resume_job(args.storage, endpoint_url=args.endpoint_url)   # as it is now
+        job, job_id, profile, newest = resume_job(args.storage, endpoint_url=args.endpoint_url,
+                                                  changes=changes)   # as it is now
         if newest is not None and args.steps is not None and args.steps <= newest:
             raise ConfigError(f"--steps {args.steps} must exceed the committed step {newest} the job resumes from")
         print(f"resume: job {job_id} from {args.storage} (newest step there: {newest})", file=sys.stderr)
@@ -55,7 +65,8 @@ def cmd_resume(args) -> int:
                 stop_signals():
             ctl = Controller(job, job_id=job_id, profile=profile)
             target = args.steps if args.steps is not None else (newest or 0) + 1
-            out = run_in_console(ctl, target, restore="local_first")
+            out = run_in_console(ctl, target, restore="local_first",
+                                 spot_provider=job.spot_provider if job.spot_watch else None)
     restored = out["launch"].get("restored_step")
     print(f"resumed from step {restored}" + (f" (newest in the storage: {newest})" if newest != restored else ""),
           file=sys.stderr)
@@ -67,12 +78,17 @@ def cmd_resume(args) -> int:
 
 
 def add_resume_parser(sub) -> None:
-    r = sub.add_parser("resume", help="continue a stopped job from the newest committed step of any tier")
-    r.add_argument("--storage", required=True, help="the job's storage: a directory or s3://bucket/prefix")
-    r.add_argument("--endpoint-url", help="S3 endpoint (default: AWS, or AWS_ENDPOINT_URL)")
+    from autohet_ray.cli import _run_options
+    from autohet_ray.cli_options import add_options
+    from autohet_ray.job.config import TrainJob
+    r = sub.add_parser("resume", help="continue a stopped job from the newest committed step of any tier",
+                       description="The job's fields are those it was started with (its job.json); the flags "
+                                   "below change the ones a resume may change.")
+    r.add_argument("--storage", required=True, help="the job's storage: a directory or s3://bucket/prefix "
+                   "(default: none, required)")
     r.add_argument("--steps", type=int, help="train until this total step count (default: one more step)")
-    r.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
-    r.add_argument("--emulate", action="store_true", help="start an emulated cluster from the job's cluster file")
-    r.add_argument("--json", action="store_true", help="end with one JSON line")
-    r.add_argument("--break-lease", action="store_true", help="take the storage's lease even though another run "
-                   "holds it (only when that run is gone; one on this host that is gone is broken without this)")
+    r.add_argument("--emulate", action="store_true", help="start an emulated cluster from the job's cluster file "
+                   "(default: off)")
+    r.add_argument("--json", action="store_true", help="end with one JSON line (default: off)")
+    _run_options(r)
+    r.set_defaults(job_dests=add_options(r, TrainJob, skip=KEPT_ON_RESUME))

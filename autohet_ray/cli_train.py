@@ -6,7 +6,8 @@ Without --elastic a job checkpoints every --checkpoint-every steps (and its fina
 notices (`--spot-watch`) and Ray drains, and re-plans onto nodes of the cluster file that (re)joined; a lost
 node is recovered from the cheapest copies. Every exit (the end, Ctrl-C, SIGTERM, an error) first gets the
 newest committed step into --storage. With `--emulate`, every op is stretched to its emulated device's
-predicted time (`--time-scale`; auto: a predicted iteration lasts --iteration-wall-s).
+predicted time (`--time-scale`, or `--iteration-wall-s`: a predicted iteration lasts that long). The job comes
+from a job file (--config) with the flags over its fields (job/file.py); --print-config writes it and exits.
 """
 from __future__ import annotations
 
@@ -18,79 +19,87 @@ import time
 from autohet_ray import ConfigError
 from autohet_ray.cli_progress import run_in_console
 from autohet_ray.cli_signals import exit_status, stop_signals
-from autohet_ray.cli_checks import check_train_files
-from autohet_ray.cluster.spec import load_cluster
+from autohet_ray.cli_checks import check_job_files
+from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
 from autohet_ray.model.spec import load_model
-from autohet_ray.plan.schema import load_plan
 
 
-def job_fields(args) -> dict:
-    """TrainJob fields from the `autohet train` arguments (checked before any cluster starts)."""
-    from autohet_ray.cloud.notices import check_provider
-    from autohet_ray.storage.job_record import refuse_existing_job
-    from autohet_ray.storage.spec import check_storage, storage_spec
-    if args.spot_watch:
-        check_provider(args.spot_provider)
-    if args.elastic and not args.storage:
-        raise ConfigError("--elastic needs --storage DIR|s3://bucket/prefix (the durable tier and resume point)")
-    default_storage = not args.storage    # every run leaves its model behind, in a directory it names
-    if default_storage:
-        args.storage = os.path.abspath(os.path.join("autohet-runs", time.strftime("%Y%m%d-%H%M%S")))
-        print(f"storage: {args.storage} (the default; --storage DIR|s3://... chooses)", flush=True)
-    storage = storage_spec(args.storage, endpoint_url=args.endpoint_url)
-    refuse_existing_job(storage, args.storage)     # before anything is made in the storage
-    if not default_storage:
-        check_storage(storage)
-    elif not os.access(os.getcwd(), os.W_OK | os.X_OK):   # the default is made when the job starts
+def train_job(args):
+    """(TrainJob, Launch) of `autohet train`: the job file's fields (--config), the flags given over them, then
+    TrainJob's defaults; checked before any cluster starts. The default storage is chosen here (a new directory
+    named by the time) unless --print-config only shows the job."""
+    from autohet_ray.cli_options import overrides
+    from autohet_ray.config_io import dataclass_from_dict
+    from autohet_ray.job import file as job_file
+    from autohet_ray.job.config import TrainJob
+    where = f"job file {args.config!r}" if args.config else None
+    given, flags = job_file.read_job_file(args.config) if args.config else {}, overrides(args, args.job_dests)
+    from_file = job_file.file_names(given) - job_file.file_names(flags)     # the fields the flags leave alone
+    fields, launch = job_file.split_launch(job_file.merge(given, flags))
+    launch = job_file.build_launch(launch, where)
+    job_file.check_required(fields, where)
+    fields = job_file.resolve_all(fields, where=where, from_file=from_file, endpoint_url=args.endpoint_url)
+    if launch.emulate and not fields.get("time_scale") and fields.get("iteration_wall_s") is None:
+        from autohet_ray.cli import AUTO_ITERATION_WALL_S
+        fields["iteration_wall_s"] = AUTO_ITERATION_WALL_S
+    _decay_ends_at_steps(fields, launch.steps)
+    args.default_storage = not fields.get("storage") and not fields.get("elastic") and not args.print_config
+    if args.default_storage:
+        fields["storage"] = _default_storage()
+    try:
+        job = dataclass_from_dict(TrainJob, fields, "train job")
+    except ConfigError as exc:
+        raise job_file.blamed(exc, where, from_file) from None
+    return job, launch
+
+
+def _decay_ends_at_steps(fields: dict, steps: int) -> None:
+    """A decay with no decay_steps ends at the run's last step."""
+    from autohet_ray.runtime.lr_schedule import OptimizerConfig
+    optimizer = fields.get("optimizer") or {}
+    if isinstance(optimizer, dict) and optimizer.get("decay_steps") is None and optimizer.get("decay", OptimizerConfig.decay) != "constant":
+        fields["optimizer"] = optimizer | {"decay_steps": steps}
+
+
+def _default_storage() -> dict:
+    """Every run leaves its model behind: in a new `autohet-runs/<time>` directory of the working directory."""
+    from autohet_ray.storage.spec import storage_spec
+    if not os.access(os.getcwd(), os.W_OK | os.X_OK):     # the default is made when the job starts
         raise ConfigError(f"the working directory {os.getcwd()!r} is not writable; pass --storage DIR|s3://...")
-    clock = {}
-    if args.emulate:
-        if args.time_scale == "auto":
-            clock = {"iteration_wall_s": args.iteration_wall_s}
-        else:
-            try:
-                clock = {"time_scale": float(args.time_scale)}
-            except ValueError:
-                raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'") from None
-            if clock["time_scale"] <= 0:
-                raise ConfigError(f"--time-scale={args.time_scale!r} must be a positive number or 'auto'")
-    cluster, model = load_cluster(args.cluster), load_model(args.model)
-    check_train_files(args, cluster, model)
-    if args.init_from:                    # the weights must fit the model before any cluster starts
+    path = os.path.abspath(os.path.join("autohet-runs", time.strftime("%Y%m%d-%H%M%S")))
+    print(f"storage: {path} (the default; --storage DIR|s3://... chooses)", flush=True)
+    return storage_spec(path)
+
+
+def check_before_start(job, *, default_storage: bool) -> None:
+    """What the job reads once it starts, read now: the storage (no other job in it), the files (cli_checks)
+    and the --init-from weights against the model."""
+    from autohet_ray.model.spec import model_from_dict
+    from autohet_ray.job.record import refuse_existing_job
+    from autohet_ray.storage.spec import check_storage
+    refuse_existing_job(job.storage, storage_url(job.storage))     # before anything is made in the storage
+    if not default_storage:
+        check_storage(job.storage)
+    model = model_from_dict(job.model)
+    check_job_files(job, model)
+    if job.init_from:                    # the weights must fit the model before any cluster starts
         from autohet_ray.checkpoint.hf_weights import check_hf_dir
-        check_hf_dir(args.init_from, model)
-    return {"model": model.to_dict(), "optimizer": optimizer_fields(args), "cluster": cluster.to_dict(),
-            "init_from": os.path.abspath(args.init_from) if args.init_from else None,
-            "global_batch": args.global_batch, "tensorboard": _tensorboard_dir(args),
-            "storage": storage, "data": args.data, "eval_every": args.eval_every,
-            "eval_batches": args.eval_batches, "elastic": args.elastic, "checkpoint_every": args.checkpoint_every,
-            "seq_len": args.seq_len, "micro_batch": args.micro_batch, "schedule": args.schedule,
-            "recompute": args.recompute, "optimizer_sharding": args.optimizer_sharding,
-            "plan": load_plan(args.plan).to_dict() if args.plan else None, "profile": args.profile,
-            "profile_cache": args.profile_cache, "seed": args.seed, "dtype": args.dtype, "plan_time_limit_s": args.plan_time_limit,
-            "setup_timeout_s": args.placement_timeout, "loss_grace_s": args.loss_grace_s,
-            "max_recoveries": args.max_recoveries, "recovery_window_steps": args.recovery_window,
-            "dataset_cache_gb": args.dataset_cache_gb, **clock}
+        check_hf_dir(job.init_from, model)
 
 
-def _tensorboard_dir(args) -> str | None:
-    """--tensorboard as an absolute directory, checked before any cluster starts."""
-    if not args.tensorboard:
-        return None
-    from autohet_ray.metrics.tensorboard import check_available
-    check_available(args.tensorboard)
-    return os.path.abspath(args.tensorboard)
+def storage_url(spec: dict) -> str:
+    """The directory or s3:// URL a storage spec stands for, as the user names it."""
+    if spec["kind"] == "s3":
+        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}".rstrip("/")
+    return spec["path"]
 
 
-def optimizer_fields(args) -> dict:
-    """OptimizerConfig fields from the `autohet train` arguments; a decay ends at --steps unless
-    --decay-steps says otherwise."""
-    decay_steps = args.decay_steps
-    if decay_steps is None and args.decay != "constant":
-        decay_steps = args.steps
-    return {"lr": args.lr, "min_lr": args.min_lr, "warmup_steps": args.warmup_steps, "decay": args.decay,
-            "decay_steps": decay_steps, "weight_decay": args.weight_decay, "clip_grad": args.clip_grad,
-            "betas": (args.adam_beta1, args.adam_beta2)}
+def print_config(job, launch) -> None:
+    """The resolved job as a job file (YAML): Launch's fields, then TrainJob's."""
+    import yaml
+    from dataclasses import asdict
+    doc = json.loads(json.dumps(asdict(launch) | job.to_dict()))        # tuples as lists
+    print(yaml.safe_dump(doc, sort_keys=False), end="")
 
 
 def _starting(cluster) -> None:
@@ -100,25 +109,27 @@ def _starting(cluster) -> None:
 
 def cmd_train(args) -> int:
     from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.job.config import job_from_dict
     from autohet_ray.orchestrate.session import ray_session
-    from autohet_ray.storage.job_record import refuse_existing_job
+    from autohet_ray.job.record import refuse_existing_job
     from autohet_ray.storage.lease import new_job_id, storage_lease
-    job = job_from_dict(job_fields(args))          # bad values fail here, before a cluster starts
-    job_id = new_job_id()
-    with storage_lease(job.storage, args.storage, job_id=job_id, break_lease=args.break_lease):
-        refuse_existing_job(job.storage, args.storage)     # again under the lease: a train that began meanwhile
-        with ray_session(load_cluster(args.cluster), address=args.address, emulate=args.emulate,
+    job, launch = train_job(args)              # bad values fail here, before a cluster starts
+    if args.print_config:
+        print_config(job, launch)
+        return 0
+    check_before_start(job, default_storage=args.default_storage)
+    job_id, url = new_job_id(), storage_url(job.storage)
+    with storage_lease(job.storage, url, job_id=job_id, break_lease=args.break_lease):
+        refuse_existing_job(job.storage, url)     # again under the lease: a train that began meanwhile
+        with ray_session(cluster_from_dict(job.cluster), address=args.address, emulate=launch.emulate,
                          on_start=_starting), stop_signals():
-            out = run_in_console(Controller(job, job_id=job_id), args.steps,
-                                 spot_provider=args.spot_provider if args.spot_watch else None)
+            out = run_in_console(Controller(job, job_id=job_id), launch.steps,
+                                 spot_provider=job.spot_provider if job.spot_watch else None)
     code = exit_status(out)
     if out["steps"] and code == 0:
         print(f"done: {len(out['steps'])} steps, final loss {out['final_loss']:.4f}; iteration "
               f"{out['measured_iteration_s']:.4f} s measured (steady state) vs {out['predicted_iteration_s']:.4f} s "
               f"predicted{' (emulated)' if out['emulated'] else ''}")
-        print(f"model: autohet export --storage {args.storage} --out DIR  (writes the final step as a Hugging Face "
-              f"model)")
+        print(f"model: autohet export --storage {url} --out DIR  (writes the final step as a Hugging Face model)")
     if args.json:
         print(json.dumps(out, default=str))
     return code

@@ -6,6 +6,7 @@ import math
 import os
 import types
 import typing
+from dataclasses import fields
 
 import yaml
 
@@ -104,7 +105,6 @@ def dataclass_from_dict(cls, raw: dict, what: str):
     """`cls(**raw)`, with unknown keys named in a ConfigError instead of a TypeError, and each value checked
     against its field's type (int, float, str, bool, dict, list and their `| None`): a wrong type, NaN or
     infinity is a ConfigError naming the field."""
-    from dataclasses import fields
     if not isinstance(raw, dict):
         raise ConfigError(f"{what} must be a mapping of its fields, not {type(raw).__name__}")
     names = {f.name for f in fields(cls)}

@@ -190,7 +190,7 @@ def _draw_memory(bx, plan: Plan, rows: list[Row], colors: dict[str, str]) -> Non
 
 
 def _legend(ax, colors: dict[str, str]) -> None:
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # lazy: matplotlib, for a drawing only
     handles = [Patch(color=c, label=t) for t, c in colors.items()]
     handles += [Patch(facecolor="#555555", label=KIND_NAMES[k], **KIND_STYLE[k]) for k in KIND_STYLE]
     handles += [Patch(color=SYNC_COLOR, label="gradient sync (exposed)"), Patch(color=OPTIMIZER_COLOR,
@@ -200,9 +200,9 @@ def _legend(ax, colors: dict[str, str]) -> None:
 
 
 def draw_plan(plan: Plan, path: str) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib, for a drawing only
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, for a drawing only
     rows, colors = timeline_rows(plan), device_colors(plan)
     height = 1.9 + 0.32 * len(rows)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, height), gridspec_kw={"width_ratios": [4, 1]}, sharey=False)

@@ -64,7 +64,7 @@ def state_bytes(engine: Engine) -> int:
 def run(engine: Engine, spec, plan, seq_len: int, blocks: int, per_block: int, store: str) -> dict:
     root = tempfile.mkdtemp(prefix="snapshot-overhead-", dir=store)
     node = LocalDirTier(root, name="node", fsync=False)
-    snapshotter = AsyncSnapshotter(local=node, policy=SnapshotPolicy(cloud_every=0))
+    snapshotter = AsyncSnapshotter(local=node, policy=SnapshotPolicy(storage_every=0))
     driver = SnapshotDriver(engine, snapshotter)
     walls = {mode: [] for mode in MODES}
     try:

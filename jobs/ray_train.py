@@ -49,11 +49,13 @@ def make_plan(args, cluster, model, seq_len: int):
     from autohet_ray.plan.schema import load_plan
     if args.plan:
         return load_plan(args.plan)
+    from autohet_ray.job.config import TrainJob
     from autohet_ray.planner import plan_training
     from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
     profile = analytic_profile(model, cluster, seq_len, with_micro_batches(args.micro_batch))
     return plan_training(cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
-                         seq_len=seq_len, micro_batch=args.micro_batch, time_limit_s=10.0).plan
+                         seq_len=seq_len, micro_batch=args.micro_batch,
+                         time_limit_s=TrainJob.plan_time_limit_s).plan
 
 
 def train_loop(config: dict) -> list:

@@ -1,9 +1,10 @@
 """Train with autohet on the Ray cluster this job runs in. Runs unchanged under
 
-    ray job submit --working-dir . -- python jobs/train.py --cluster jobs/local-1.yaml --model tiny-gpt \
-        --global-batch 4 --steps 2 --emulate
+    ray job submit --working-dir . -- python jobs/train.py --config jobs/paper-24.yaml --no-emulate
 
-(the same options as `autohet train`; RAY_ADDRESS, set by `ray job submit`, selects the cluster)."""
+or with flags only (`--cluster jobs/local-1.yaml --model tiny-gpt --global-batch 4 --steps 2 --emulate`): the
+same options as `autohet train`, a job file (--config) with flags over single fields included. RAY_ADDRESS, set by
+`ray job submit`, selects the cluster."""
 import os
 import sys
 

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 TIERS = ("unit", "cli", "dist", "ray")
-TIER_OF_FOLDER = {"unit": "unit", "dist": "dist", "ray": "ray"}
+TIER_OF_FOLDER = {"unit": "unit", "cli": "cli", "dist": "dist", "ray": "ray"}
 
 
 def pytest_configure(config):

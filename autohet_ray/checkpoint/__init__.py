@@ -1,39 +1,35 @@
-"""Checkpoints for recovery from node loss: hashed chunks in tiers (node memory, peer node, cloud),
+"""Checkpoints for recovery from node loss: hashed chunks in tiers (node memory, peer node, the job's storage),
 atomic per-step manifests, resharding restore, asynchronous snapshots. torch + boto3 only (no Ray).
 
 Typical flow (one coordinator, many ranks):
-    snap = AsyncSnapshotter(local=node_tier, peers=[peer_tier], cloud=cloud_tier, policy=SnapshotPolicy())
+    snap = AsyncSnapshotter(local=node_tier, peers=[peer_tier], storage=storage_tier, policy=SnapshotPolicy())
     handle = snap.snapshot(step, engine.state_dict(), owned=writers[rank])      # per rank
     commit_step(step, [r for h in handles for r in h.fast_result().records], tiers=[node_tier, ...])
     ...
     manifest = find_manifest(tiers, latest_committed_step(tiers))
-    state, report = restore(manifest, needs, tiers=[node_tier, peer_tier, cloud_tier])
+    state, report = restore(manifest, needs, tiers=[node_tier, peer_tier, storage_tier])
+
+The names below load their submodule on first use, so the torch-free parts (errors, keys, faults, tiers,
+tier specs) import without torch: storage/ and the CLI use them.
 """
 import importlib
 
-# Each public name and the module that defines it, imported on first use (PEP 562): a process that needs
-# only the torch-free parts (a node keeper: node_store, copy_check, chunk_hash) does not import torch.
-_MODULE_OF = {
-    "errors": ["CheckpointError", "ChunkMissingError", "ChunkUnavailableError", "CorruptChunkError",
-               "IncompleteStepError", "InjectedFault", "ManifestExistsError", "TierUnavailableError"],
-    "faults": ["NO_FAULTS", "POINTS", "Faults"],
-    "manifest": ["ChunkRecord", "Manifest", "merge_records"],
-    "peers": ["CopyPlan", "assign_writers", "choose_peers", "place_copies"],
-    "reshard": ["ChunkFetcher", "LayoutMismatchError", "Piece", "RestoreReport", "TierStats",
-                "choose_restorable_step", "plan_reads", "restore"],
-    "snapshot": ["AsyncSnapshotter", "LaneResult", "SnapshotHandle", "SnapshotPolicy"],
-    "steps": ["CollectReport", "collect_garbage", "commit_step", "find_manifest", "latest_committed_step",
-              "load_manifest", "scan_manifests"],
-    "tiers": ["LocalDirTier", "MemoryTier", "ThrottledTier", "Tier", "TokenBucket"],
+_HOME = {    # name -> the submodule that defines it
+    "CheckpointError": "errors", "ChunkMissingError": "errors", "ChunkUnavailableError": "errors",
+    "CorruptChunkError": "errors", "IncompleteStepError": "errors", "InjectedFault": "errors",
+    "ManifestExistsError": "errors", "TierUnavailableError": "errors",
+    "Faults": "faults", "NO_FAULTS": "faults", "POINTS": "faults",
+    "ChunkRecord": "manifest", "Manifest": "manifest", "merge_records": "manifest",
+    "assign_writers": "peers", "choose_peers": "peers", "CopyPlan": "peers", "place_copies": "peers",
+    "choose_restorable_step": "reshard", "ChunkFetcher": "reshard", "LayoutMismatchError": "reshard",
+    "Piece": "reshard", "plan_reads": "reshard", "restore": "reshard", "RestoreReport": "reshard",
+    "TierStats": "reshard",
+    "AsyncSnapshotter": "snapshot", "LaneResult": "snapshot", "SnapshotHandle": "snapshot",
+    "SnapshotPolicy": "snapshot",
+    "collect_garbage": "steps", "CollectReport": "steps", "commit_step": "steps", "find_manifest": "steps",
+    "latest_committed_step": "steps", "load_manifest": "steps", "scan_manifests": "steps",
+    "LocalDirTier": "tiers", "MemoryTier": "tiers", "ThrottledTier": "tiers", "Tier": "tiers", "TokenBucket": "tiers",
 }
-_NAMES = {name: module for module, names in _MODULE_OF.items() for name in names}
-
-
-def __getattr__(name: str):
-    if name not in _NAMES:
-        raise AttributeError(f"module 'autohet_ray.checkpoint' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"autohet_ray.checkpoint.{_NAMES[name]}"), name)
-
 
 __all__ = [
     "CopyPlan", "place_copies",
@@ -45,3 +41,10 @@ __all__ = [
     "choose_peers", "choose_restorable_step", "collect_garbage", "commit_step", "find_manifest",
     "latest_committed_step", "load_manifest", "merge_records", "plan_reads", "restore", "scan_manifests",
 ]
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'autohet_ray.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"autohet_ray.checkpoint.{home}"), name)   # torch only where needed

@@ -18,7 +18,7 @@ POINTS = (
     "snapshot_copy",           # copying shards to CPU (the synchronous part)
     "snapshot_write",          # writing a chunk to the node's memory tier
     "replicate",               # copying a chunk to a peer node's tier
-    "upload",                  # writing a chunk to the cloud tier
+    "upload",                  # writing a chunk to the job's storage
     "upload_part",             # after each part of an S3 multipart upload
     "before_manifest_commit",  # all chunks written, manifest not yet committed
     "after_manifest_commit",   # manifest committed, old steps not yet collected

@@ -23,25 +23,25 @@ def tiling_holdings(holdings: dict[int, list], rank_pipeline: dict[int, int]) ->
 
 
 def snapshot_routes(holdings: dict[int, list], slots: list[dict], keeper_specs: dict[str, dict], storage: dict,
-                    *, node_gpu: dict[str, str], num_peers: int, cloud_every: int) -> list[dict]:
+                    *, node_gpu: dict[str, str], num_peers: int, storage_every: int) -> list[dict]:
     """Per rank, the arguments of its worker's `configure_snapshots`. With `keeper_specs` (elastic): each chunk
     lands in 1 + num_peers node stores (data-parallel copies written where they already are) and, every
-    `cloud_every` steps, in `storage`. Without: in `storage` only, whenever a snapshot is taken."""
+    `storage_every` steps, in `storage`. Without: in `storage` only, whenever a snapshot is taken."""
     pipeline_of = {rank: slot["pipeline"] for rank, slot in enumerate(slots)}
     rank_nodes = {rank: slot["node"] for rank, slot in enumerate(slots)}
     copies = 1 + min(num_peers, len(node_gpu) - 1) if keeper_specs else 1
     placed = place_copies(tiling_holdings(holdings, pipeline_of), rank_nodes, node_gpu, copies=copies)
-    cloud = storage if keeper_specs and cloud_every else None
+    upload_to = storage if keeper_specs and storage_every else None
     out = []
     for rank in range(len(slots)):
         local = keeper_specs[rank_nodes[rank]] if keeper_specs else storage
         peers = {p: push_spec(keeper_specs[p], local) for p in sorted(placed.push[rank])}
         routes = {local["name"]: placed.local[rank], **{peers[p]["name"]: placed.push[rank][p] for p in peers}}
-        if cloud:
-            routes[cloud["name"]] = placed.upload[rank]
+        if upload_to:
+            routes[upload_to["name"]] = placed.upload[rank]
         ordered = {tier: sorted(items, key=lambda i: (i[0], i[1].offsets)) for tier, items in routes.items()}
-        out.append({"routes": ordered, "local": local, "peers": list(peers.values()), "cloud": cloud,
-                    "cloud_every": cloud_every if cloud else 0})
+        out.append({"routes": ordered, "local": local, "peers": list(peers.values()),
+                    "storage": upload_to, "storage_every": storage_every if upload_to else 0})
     return out
 
 

@@ -72,7 +72,7 @@ def assign_writers(holdings: dict[int, list[tuple[str, Chunk, int]]]) -> dict[in
 @dataclass
 class CopyPlan:
     """Where each rank's snapshot goes. `local[r]`: items rank r writes to its own node's store; `push[r]`:
-    peer node -> items rank r replicates there; `upload[r]`: items rank r uploads to the cloud (each item
+    peer node -> items rank r replicates there; `upload[r]`: items rank r uploads to the storage (each item
     exactly once across ranks)."""
     local: dict[int, set] = field(default_factory=dict)
     push: dict[int, dict[str, set]] = field(default_factory=dict)

@@ -3,7 +3,7 @@ order, the chunks a restore could not use, and one report over the ranks."""
 from __future__ import annotations
 
 from autohet_ray import ConfigError
-from autohet_ray.storage.spec import location
+from autohet_ray.checkpoint.tier_specs import location
 
 RESTORE_MODES = ("local_first", "cloud_only")
 
@@ -12,14 +12,14 @@ class NothingToRestore(ConfigError):
     """No committed step could be restored from any tier (a user error when resuming: wrong storage)."""
 
 
-def tier_order(rank_node: str, keeper_specs: dict[str, dict], cloud: dict, mode: str) -> list[dict]:
+def tier_order(rank_node: str, keeper_specs: dict[str, dict], storage: dict, mode: str) -> list[dict]:
     """Read order for one rank, cheapest first: its node's keeper, the other keepers, then the storage."""
     if mode not in RESTORE_MODES:
         raise ConfigError(f"restore mode {mode!r}; valid: {', '.join(RESTORE_MODES)}")
     if mode == "cloud_only":
-        return [cloud]
+        return [storage]
     own = [keeper_specs[rank_node]] if rank_node in keeper_specs else []
-    return own + [spec for node, spec in sorted(keeper_specs.items()) if node != rank_node] + [cloud]
+    return own + [spec for node, spec in sorted(keeper_specs.items()) if node != rank_node] + [storage]
 
 
 def skipped_chunk(missing: dict, specs: dict[str, dict]) -> dict:

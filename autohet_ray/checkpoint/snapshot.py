@@ -5,9 +5,9 @@ returns a handle. With `background_copy` even the copy leaves the caller: it run
 (from a GPU on a side CUDA stream, after the work already queued on the caller's stream), overlapping the
 next step's forward and backward; the caller must call `wait_copied()` before it changes the tensors again
 (the next optimizer step). A background "fast lane" hashes and writes each chunk to the node's tier and its
-peer tiers (every step); a "cloud lane" uploads the same bytes to the cloud tier every `cloud_every` steps. Each lane
-yields ChunkRecords; the coordinator commits a step's manifest once every rank's lane has finished.
-A new snapshot waits for the previous fast lane, and a cloud step for the previous upload (backpressure,
+peer tiers (every step); a "storage lane" uploads the same bytes to the job's storage every `storage_every`
+steps. Each lane yields ChunkRecords; the coordinator commits a step's manifest once every rank's lane has finished.
+A new snapshot waits for the previous fast lane, and a storage step for the previous upload (backpressure,
 reported as wait_seconds) so memory stays bounded.
 """
 from __future__ import annotations
@@ -16,6 +16,8 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+
+import torch
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.codec import digest, dtype_name, encode
@@ -27,14 +29,14 @@ from autohet_ray.layout import Chunk
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotPolicy:
-    cloud_every: int = 10
-    """Upload to the cloud tier every this many steps (steps divisible by it); 0 disables the cloud lane."""
+    storage_every: int = 10
+    """Upload to the storage every this many steps (steps divisible by it); 0 disables the storage lane."""
     num_threads: int = 4
     """Chunks written at once per lane."""
 
     def __post_init__(self):
-        if self.cloud_every < 0 or self.num_threads < 1:
-            raise ConfigError(f"SnapshotPolicy: cloud_every must be >= 0 (got {self.cloud_every}) and "
+        if self.storage_every < 0 or self.num_threads < 1:
+            raise ConfigError(f"SnapshotPolicy: storage_every must be >= 0 (got {self.storage_every}) and "
                               f"num_threads >= 1 (got {self.num_threads})")
 
 
@@ -60,7 +62,7 @@ class SnapshotHandle:
     def __init__(self, step: int, copy_seconds: float, wait_seconds: float, items: list | None = None):
         self.step, self.copy_seconds, self.wait_seconds = step, copy_seconds, wait_seconds
         self.fast: Future = Future()
-        self.cloud: Future | None = None
+        self.storage: Future | None = None
         self.copied: Future = Future()    # the blobs hold the state: the caller may update the tensors again
         self.items = items or []          # the blobs, recycled for a later snapshot once both lanes are done
 
@@ -72,13 +74,13 @@ class SnapshotHandle:
         return time.perf_counter() - start
 
     def settled(self) -> bool:
-        return self.fast.done() and (self.cloud is None or self.cloud.done())
+        return self.fast.done() and (self.storage is None or self.storage.done())
 
     def fast_result(self, timeout: float | None = None) -> LaneResult:
         return self.fast.result(timeout)
 
-    def cloud_result(self, timeout: float | None = None) -> LaneResult | None:
-        return None if self.cloud is None else self.cloud.result(timeout)
+    def storage_result(self, timeout: float | None = None) -> LaneResult | None:
+        return None if self.storage is None else self.storage.result(timeout)
 
 
 def encode_shards(state: dict, owned=None, spare: dict | None = None) -> list[_Encoded]:
@@ -99,16 +101,16 @@ def encode_shards(state: dict, owned=None, spare: dict | None = None) -> list[_E
 
 
 class AsyncSnapshotter:
-    def __init__(self, *, local, peers=(), cloud=None, policy: SnapshotPolicy = SnapshotPolicy(),
+    def __init__(self, *, local, peers=(), storage=None, policy: SnapshotPolicy = SnapshotPolicy(),
                  faults: Faults = NO_FAULTS):
-        self.local, self.peers, self.cloud = local, list(peers), cloud
+        self.local, self.peers, self.storage = local, list(peers), storage
         self.policy, self.faults = policy, faults
         self._fast_lane = ThreadPoolExecutor(1, thread_name_prefix="snap-fast")
-        self._cloud_lane = ThreadPoolExecutor(1, thread_name_prefix="snap-cloud")
+        self._storage_lane = ThreadPoolExecutor(1, thread_name_prefix="snap-storage")
         self._io = ThreadPoolExecutor(policy.num_threads, thread_name_prefix="snap-io")
-        self._cloud_io = ThreadPoolExecutor(policy.num_threads, thread_name_prefix="snap-cloud-io")
+        self._storage_io = ThreadPoolExecutor(policy.num_threads, thread_name_prefix="snap-storage-io")
         self._last: SnapshotHandle | None = None
-        self._last_cloud: SnapshotHandle | None = None
+        self._last_storage: SnapshotHandle | None = None
         self._lock = threading.Lock()
         self._lent_lock = threading.Lock()
         self._lent: list[SnapshotHandle] = []        # handles whose blobs may still be in use by a lane
@@ -119,8 +121,8 @@ class AsyncSnapshotter:
         last = self._last
         return 0.0 if last is None else last.wait_copied()
 
-    def is_cloud_step(self, step: int) -> bool:
-        return self.cloud is not None and self.policy.cloud_every > 0 and step % self.policy.cloud_every == 0
+    def is_storage_step(self, step: int) -> bool:
+        return self.storage is not None and self.policy.storage_every > 0 and step % self.policy.storage_every == 0
 
     def snapshot(self, step: int, state: dict, *, owned=None, routes: dict[str, set] | None = None,
                  background_copy: bool = False) -> SnapshotHandle:
@@ -135,8 +137,8 @@ class AsyncSnapshotter:
             wait_start = time.perf_counter()
             if self._last is not None:
                 _wait_quietly(self._last.fast)
-            if self.is_cloud_step(step) and self._last_cloud is not None:
-                _wait_quietly(self._last_cloud.cloud)       # one upload at a time; other steps never wait for it
+            if self.is_storage_step(step) and self._last_storage is not None:
+                _wait_quietly(self._last_storage.storage)       # one upload at a time; other steps never wait for it
             wait_seconds = time.perf_counter() - wait_start
             copy_start = time.perf_counter()
             self.faults.maybe_fail("snapshot_copy")
@@ -147,33 +149,34 @@ class AsyncSnapshotter:
                 self._lent.append(handle)
             encoded: Future = Future()
             handle.fast = self._fast_lane.submit(self._write_fast, step, items, encoded, routes or {})
-            if self.is_cloud_step(step):
-                handle.cloud = self._cloud_lane.submit(self._write_cloud, step, encoded, handle.fast, routes or {})
-                self._last_cloud = handle
+            if self.is_storage_step(step):
+                handle.storage = self._storage_lane.submit(self._write_storage, step, encoded, handle.fast,
+                                                           routes or {})
+                self._last_storage = handle
             self._last = handle
             return handle
 
     def _snapshot_in_background(self, step: int, state: dict, owned, routes: dict) -> SnapshotHandle:
         with self._lock:
             handle = SnapshotHandle(step, 0.0, 0.0)
-            previous_upload = self._last_cloud if self.is_cloud_step(step) else None
+            previous_upload = self._last_storage if self.is_storage_step(step) else None
             encoded: Future = Future()
             handle.fast = self._fast_lane.submit(self._copy_then_write, handle, state, owned, _device_marker(state),
                                                  previous_upload, encoded, routes)
-            if self.is_cloud_step(step):
-                handle.cloud = self._cloud_lane.submit(self._write_cloud, step, encoded, handle.fast, routes)
-                self._last_cloud = handle
+            if self.is_storage_step(step):
+                handle.storage = self._storage_lane.submit(self._write_storage, step, encoded, handle.fast, routes)
+                self._last_storage = handle
             self._last = handle
             return handle
 
     def _copy_then_write(self, handle: SnapshotHandle, state: dict, owned, marker, previous_upload,
                          encoded: Future, routes: dict) -> LaneResult:
         """The fast lane of a background copy: after the previous snapshot's lane (the lane runs one task at a
-        time) and, on a cloud step, the previous upload, copy; release the caller; then hash and write."""
+        time) and, on a storage step, the previous upload, copy; release the caller; then hash and write."""
         start = time.perf_counter()
         try:
             if previous_upload is not None:
-                _wait_quietly(previous_upload.cloud)          # one upload at a time, as in the caller's path
+                _wait_quietly(previous_upload.storage)          # one upload at a time, as in the caller's path
             handle.wait_seconds = time.perf_counter() - start
             copy_start = time.perf_counter()
             self.faults.maybe_fail("snapshot_copy")
@@ -193,7 +196,6 @@ class AsyncSnapshotter:
         snapshot time: the optimizer step) is reached, so compute queued after it keeps running."""
         if marker is None:
             return encode_shards(state, owned, self._reclaim())
-        import torch
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device=marker[1])
         with torch.cuda.stream(self._copy_stream):
@@ -226,11 +228,11 @@ class AsyncSnapshotter:
         result.seconds = time.perf_counter() - start
         return result
 
-    def _write_cloud(self, step: int, encoded: Future, fast: Future, routes: dict) -> LaneResult:
+    def _write_storage(self, step: int, encoded: Future, fast: Future, routes: dict) -> LaneResult:
         start = time.perf_counter()
         items = encoded.result()
-        fast_result = fast.result()      # the cloud records also list the node and peer replicas
-        result = self._write_all(step, items, [(self.cloud, "upload")], self._cloud_io, routes)
+        fast_result = fast.result()      # the storage records also list the node and peer replicas
+        result = self._write_all(step, items, [(self.storage, "upload")], self._storage_io, routes)
         known = {r.key: r.replicas for r in fast_result.records}
         result.records = [_with_replicas(r, known.get(r.key, ()) + r.replicas) for r in result.records]
         result.seconds = time.perf_counter() - start
@@ -275,7 +277,7 @@ class AsyncSnapshotter:
     def close(self, wait: bool = True) -> None:
         """Stop the lanes; `wait=False` abandons a snapshot in flight (never committed: its manifest is missing)
         instead of waiting for it, as after a failure."""
-        for pool in (self._fast_lane, self._cloud_lane, self._io, self._cloud_io):
+        for pool in (self._fast_lane, self._storage_lane, self._io, self._storage_io):
             pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
@@ -290,7 +292,6 @@ def _device_marker(state: dict):
     device = next((t.device for t, _, _ in state.values() if t.is_cuda), None)
     if device is None:
         return None
-    import torch
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return event, device

@@ -8,12 +8,13 @@
                                  (the writing rank sends its bytes once, to its own node's keeper)
     {"kind": "dir", ...} or {"kind": "s3", ...}: the durable storage (storage/spec.py: storage_spec); a "dir"
                                  fsyncs every file and its directory unless it carries "fsync": False
-Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic cloud link).
+Any spec may carry "rate_bytes_per_s": the tier is then wrapped in a ThrottledTier (a realistic S3 link).
 Every built tier is wrapped in a TimedTier that records how long reads from it took (wall span and bytes).
 The keeper kinds reached through an actor are built in elastic/tiers.py (Ray); the rest here.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -37,10 +38,10 @@ def direct_tier(spec: dict):
     kind = spec.get("kind")
     if kind == "keeper":                           # a node store: RAM (/dev/shm), fsync has nothing to flush to
         return LocalDirTier(spec["dir"], name=spec["name"], fsync=False)
-    if kind == "dir":                              # the storage: durable by default (storage/durable.py)
+    if kind == "dir":                              # the storage: durable by default (autohet_ray/durable.py)
         return LocalDirTier(spec["path"], name=spec["name"], fsync=spec.get("fsync", True))
     if kind == "s3":
-        from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
+        from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier  # lazy: boto3, for S3 storage only
         return S3Tier(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),
                                endpoint_url=spec.get("endpoint_url")), name=spec["name"])
     raise ConfigError(f"tier spec kind {kind!r}; valid: {', '.join(KINDS)}")
@@ -92,3 +93,12 @@ class TimedTier:
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
+
+
+def location(spec: dict, name: str) -> str:
+    """Where the object `name` of a tier spec lives, for messages and local files (a path or an s3:// URL)."""
+    if spec["kind"] == "s3":
+        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}{name}"
+    if spec["kind"] == "dir":
+        return os.path.join(spec["path"], name)
+    return os.path.join(spec.get("dir") or f"<node store of {spec['name']}>", name)

@@ -16,7 +16,8 @@ from autohet_ray.cost.sharding import shard_ways, sharded_buckets
 from autohet_ray.profile.precision import profile_dtype, profile_precision
 from autohet_ray.cost.timeline import simulate_cached
 from autohet_ray.cost.sync import gradient_sync_times, sync_buckets, sync_end_times
-from autohet_ray.cost.terms import GroupCostTable, activation_message_bytes, boundary_seconds, inter_link, intra_link
+from autohet_ray.cost.terms import (GroupCostTable, activation_message_bytes, boundary_seconds, inter_link, intra_link,
+                                     plan_tables)
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import LinkTimes, Plan, Predicted, StageTimes
@@ -58,18 +59,6 @@ class Evaluation:
                          peak_memory_bytes_per_device=dict(self.memory_bytes), profile_kind=self.profile_kind,
                          stages=stages, links=links, capacity_bytes_per_device=dict(self.capacity_bytes),
                          dtype=self.dtype)
-
-
-def plan_tables(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
-                table: GroupCostTable | None = None) -> list[GroupCostTable]:
-    """The cost table of each pipeline's micro-batch size (`table`: one already built, reused if it fits)."""
-    tables = {table.micro_batch: table} if table is not None and table.seq_len == plan.seq_len else {}
-    for k in range(len(plan.pipelines)):
-        mb = plan.micro_batch_of(k)
-        if mb not in tables:
-            tables[mb] = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb,
-                                        seq_len=plan.seq_len)
-    return [tables[plan.micro_batch_of(k)] for k in range(len(plan.pipelines))]
 
 
 def stage_link_times(plan: Plan, cluster: Cluster, profile: ProfileDB, model: ModelSpec, a, b,

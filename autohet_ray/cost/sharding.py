@@ -8,6 +8,7 @@ all-gather of the new weights in the compute dtype after the update, on the step
 """
 from __future__ import annotations
 
+from autohet_ray.cost.terms import plan_tables
 from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.precision import Precision
 
@@ -39,7 +40,6 @@ def sharded_buckets(plan: Plan, buckets: dict, precision: Precision) -> tuple[di
 
 def saved_bytes(plan: Plan, cluster, model, profile) -> dict[tuple[int, int], float]:
     """Per (pipeline, stage): bytes each of its devices saves by sharding (0.0 where it does not shard)."""
-    from autohet_ray.cost.evaluate import plan_tables
     tables = plan_tables(plan, cluster, model, profile)
     out = {}
     for k, pipeline in enumerate(plan.pipelines):

@@ -11,6 +11,7 @@ from autohet_ray.cluster.spec import Cluster
 from autohet_ray.profile.precision import PRECISIONS, Precision, profile_precision
 from autohet_ray.model.costs import layer_params, recompute_activation_bytes_per_token, weight_grad_share
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.db import LayerProfile, LinkProfile, ProfileDB
 
 _BF16 = PRECISIONS["bfloat16"]
@@ -270,3 +271,13 @@ def wgrad_held_elements_per_token(model: ModelSpec, kind: str, tp: int) -> float
     return (h + qkv) + (h / tp + h) + (h + mlp_out / tp) + (f / tp + h)
 
 
+def plan_tables(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+                table: GroupCostTable | None = None) -> list[GroupCostTable]:
+    """The cost table of each pipeline's micro-batch size (`table`: one already built, reused if it fits)."""
+    tables = {table.micro_batch: table} if table is not None and table.seq_len == plan.seq_len else {}
+    for k in range(len(plan.pipelines)):
+        mb = plan.micro_batch_of(k)
+        if mb not in tables:
+            tables[mb] = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb,
+                                        seq_len=plan.seq_len)
+    return [tables[plan.micro_batch_of(k)] for k in range(len(plan.pipelines))]

@@ -188,7 +188,7 @@ def _map_shard(directory: str, file: str, num_tokens: int, dtype: str) -> np.nda
 
 
 def _as_batch(windows: np.ndarray, ids: np.ndarray) -> dict:
-    import torch
+    import torch  # lazy: torch; data/ imports without it
     tokens = torch.from_numpy(windows)
     return {"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous(),
             "sample_ids": torch.from_numpy(ids.copy())}

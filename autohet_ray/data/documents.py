@@ -56,8 +56,8 @@ def _jsonl_documents(name: str, text: str, text_field: str) -> list[str]:
 
 
 def _parquet_documents(name: str, data: bytes, text_field: str) -> list[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: pyarrow, for Parquet inputs only
+    import pyarrow.parquet as pq  # lazy: pyarrow, for Parquet inputs only
     try:
         parquet = pq.ParquetFile(pa.BufferReader(data))
     except (pa.ArrowInvalid, OSError) as err:

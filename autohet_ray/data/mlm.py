@@ -21,7 +21,7 @@ def mask_tokens(batch: dict, *, mask_id: int, vocab_size: int, seed: int, step: 
                 special_ids: tuple[int, ...] = (), probability: float = MASK_PROBABILITY) -> dict:
     """A copy of `batch` whose "input_ids" are masked and whose "labels" are the MLM targets; tokens in
     `special_ids` (e.g. the EOS separator) are never chosen."""
-    import torch                    # here, not at module level: tokenizing workers import this package
+    import torch  # lazy: torch; tokenizing workers import data/ without it
     ids = batch["input_ids"]
     assert ids.dtype == torch.long and ids.dim() == 2, (ids.dtype, ids.shape)
     assert 0 <= mask_id < vocab_size and 0.0 < probability < 1.0, (mask_id, vocab_size, probability)
@@ -39,7 +39,7 @@ def mask_tokens(batch: dict, *, mask_id: int, vocab_size: int, seed: int, step: 
 
 def _choose_exact(eligible: torch.Tensor, probability: float, gen: torch.Generator) -> torch.Tensor:
     """Per row, round(probability * eligible tokens) of its eligible positions (at least one), uniformly."""
-    import torch
+    import torch  # lazy: torch; data/ imports without it
     counts = eligible.sum(dim=1)
     wanted = torch.clamp(torch.round(counts * probability), min=1).minimum(counts)
     keys = torch.rand(eligible.shape, generator=gen).masked_fill(~eligible, 2.0)

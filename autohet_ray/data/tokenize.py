@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from autohet_ray import ConfigError
 from autohet_ray.data.index import TOKENIZER_FILE
@@ -30,7 +31,6 @@ def read_tokenizer_json(path: str) -> str:
 
 
 def tokenizer_from_json(text: str, *, where: str = TOKENIZER_FILE):
-    from tokenizers import Tokenizer
     try:
         return Tokenizer.from_str(text)
     except Exception as err:                        # the library raises a bare Exception for bad JSON
@@ -54,7 +54,6 @@ def special_ids(tokenizer, *, eos_token: str | None = None) -> tuple[int, int | 
 
 def train_byte_level_bpe(texts: Iterable[str], vocab_size: int) -> str:
     """The tokenizer.json of a byte-level BPE of `vocab_size` ids (EOS and mask included) trained on `texts`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     smallest = BYTE_ALPHABET + len(TRAINED_SPECIAL_TOKENS)
     if vocab_size < smallest:
         raise ConfigError(f"--train-tokenizer {vocab_size}: a byte-level BPE needs at least {smallest} ids "

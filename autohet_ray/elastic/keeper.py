@@ -5,7 +5,7 @@ any process, gone with the node), one per node: `<root>/<node id>`. Stage actors
 chunks into it directly (one file write per chunk, no Ray object, no copy through another process) and read
 from it directly on restore. The keeper owns and serves the directory to everyone else: other nodes' reads,
 peer replicas pushed from other keepers, and the manifests the driver commits. It dies with its node (that
-is what the peer copy and the cloud tier are for) or when stopped, which removes the directory.
+is what the peer copy and the storage are for) or when stopped, which removes the directory.
 
 In Ray an object dies with its owner; bytes here live in files, and what crosses an actor boundary is a
 uint8 numpy view (moved out of band through the object store, zero-copy for the receiver).
@@ -13,7 +13,6 @@ uint8 numpy view (moved out of band through the object store, zero-copy for the 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import numpy as np
 import ray
@@ -21,16 +20,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.copy_check import refusal
-from autohet_ray.checkpoint.errors import ChunkMissingError, ManifestExistsError, TierUnavailableError
+from autohet_ray.checkpoint.errors import ChunkMissingError, ManifestExistsError
 from autohet_ray.checkpoint.node_store import NodeStore
+from autohet_ray.elastic.keeper_tier import (DEAD, KEEPER_NAMESPACE, KeeperTier, get_keeper,  # noqa: F401 (re-exported)
+                                             keeper_name, wire)
+from autohet_ray.elastic.tiers import build_tier
 
-KEEPER_NAMESPACE = "autohet-keepers"
 REPLICATE_TIMEOUT_S = 300.0     # a peer keeper that takes no chunks for this long is stuck
-_DEAD = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)   # died, unreachable, too slow
-
-
-def keeper_name(job_id: str, node_id: str) -> str:
-    return f"keeper-{job_id}-{node_id}"
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=16)
@@ -54,14 +50,14 @@ class NodeKeeper(NodeStore):
         out = {}
         for key in keys:
             try:
-                out[key] = [ray.put(_wire(self._stored(key)))]
+                out[key] = [ray.put(wire(self._stored(key)))]
             except ChunkMissingError:
                 continue
         return out
 
     def get_chunk(self, key: str) -> np.ndarray | None:
         try:
-            return _wire(self._stored(key))
+            return wire(self._stored(key))
         except ChunkMissingError:
             return None
 
@@ -80,9 +76,8 @@ class NodeKeeper(NodeStore):
             return None
 
     def upload(self, digests: dict[str, str], spec: dict) -> dict:
-        """Copy these chunks (key -> the manifest's hash) to the durable tier of `spec`, each only when its
+        """Copy these chunks (key -> the manifest's hash) to the storage of `spec`, each only when its
         bytes hash to the manifest's (NodeStore.upload_checked: {"bytes", "copied", "refused"})."""
-        from autohet_ray.elastic.tiers import build_tier
         return self.upload_checked(digests, build_tier(spec))
 
     def replicate(self, digests: dict[str, str], peer_actor_name: str) -> dict:
@@ -92,16 +87,11 @@ class NodeKeeper(NodeStore):
         items, refused = [], []
         for key in digests:
             try:
-                items.append((key, _wire(self._stored(key))))
+                items.append((key, wire(self._stored(key))))
             except ChunkMissingError:
                 refused.append(refusal(key, self.name, peer_actor_name, "missing in the source store"))
         out = ray.get(peer.put_checked.remote(items, digests, self.name), timeout=REPLICATE_TIMEOUT_S)
         return {"bytes": out["bytes"], "refused": refused + out["refused"]}
-
-
-def _wire(blob) -> np.ndarray:
-    """A zero-copy uint8 view: what crosses an actor boundary (see the module docstring)."""
-    return np.frombuffer(blob, dtype=np.uint8)
 
 
 def start_keeper(job_id: str, node_id: str, *, label: str):
@@ -129,10 +119,6 @@ def keeper_specs(job_id: str, node_ids: dict[str, str]) -> dict[str, dict]:
                    "dir": ray.get(directory, timeout=60)} for name, directory in directories.items()}
 
 
-def get_keeper(job_id: str, node_id: str):
-    return ray.get_actor(keeper_name(job_id, node_id), namespace=KEEPER_NAMESPACE)
-
-
 def stop_keeper(job_id: str, node_id: str) -> bool:
     """Remove the keeper's node store and kill it (keepers are detached: they outlive drivers). False if
     there was none alive."""
@@ -140,77 +126,7 @@ def stop_keeper(job_id: str, node_id: str) -> bool:
         keeper = get_keeper(job_id, node_id)
     except ValueError:
         return False
-    with contextlib.suppress(*_DEAD):          # dead or stuck: killing it is all that is left
+    with contextlib.suppress(*DEAD):          # dead or stuck: killing it is all that is left
         ray.get(keeper.close.remote(), timeout=10)
     ray.kill(keeper)
     return True
-
-
-class KeeperTier:
-    """The checkpoint Tier interface over a keeper actor (`name`: the keeper's label), turning a dead or
-    unreachable keeper into TierUnavailableError so a restore falls through to the next tier (and reports it)."""
-
-    def __init__(self, handle, name: str, *, timeout_s: float = 30.0):
-        self.handle, self.name, self.timeout_s = handle, name, timeout_s
-        self._known: dict[str, list | None] | None = None     # prefetched: key -> [ref] or None (absent)
-
-    def prefetch(self, keys: list[str]) -> set[str]:
-        """Look up all `keys` in one call and start pulling the held ones to this node in the background;
-        get_chunk then answers from this lookup (absent keys without another call). Returns the held keys."""
-        self._known = None
-        refs = self._call("get_refs", keys)
-        self._known = {key: refs.get(key) for key in keys}
-        held = [wrapped[0] for wrapped in refs.values()]
-        if held:
-            ray.wait(held, num_returns=len(held), timeout=0, fetch_local=True)
-        return set(refs)
-
-    def _call(self, method: str, *args):
-        try:
-            return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout_s)
-        except _DEAD as err:
-            raise TierUnavailableError(self.name, f"{method}: {type(err).__name__}") from err
-
-    def put_chunk(self, key: str, blob: bytes) -> None:
-        self._call("put_many", [(key, _wire(blob))])
-
-    def put_chunks(self, items: list[tuple[str, bytes]]) -> None:
-        """Many chunks in one call (a snapshot's chunks of one rank)."""
-        self._call("put_many", [(key, _wire(blob)) for key, blob in items])
-
-    def get_chunk(self, key: str) -> np.ndarray:
-        """A read-only uint8 view of the chunk (bytes-like: verify and decode take it as is); pulled through
-        the reference a prefetch looked up, else asked for in one call."""
-        known = self._known if self._known is not None and key in self._known else None
-        if known is None:
-            blob = self._call("get_chunk", key)
-        elif known[key] is None:
-            blob = None
-        else:
-            try:
-                blob = ray.get(known[key][0], timeout=self.timeout_s)
-            except (*_DEAD, ray.exceptions.ObjectLostError) as err:
-                raise TierUnavailableError(self.name, f"get_chunk: {type(err).__name__}") from err
-        if blob is None:
-            raise ChunkMissingError(key, self.name)
-        return blob
-
-    def put_manifest(self, step: int, body: bytes) -> None:
-        conflict = self._call("put_manifest", step, body)
-        if conflict is not None:
-            raise ManifestExistsError(step, self.name)
-
-    def get_manifest(self, step: int) -> bytes:
-        body = self._call("get_manifest", step)
-        if body is None:
-            raise ChunkMissingError(f"manifest of step {step}", self.name)
-        return body
-
-    def __getattr__(self, method: str):
-        """The rest of the Tier interface (delete_many, list_manifests: one call each) as the keeper serves it."""
-        if method not in _SERVED_AS_IS:
-            raise AttributeError(method)
-        return functools.partial(self._call, method)
-
-
-_SERVED_AS_IS = frozenset({"has", "list", "delete", "delete_many", "list_manifests", "delete_manifest"})

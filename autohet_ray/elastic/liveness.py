@@ -8,8 +8,8 @@ import ray
 
 from autohet_ray.cluster import node_probe
 from autohet_ray.cluster.node_probe import LOST_VERDICTS, RAYLET_PROBE_TIMEOUT_S, probe_all
+from autohet_ray.elastic.keeper_tier import get_keeper
 
-LOSS_GRACE_S = 3.0          # the default grace (TrainJob.loss_grace_s)
 
 
 def raylet_addresses(node_ids) -> dict[str, tuple[str, int] | None]:
@@ -56,7 +56,6 @@ def settled_ok(ref) -> bool:
 
 def keeper_alive(job_id: str, node_id: str) -> bool | None:
     """True when the job's keeper on the node answers (the node lives), False when it died, None when unsure."""
-    from autohet_ray.elastic.keeper import get_keeper
     try:
         ray.get(get_keeper(job_id, node_id).node_id.remote(), timeout=1.0)
         return True
@@ -67,7 +66,7 @@ def keeper_alive(job_id: str, node_id: str) -> bool | None:
 
 
 def detect_failure(group, node_ids: dict[str, str], failure: Exception, *, job_id: str, timeout_s: float,
-                   loss_grace_s: float = LOSS_GRACE_S, store_nodes: tuple[str, ...] = ()) -> dict:
+                   loss_grace_s: float, store_nodes: tuple[str, ...] = ()) -> dict:
     """Name the cause of a failed group call: a lost node of the plan, or one of `store_nodes` (nodes whose
     store takes copies but that run no worker), (Ray marks it dead, or its raylet refuses connections, which
     is conclusive and faster than Ray's health checks; a raylet that only stays silent counts once silent past

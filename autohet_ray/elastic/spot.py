@@ -28,6 +28,8 @@ import threading
 import time
 
 import ray
+from ray._private.state import state
+from ray.core.generated import autoscaler_pb2
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
@@ -51,7 +53,6 @@ def watcher_name(job_id: str, node_id: str) -> str:
 
 def drain_node(node_id: str, *, deadline_s: float, message: str, gcs_address: str | None = None) -> None:
     """Drain a node through Ray's GCS with the preemption reason; RuntimeError if Ray refuses."""
-    from ray.core.generated import autoscaler_pb2
     address = gcs_address or ray.get_runtime_context().gcs_address
     gcs = ray._raylet.GcsClient(address=address)
     accepted, why = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
@@ -63,7 +64,6 @@ def drain_node(node_id: str, *, deadline_s: float, message: str, gcs_address: st
 def draining_nodes() -> dict[str, int]:
     """Ray's own drain signal: node id -> drain deadline (ms since the epoch; 0: none) of every live node being
     drained (by a spot watcher, the autoscaler, or KubeRay's pod SIGTERM). Private Ray API: see the module doc."""
-    from ray._private.state import state
     return dict(state.get_draining_nodes())
 
 
@@ -130,7 +130,7 @@ class SpotWatcher:
     """Runs on one node: polls the notice endpoint every `interval_s`; on a notice posts it to `board`, waits up
     to `flush_timeout_s` for the flush acknowledgement, then drains the node. `report()`: what happened."""
 
-    def __init__(self, board, *, provider: str = "aws", url: str = METADATA_URL, interval_s: float = 5.0,
+    def __init__(self, board, *, provider: str, url: str = METADATA_URL, interval_s: float = 5.0,
                  flush_timeout_s: float = 60.0, control_timeout_s: float = CONTROL_TIMEOUT_S):
         check_watcher_options(provider, interval_s, flush_timeout_s)
         self.board, self.url, self.interval_s, self.flush_timeout_s = board, url, interval_s, flush_timeout_s
@@ -181,7 +181,7 @@ class SpotWatcher:
         self._stop.set()
 
 
-def start_watchers(node_ids: list[str], *, job_id: str, provider: str = "aws", url: str = METADATA_URL,
+def start_watchers(node_ids: list[str], *, job_id: str, provider: str, url: str = METADATA_URL,
                    interval_s: float = 5.0, flush_timeout_s: float = 60.0,
                    control_timeout_s: float = CONTROL_TIMEOUT_S) -> dict:
     """One watcher of `job_id` pinned to each node (an existing one is reused), held by the job's notice board

@@ -7,7 +7,7 @@ from autohet_ray.checkpoint.codec import digest
 from autohet_ray.checkpoint.copy_check import report_refused
 from autohet_ray.checkpoint.errors import CorruptChunkError, TierUnavailableError
 from autohet_ray.checkpoint.tier_specs import GoneTier, direct_tier, wrap_tier
-from autohet_ray.elastic.keeper import KeeperTier, get_keeper, keeper_name
+from autohet_ray.elastic.keeper_tier import KeeperTier, get_keeper, keeper_name
 
 
 def build_tier(spec: dict, *, keeper_timeout_s: float = 30.0):

@@ -44,6 +44,7 @@ def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: fl
             ray.init(address=test_cluster.address)
         yield test_cluster
     finally:
+        # lazy: torch (the node store); emulate/ imports without it
         from autohet_ray.checkpoint.node_store import sweep_node_stores
         seen = [n["NodeID"] for n in ray.nodes()] if ray.is_initialized() else []
         if connect and ray.is_initialized():

@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
-from autohet_ray.cluster.spec import Cluster
-from autohet_ray.emulate.cluster import EMULATED_OBJECT_STORE_BYTES, node_args
-from autohet_ray.elastic.spot import start_board
 from autohet_ray.cloud.fake_imds import FakeImds
+from autohet_ray.cluster.spec import Cluster
+from autohet_ray.elastic.spot import start_board, start_watchers
+from autohet_ray.emulate.cluster import EMULATED_OBJECT_STORE_BYTES, node_args
 from autohet_ray.replay.emulated import NodeAction
 
 
@@ -74,6 +74,7 @@ class ReplayCluster:
         self.imds[name].post_notice(time.time() + lead_wall_s)
 
     def close(self) -> None:
+        # lazy: torch (the node store); emulate/ imports without it
         from autohet_ray.checkpoint.node_store import sweep_node_stores
         if ray.is_initialized():
             ray.shutdown()
@@ -205,8 +206,8 @@ class Replay:
     def _watch_new_nodes(self) -> None:
         """A spot watcher of the job on every live node, polling that node's own metadata endpoint (a node that
         just joined is watched before the controller may plan onto it)."""
-        from autohet_ray.elastic.spot import start_watchers
         for name in sorted(set(self.rc.handles) - self.watched):
-            start_watchers([self.rc.handles[name].node_id], job_id=self.ctl.job_id, url=self.rc.imds[name].url,
+            start_watchers([self.rc.handles[name].node_id], job_id=self.ctl.job_id,
+                           provider=self.ctl.job.spot_provider, url=self.rc.imds[name].url,
                            interval_s=self.watch_interval_s, flush_timeout_s=60.0)
             self.watched.add(name)

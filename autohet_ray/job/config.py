@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from autohet_ray import ConfigError
+from autohet_ray.cloud.notices import PROVIDER_CHOICES
 from autohet_ray.config_io import dataclass_from_dict
+from autohet_ray.metrics.tensorboard import check_available
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
@@ -29,9 +31,11 @@ def compute_dtype(dtype: str, *, cuda: bool) -> str:
 @dataclass(frozen=True, kw_only=True)
 class TrainJob:
     model: dict
-    """ModelSpec fields of the model that runs."""
+    """The model that runs: a preset name, a model YAML or hf:DIR (a Hugging Face config.json); kept as its
+    ModelSpec fields."""
     cluster: dict
-    """Cluster file contents; every node must be a live Ray node labelled autohet.io/node=<name>."""
+    """The cluster file (nodes, GPU types, links), or its contents inline; every node must be a live Ray node
+    labelled autohet.io/node=<name>."""
     global_batch: int
     """Samples per step."""
     data: str | None = None
@@ -41,8 +45,9 @@ class TrainJob:
     eval_batches: int = 1
     """Global batches of the dataset's validation split each evaluation averages."""
     storage: dict | None = None
-    """Durable tier spec (storage/spec.py: storage_spec): a directory or S3. Holds the plan, the profile, the job
-    id, metrics.jsonl and the checkpoints. None: nothing is kept (plain runs only)."""
+    """The job's storage, a directory or s3://bucket/prefix (kept as its storage/spec.py tier spec): the plan,
+    the profile, the job record, metrics.jsonl and the checkpoints. `autohet train` without one: a new
+    autohet-runs/<time> directory."""
     elastic: bool = False
     """Snapshot every step into two nodes' stores and recover from a lost node local-first. False: no node
     stores; `checkpoint_every` steps (and the final step) go to `storage` directly."""
@@ -53,10 +58,11 @@ class TrainJob:
     gc_every: int = 4
     """Delete node-store and storage steps older than the newest two committed ones every this many steps."""
     priced_as: dict | None = None
-    """ModelSpec fields to profile, plan and price with (default: `model`), e.g. the real-size model whose
-    layer count a scaled-down `model` shares."""
+    """The model to profile, plan and price with (a preset, YAML or hf:DIR; default: `model`), e.g. the
+    real-size model whose layer count a scaled-down `model` shares."""
     plan: dict | None = None
-    """The plan of the first launch (default: plan now); every re-plan uses the planner on the live nodes."""
+    """A plan JSON file for the first launch (default: plan now); every re-plan uses the planner on the live
+    nodes."""
     seq_len: int | None = None
     """Tokens per sample the model runs (default: the model's max_seq_len)."""
     priced_seq_len: int | None = None
@@ -86,6 +92,7 @@ class TrainJob:
     gradient reduction), "float32" ("fp32"), "float64" ("fp64", exact comparisons), or "auto" (bf16 on CUDA,
     fp32 on CPU). Checkpoints hold the fp32 masters either way. Stored canonical (the torch name)."""
     seed: int = 0
+    """Seed of the initial weights and of the sample order."""
     init_from: str | None = None
     """A Hugging Face model directory (config.json + safetensors) whose weights step 0 starts from, each rank
     reading only its slices; restores (resume, recovery) load the checkpoint instead."""
@@ -114,6 +121,11 @@ class TrainJob:
     loss_grace_s: float = 3.0
     """A node whose raylet stays silent (no refusal, Ray still lists it) is declared lost only after this
     many seconds of silence; a shorter stall (a network blip, a paused process) costs no recovery."""
+    spot_watch: bool = False
+    """Elastic: watch each node's instance metadata for spot interruption notices (a noticed node is flushed
+    and planned away before it goes)."""
+    spot_provider: str = "aws"
+    """Whose instance metadata spot_watch reads: "aws", "gcp", "azure", or "auto" (tries each)."""
     max_recoveries: int = 5
     """Recoveries allowed while the job makes no progress (see recovery_window_steps); one more failure then
     stops the job (its newest committed step secured first)."""
@@ -133,6 +145,10 @@ class TrainJob:
         for name in ("checkpoint_every", "gc_every", "num_peers", "eval_every", "time_scale", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("seq_len", "priced_seq_len"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}={value!r} must be a positive integer (or none)")
         for name in ("max_recoveries", "recovery_window_steps"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
                     or getattr(self, name) < 1:
@@ -160,8 +176,9 @@ class TrainJob:
         if self.elastic and self.storage is None:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
+        if self.spot_provider not in PROVIDER_CHOICES:
+            raise ConfigError(f"spot_provider={self.spot_provider!r}; valid: {', '.join(PROVIDER_CHOICES)}")
         if self.tensorboard is not None:
-            from autohet_ray.metrics.tensorboard import check_available
             check_available(self.tensorboard)
 
     @property

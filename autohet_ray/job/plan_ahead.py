@@ -67,7 +67,7 @@ class PlanAhead:
 def start_planning_ahead(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int,
                          cache: dict[str, dict]) -> PlanAhead:
     """A PlanAhead thread planning, into `cache`, every state one node loss away from `found`."""
-    from autohet_ray.planner import plan_training
+    from autohet_ray.planner import plan_training  # lazy: PySCIPOpt
 
     def plan_for(cluster: Cluster) -> dict:
         request = plan_request(job, cluster, profile=profile, priced_model=priced_model, seq_len=seq_len)

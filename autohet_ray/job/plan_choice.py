@@ -36,7 +36,7 @@ def choose_plan(job: TrainJob, *, found: Discovered, profile, priced_model, seq_
     availability state in `cache` ("planned ahead" the first time a state planned ahead is used, then
     "cached"), else the planner's on the live nodes ("planned"; then cached: the planner is deterministic, so
     a state seen again costs no planning)."""
-    from autohet_ray.planner import plan_training, plan_with_baselines
+    from autohet_ray.planner import plan_training, plan_with_baselines  # lazy: PySCIPOpt
     baselines, source = None, "given"
     if plan is None and job.plan is not None and first:
         plan, source = job.plan, "job plan"

@@ -2,6 +2,7 @@
 uninterrupted single-process run on the same sample order."""
 from __future__ import annotations
 
+from autohet_ray.data import Dataset
 from autohet_ray.replay.emulated import step_record
 
 
@@ -9,10 +10,9 @@ def reference_check(history: list[dict], *, data_dir: str, model, global_batch: 
                     optimizer, rel: float = 1e-5) -> dict:
     """The final record against a single-process run of the same steps on the same sample order (float64):
     every step present once, its sample ids equal (exactly once), its loss within `rel`."""
-    import torch
+    import torch  # lazy: torch
 
-    from autohet_ray.data import Dataset
-    from autohet_ray.runtime.reference import Reference
+    from autohet_ray.runtime.reference import Reference  # lazy: torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)             # a tiny model: more threads only contend for the shared cores
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from autohet_ray.cluster.catalog import lookup
 from autohet_ray.model.costs import layer_flops_per_token
 from autohet_ray.profile.precision import precision
 
@@ -127,7 +128,7 @@ def critical_rank(outs: list[dict], scale: float) -> dict:
 
 def start_peak_memory(engine) -> None:
     """Reset the CUDA allocator's peak before a step (no-op on CPU)."""
-    import torch
+    import torch  # lazy: torch; metrics/ imports without it
     if engine.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(engine.device)
 
@@ -135,7 +136,7 @@ def start_peak_memory(engine) -> None:
 def rank_measurements(engine) -> dict:
     """What a rank adds to its step report: its device ("node:gpu", as plans key devices), its compute dtype
     and its peak allocated bytes since start_peak_memory (None on CPU: no per-step peak is measured there)."""
-    import torch
+    import torch  # lazy: torch; metrics/ imports without it
     info = engine.info
     cuda = engine.device.type == "cuda"
     return {"device": f"{info.node}:{info.device}", "dtype": str(engine.dtype).removeprefix("torch."),
@@ -148,7 +149,6 @@ def worker_step_metrics(engine, out: dict, *, cluster=None) -> dict:
     layers x its pipeline's samples, split over the stage's TP ranks, vs the catalog peak for the compute
     dtype; `cluster` resolves custom device types), and its peak allocated bytes since the last report (CUDA
     only; left out on CPU). Resets the CUDA peak for the next step."""
-    from autohet_ray.cluster.catalog import lookup
     plan, info, step_s = engine.plan, engine.info, out["timings"]["step"]
     pipeline = plan.pipelines[info.pipeline]
     stage = pipeline.stages[info.stage]

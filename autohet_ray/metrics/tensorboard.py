@@ -36,7 +36,7 @@ class TensorBoardLog:
 
     def __init__(self, logdir: str):
         check_available(logdir)
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: torch and the optional tensorboard package
         self.writer = SummaryWriter(log_dir=logdir)
 
     def append(self, metrics: dict) -> None:

@@ -9,7 +9,7 @@ import os
 
 from autohet_ray import ConfigError
 from autohet_ray.config_io import parse_json, read_text_file
-from autohet_ray.model.spec import ModelSpec, model_from_dict
+from autohet_ray.model.shape import ModelSpec, model_from_dict
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2")
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}

@@ -31,6 +31,7 @@ from autohet_ray.elastic.recovery import healthy, store_only_nodes
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
 from autohet_ray.metrics.step import run_figures
+from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
@@ -76,7 +77,7 @@ class Controller(LiveJob):
         self.recovery.drained(draining_nodes())
         self.found = self.discover(confirm=True)
         if self.profile is None:
-            from autohet_ray.orchestrate.profiling import job_profile
+            from autohet_ray.orchestrate.profiling import job_profile  # lazy: torch, for a measured profile only
             self.profile = job_profile(self.job, found=self.found, priced_model=self.priced_model,
                                        cluster=self.base_cluster, seq_len=self.priced_seq_len)
         data, self.dataset_hold = held_dataset(self.job.data, (self.job.storage or {}).get("endpoint_url"),
@@ -95,7 +96,6 @@ class Controller(LiveJob):
             self.committer.step_extra = self.data.state
             self.metrics_log = job_files.LineLog(self.job.storage, job_files.METRICS_FILE)
         if self.job.tensorboard:
-            from autohet_ray.metrics.tensorboard import TensorBoardLog
             self.tensorboard_log = TensorBoardLog(self.job.tensorboard)
         report = self.launch(restore)
         self.state = transition(self.state, State.RUNNING)
@@ -299,7 +299,8 @@ class Controller(LiveJob):
     def watch_spot(self, **watcher_options):
         """Start a spot-notice watcher on every node of the job; the job's notice board."""
         self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id,
-                                 **{"control_timeout_s": self.job.control_timeout_s, **watcher_options})
+                                 **{"provider": self.job.spot_provider, "control_timeout_s": self.job.control_timeout_s,
+                                    **watcher_options})
         return self.board
 
     def check_notices(self, board=None) -> dict | None:

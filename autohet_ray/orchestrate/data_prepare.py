@@ -52,6 +52,7 @@ def held_dataset(data: str | None, endpoint_url: str | None = None,
     ends): the cache is first trimmed to `cache_gb`, least recently used datasets that no job holds first."""
     if data is None or not data.startswith("s3://"):
         return data, None
+    # lazy: torch (the node store), for s3:// data only
     from autohet_ray.checkpoint.node_store import default_store_root
     directory = dataset_cache_dir(data, default_store_root())
     os.makedirs(os.path.dirname(directory), exist_ok=True)

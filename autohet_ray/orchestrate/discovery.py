@@ -16,6 +16,7 @@ from autohet_ray.cluster.device_check import DeviceReport, check_report
 from autohet_ray.cluster.labels import ACCELERATOR_LABEL, EMULATED_LABEL
 from autohet_ray.cluster.live import Discovered, LiveNode, describe, gpu_nodes
 from autohet_ray.cluster.spec import Cluster
+from autohet_ray.elastic.liveness import refused_raylets
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -23,7 +24,6 @@ DEFAULT_TIMEOUT_S = 60.0
 def live_nodes(raw_nodes: list[dict] | None = None) -> list[LiveNode]:
     """Alive nodes with GPUs, from `ray.nodes()` (or the given list of its entries). A node Ray still lists
     as alive whose raylet refuses connections has died (Ray's health checks have not noticed yet): left out."""
-    from autohet_ray.elastic.liveness import refused_raylets
     if raw_nodes is not None:
         return gpu_nodes(raw_nodes)
     raws = ray.nodes()
@@ -42,7 +42,7 @@ def _probe() -> dict:
     out = {"node_id": context.get_node_id(), "emulated": labels.get(EMULATED_LABEL) == "true"}
     if out["emulated"]:
         return out | {"name": labels.get(ACCELERATOR_LABEL), "count": 0, "total_memory": None}
-    import torch
+    import torch  # lazy: torch, on the probed node only
     if not torch.cuda.is_available():
         return out | {"name": None, "count": 0, "total_memory": None}
     return out | {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),

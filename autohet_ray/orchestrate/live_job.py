@@ -21,6 +21,7 @@ from autohet_ray.elastic.recovery import Recovery
 from autohet_ray.elastic.report import report_failure
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
+from autohet_ray.emulate.pacer import rank_pacers
 from autohet_ray.job.config import TrainJob
 from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import choose_plan
@@ -149,7 +150,6 @@ class LiveJob:
     def _pacers(self) -> tuple[list[dict] | None, dict]:
         """Per rank, the emulated clock of the plan's devices (None when the job is not paced); the scale is
         fixed at the first launch, so re-plans keep one clock."""
-        from autohet_ray.emulate.pacer import rank_pacers
         if not self.job.paced:
             return None, {}
         pacers, self.time_scale = rank_pacers(
@@ -160,7 +160,7 @@ class LiveJob:
     def configure_snapshots(self) -> None:
         configure_snapshots(self.group, self.keeper_specs, self.job.storage,
                             node_gpu={n.name: n.device_type for n in self.found.nodes},
-                            num_peers=self.job.num_peers, cloud_every=self.job.checkpoint_every)
+                            num_peers=self.job.num_peers, storage_every=self.job.checkpoint_every)
 
     def _step_once(self, fault_hook=None) -> dict:
         group = self.group

@@ -12,11 +12,15 @@ import datetime
 import hashlib
 import json
 import os
+import platform
+import socket
 import time
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+import torch
+import torch.distributed as dist
 
 from autohet_ray.cluster.labels import ACCELERATOR_LABEL, NODE_ID_LABEL, label_value
 from autohet_ray.cluster.live import Discovered, LiveNode
@@ -24,8 +28,11 @@ from autohet_ray.job.config import TrainJob, compute_dtype
 from autohet_ray.metrics.step import peak_dtype
 from autohet_ray.model.spec import ModelSpec, model_from_dict
 from autohet_ray.plan.schema import plan_from_dict
+from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile, profile_from_dict
-from autohet_ray.profile.measure import software_versions
+from autohet_ray.profile.link_probe import probe_link
+from autohet_ray.profile.measure import measure_profile, software_versions
+from autohet_ray.runtime.update_rate import update_s_per_param
 
 
 class PlacementError(RuntimeError):
@@ -39,25 +46,18 @@ LINK_BYTES = 4 << 20
 
 class ProfileActor:
     def __init__(self):
-        import torch
         torch.set_num_threads(1)
 
     def device_name(self) -> str:
-        import platform
-
-        import torch
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else (platform.processor() or "cpu")
 
     def measure(self, spec: dict, device_type: str, tps: tuple, micro_batches: tuple, seq_len: int) -> dict:
-        from autohet_ray.profile.measure import measure_profile
-        from autohet_ray.runtime.update_rate import update_s_per_param
         model = model_from_dict(spec)
         db = measure_profile(model, device_type, tps, micro_batches, seq_len)
         db.optimizer_s_per_param[device_type] = update_s_per_param(model)
         return db.to_dict()
 
     def free_port(self) -> tuple[str, int]:
-        import socket
         addr = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind((addr, 0))
@@ -65,10 +65,6 @@ class ProfileActor:
 
     def ping_pong(self, rank: int, addr: str, port: int, num_bytes: int, reps: int = 20) -> dict:
         """LinkProfile fields of the link between this actor and its peer (profile/link_probe.py)."""
-        import torch
-        import torch.distributed as dist
-
-        from autohet_ray.profile.link_probe import probe_link
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
                                 timeout=datetime.timedelta(seconds=60))
         try:
@@ -180,7 +176,6 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
 def job_profile(job: TrainJob, *, found: Discovered, priced_model: ModelSpec, cluster, seq_len: int) -> ProfileDB:
     """The job's ProfileDB (analytic, measured on the cluster, or a file), made once per job (every re-plan
     prices with it)."""
-    from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
     plan = plan_from_dict(job.plan) if job.plan else None
     plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
     sizes = with_micro_batches(job.micro_batch, *plan_sizes)

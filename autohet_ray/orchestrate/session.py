@@ -7,6 +7,8 @@ import os
 import ray
 
 from autohet_ray.cluster.spec import Cluster
+from autohet_ray.emulate.cluster import emulated_cluster
+from autohet_ray.orchestrate.discovery import discover
 
 
 @contextlib.contextmanager
@@ -19,7 +21,6 @@ def ray_session(cluster: Cluster, *, address: str | None, emulate: bool, on_star
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address is None and emulate:
-        from autohet_ray.emulate.cluster import emulated_cluster
         if on_start:
             on_start(cluster)
         with emulated_cluster(cluster) as started:
@@ -33,6 +34,5 @@ def ray_session(cluster: Cluster, *, address: str | None, emulate: bool, on_star
 
 
 def profile_on_ray(cluster: Cluster, model, seq_len: int, cache_dir: str | None):
-    from autohet_ray.orchestrate.discovery import discover
-    from autohet_ray.orchestrate.profiling import profile_cluster
+    from autohet_ray.orchestrate.profiling import profile_cluster  # lazy: torch, for a measured profile only
     return profile_cluster(discover(cluster), model, seq_len, cache_dir=cache_dir)

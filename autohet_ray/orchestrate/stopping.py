@@ -82,19 +82,19 @@ def describe_places(ctl, places: dict) -> str:
 
 def not_in_storage_message(ctl, outcome: dict) -> str:
     """Why the run's newest step is not in the storage, where it is instead, and the resume command."""
-    newest_cloud = max(ctl.committer.cloud_committed, default=None)
+    newest_stored = max(ctl.committer.cloud_committed, default=None)
     places = newest_places(ctl)
     storage = location(ctl.job.storage, "").rstrip("/")
     lines = [f"autohet: step {outcome['completed']} did not reach the storage {storage}"
              + (f" ({outcome['error']})" if outcome.get("error") else "")
-             + f"; the newest step there is {newest_cloud}."]
+             + f"; the newest step there is {newest_stored}."]
     if places["step"] is not None and not places["in_storage"] and places["stores"]:
         dirs = ", ".join(f"{spec['name']}: {spec['dir']}" for _node, spec in sorted(ctl.keeper_specs.items())
                          if spec["name"] in places["stores"])
         lines.append(f"autohet: {describe_places(ctl, places)}, kept for job {ctl.job_id} ({dirs}); while "
                      f"their nodes live, `{resume_command(ctl)}` continues from it.")
-    elif newest_cloud is not None:
-        lines.append(f"autohet: `{resume_command(ctl)}` continues from step {newest_cloud}.")
+    elif newest_stored is not None:
+        lines.append(f"autohet: `{resume_command(ctl)}` continues from step {newest_stored}.")
     else:
         lines.append("autohet: no step of this job was committed anywhere; `autohet train` starts it again.")
     return "\n".join(lines)

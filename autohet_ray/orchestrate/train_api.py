@@ -17,17 +17,19 @@ import socket
 from dataclasses import dataclass
 
 import ray
-import torch.distributed as dist
 from ray.train import ScalingConfig
+import torch.distributed as dist
 
 from autohet_ray import ConfigError
-from autohet_ray.model.spec import ModelSpec
 from autohet_ray.cluster.labels import ACCELERATOR_LABEL, NODE_NAME_LABEL, label_value
-from autohet_ray.orchestrate import train_checkpoint
 from autohet_ray.metrics.step import worker_step_metrics
+from autohet_ray.model.spec import ModelSpec
+from autohet_ray.orchestrate import train_checkpoint
 from autohet_ray.orchestrate.train_checkpoint import restore_from_train_checkpoint
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan
+from autohet_ray.runtime.engine import Engine
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
 __all__ = ["WorkerPlace", "assign_roles", "engine_for_worker", "plan_scaling_config", "report_step",
            "restore_from_train_checkpoint"]
@@ -102,7 +104,6 @@ def engine_for_worker(plan: Plan, model_spec: ModelSpec, *, seed: int = 0, lr: f
     calls it). After it returns, the default process group's ranks are plan ranks. `optimizer`: an
     OptimizerConfig (e.g. a TrainJob's) or a dict of its fields; `lr`, when given, replaces its rate; `dtype`
     None: bf16 on GPUs, fp32 on CPU."""
-    from autohet_ray.runtime.engine import Engine
     rank, size = dist.get_rank(), dist.get_world_size()
     if size != plan.num_devices:
         raise ConfigError(f"the plan uses {plan.num_devices} GPUs but Ray Train started {size} workers")
@@ -121,7 +122,6 @@ def engine_for_worker(plan: Plan, model_spec: ModelSpec, *, seed: int = 0, lr: f
         os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port[0]}", rank=plan_rank, world_size=size,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    from autohet_ray.runtime.lr_schedule import OptimizerConfig
     if isinstance(optimizer, dict):
         optimizer = OptimizerConfig.from_dict(optimizer)
     return Engine(plan=plan, model_spec=model_spec, rank=plan_rank, seed=seed, optimizer=optimizer, lr=lr,

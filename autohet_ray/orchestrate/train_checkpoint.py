@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import tempfile
 
+from pyarrow import fs as pafs
 import ray.train
 import torch.distributed as dist
-from pyarrow import fs as pafs
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint import (ChunkMissingError, ChunkRecord, LocalDirTier, Manifest, TierUnavailableError,
                                     commit_step, find_manifest, latest_committed_step, restore)
 from autohet_ray.checkpoint.codec import digest
+from autohet_ray.checkpoint.holdings import tiling_holdings as tile_holdings
 from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, chunk_key, manifest_key, step_of_manifest_key
 from autohet_ray.checkpoint.peers import assign_writers
 from autohet_ray.checkpoint.snapshot import encode_shards
-from autohet_ray.checkpoint.holdings import tiling_holdings as tile_holdings
 from autohet_ray.orchestrate.worker import holdings_of
+from autohet_ray.runtime.lr_schedule import check_resumed_config
 from autohet_ray.runtime.optim import needs_of_layout
 
 TIER_NAME = "ray-train"
@@ -138,7 +139,6 @@ def restore_from_train_checkpoint(engine, *, initial: ray.train.Checkpoint | Non
     if saved_model is not None and saved_model != engine.spec.name:
         raise ConfigError(f"checkpoint {checkpoint.path!r} holds model {saved_model!r}, "
                           f"this run trains {engine.spec.name!r}")
-    from autohet_ray.runtime.lr_schedule import check_resumed_config
     check_resumed_config(manifest.extra.get("optimizer"), engine.optimizer_config, f"checkpoint {checkpoint.path!r}")
     state, _ = restore(manifest, needs_of_layout(engine.layout), [TrainCheckpointTier(checkpoint)],
                        num_threads=num_threads)

@@ -20,11 +20,19 @@ import torch.distributed as dist
 from autohet_ray.checkpoint import AsyncSnapshotter, Manifest, SnapshotPolicy, restore
 from autohet_ray.checkpoint.codec import digest, encode
 from autohet_ray.checkpoint.errors import ChunkUnavailableError
+from autohet_ray.checkpoint.hf_weights import load_rank_state
 from autohet_ray.checkpoint.tiers.base import put_all
 from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.emulate.pacer import EmulationPacer
+from autohet_ray.job.config import compute_dtype
 from autohet_ray.layout import Chunk, overlap, to_local
 from autohet_ray.metrics.step import rank_measurements, start_peak_memory
+from autohet_ray.model.spec import model_from_dict
+from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.abort import collective_abort
+from autohet_ray.runtime.device import default_backend
+from autohet_ray.runtime.engine import Engine
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import STEP_KEY, needs_of_layout
 
 
@@ -67,13 +75,6 @@ class Worker:
         when given) and build this rank's Engine (as `rank` when a reused actor takes a new place).
         `dtype`: a TrainJob dtype ("auto": bf16 on this actor's GPU, fp32 on CPU); `optimizer`: OptimizerConfig
         fields (`lr`, when given, replaces its rate)."""
-        from autohet_ray.emulate.pacer import EmulationPacer
-        from autohet_ray.job.config import compute_dtype
-        from autohet_ray.model.spec import model_from_dict
-        from autohet_ray.plan.schema import plan_from_dict
-        from autohet_ray.runtime.device import default_backend
-        from autohet_ray.runtime.engine import Engine
-        from autohet_ray.runtime.lr_schedule import OptimizerConfig
         started_at, start = time.time(), time.perf_counter()
         if rank is not None:
             self.rank = rank
@@ -112,7 +113,6 @@ class Worker:
 
     def load_hf(self, path: str) -> dict:
         """Load this rank's slices of a Hugging Face checkpoint (step 0 of an --init-from job)."""
-        from autohet_ray.checkpoint.hf_weights import load_rank_state
         start = time.perf_counter()
         state, nbytes = load_rank_state(path, self.engine.spec, self.engine.layout)
         self.engine.load_state_dict(state)
@@ -121,14 +121,14 @@ class Worker:
     def holdings(self) -> list[tuple[str, Chunk, int]]:
         return holdings_of(self.engine)
 
-    def configure_snapshots(self, *, routes: dict[str, list], local: dict, peers: list[dict], cloud: dict | None,
-                            cloud_every: int, num_threads: int = 2) -> None:
-        """`routes`: tier name (the local, peer and cloud specs' names) -> the (name, chunk)s it takes."""
+    def configure_snapshots(self, *, routes: dict[str, list], local: dict, peers: list[dict], storage: dict | None,
+                            storage_every: int, num_threads: int = 2) -> None:
+        """`routes`: tier name (the local, peer and storage specs' names) -> the (name, chunk)s it takes."""
         self.close_snapshots()
         self.snapshotter = AsyncSnapshotter(
             local=build_tier(local), peers=[build_tier(p) for p in peers],
-            cloud=build_tier(cloud) if cloud else None,
-            policy=SnapshotPolicy(cloud_every=cloud_every if cloud else 0, num_threads=num_threads))
+            storage=build_tier(storage) if storage else None,
+            policy=SnapshotPolicy(storage_every=storage_every if storage else 0, num_threads=num_threads))
         self.routes = {tier: set(items) for tier, items in routes.items()}
         self.owned = set().union(*self.routes.values())
 
@@ -192,7 +192,7 @@ class Worker:
 
     def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
         try:
-            result = self._snapshot_of(step).cloud_result(timeout_s)     # waits outside the lock
+            result = self._snapshot_of(step).storage_result(timeout_s)     # waits outside the lock
         except Exception as err:
             raise self._as_text(err, f"upload of step {step}") from None
         with self._handles_lock:

@@ -12,7 +12,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
-from autohet_ray.elastic.liveness import LOSS_GRACE_S, NodeWatch, raylet_addresses, settled_ok
+from autohet_ray.elastic.liveness import NodeWatch, raylet_addresses, settled_ok
 from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.worker import Worker
 from autohet_ray.plan.schema import Plan
@@ -50,7 +50,7 @@ def rank_slots(plan: Plan) -> list[dict]:
 
 class WorkerGroup:
     def __init__(self, plan: Plan, node_ids: dict[str, str], *, reuse: dict[str, list] | None = None,
-                 loss_grace_s: float = LOSS_GRACE_S):
+                 loss_grace_s: float):
         """`loss_grace_s`: how long a node's raylet may stay silent before the node counts as lost (see
         NodeWatch). `reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
         process start). The ones left over stay in `reuse` for the caller to kill."""

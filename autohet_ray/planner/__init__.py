@@ -1,5 +1,7 @@
-from autohet_ray.planner.baselines import BaselineResult, best_baseline
+import time
+
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
+from autohet_ray.planner.baselines import BaselineResult, best_baseline
 from autohet_ray.planner.search import PlanResult, check_request, micro_batch_candidates, plan_training
 
 __all__ = ["BASELINES", "BaselineResult", "best_baseline", "PlanResult", "check_request", "micro_batch_candidates",
@@ -15,7 +17,6 @@ def plan_with_baselines(*, cluster, model, profile, global_batch, seq_len, micro
     With `seed` the baselines' plans seed the planner (so it is never worse than any of them); the time limit
     covers the baselines too. The baselines may recompute activations as the planner may (`recompute`), and
     Megatron-LM shards its optimizer state when the planner may (`optimizer_sharding`)."""
-    import time
     start = time.perf_counter()
     check_request(model, profile, global_batch, seq_len, schedules)
     mbs = micro_batch_candidates(global_batch, profile, micro_batch)

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 
 def _solve_bound(kwargs: dict) -> float | None:
+    # lazy: cvxpy (over 1 s to import), for the lower bound only
     from autohet_ray.planner.bound import lower_bound_iteration_s
     return lower_bound_iteration_s(**kwargs)
 

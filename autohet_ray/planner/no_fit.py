@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from autohet_ray.cluster.spec import Cluster
+from autohet_ray.model.costs import layer_params
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.profile.db import ProfileDB
+from autohet_ray.profile.precision import profile_precision
 
 
 def no_fit_message(cluster: Cluster, model: ModelSpec, profile: ProfileDB, seq_len: int) -> str:
-    from autohet_ray.model.costs import layer_params
-    from autohet_ray.profile.precision import profile_precision
     need = sum(layer_params(model, k) * (model.num_layers if k == "layer" else 1)
                for k in ("embedding", "layer", "head")) * profile_precision(profile).state_bytes_per_param
     have = sum(cluster.device(n.device).memory_bytes * n.count for n in cluster.nodes)

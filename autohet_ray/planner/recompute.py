@@ -13,6 +13,7 @@ from typing import Callable
 
 from autohet_ray import ConfigError
 from autohet_ray.cost.evaluate import best_schedule
+from autohet_ray.planner.result import PlanResult
 from autohet_ray.plan.schema import RECOMPUTE_MODES, check_recompute  # noqa: F401  (re-exported)
 
 
@@ -21,7 +22,6 @@ def plan_auto_recompute(plan_once: Callable, time_limit_s: float, cluster, model
     """`plan_once(recompute: bool, time_limit_s) -> PlanResult` without and with recomputation (half the time
     limit each), the faster result, with recomputation kept only on the stages that need it to fit, then
     `improve(plan, evaluation) -> (plan, evaluation)` if given."""
-    from autohet_ray.planner.search import PlanResult
     start = time.perf_counter()
     results, errors = [], []
     for flag in (False, True):

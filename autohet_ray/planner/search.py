@@ -22,6 +22,7 @@ from autohet_ray.planner.grouping import Grouping, kinds_available, solve_groupi
 from autohet_ray.planner.no_fit import no_fit_message as _no_fit_message
 from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
+from autohet_ray.planner.result import PlanResult
 from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
 from autohet_ray.planner.sharding import check_sharding, plan_auto_sharding, search_ways
 from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
@@ -39,15 +40,6 @@ SMALL_CANDIDATES = 40         # small clusters: full-model evaluations are cheap
 SHORTLIST = 300
 MAX_MICROBATCH_TOKENS = 8192
 EXACT_TIMES_UP_TO = 256       # small clusters: exact per-template times for up to this many micro-batches
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanResult:
-    plan: Plan
-    evaluation: Evaluation
-    solve_time_s: float
-    num_templates: int
-    hit_time_limit: bool
 
 
 @dataclass(kw_only=True)

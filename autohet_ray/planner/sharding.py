@@ -14,6 +14,7 @@ from typing import Callable
 
 from autohet_ray import ConfigError
 from autohet_ray.cost.evaluate import best_schedule
+from autohet_ray.planner.result import PlanResult
 from autohet_ray.plan.schema import SHARDING_MODES, check_sharding  # noqa: F401  (re-exported)
 
 # Holders the search assumes: every plan that shards has at least two pipelines, so its stages keep at most
@@ -29,7 +30,6 @@ def plan_auto_sharding(plan_once: Callable, time_limit_s: float, cluster, model,
     """`plan_once(shard: bool, time_limit_s, incumbents) -> PlanResult` without, then with sharding (half the
     time each; the unsharded plan seeds the sharded search, so that one is never worse), the faster result,
     sharding kept only on the stages where it fits the plan or makes it faster."""
-    from autohet_ray.planner.search import PlanResult
     start = time.perf_counter()
     results, errors = [], []
     for flag in (False, True):

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from autohet_ray import ConfigError
+import autohet_ray
 from autohet_ray.model.costs import LAYER_KINDS
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn import Embedding, Head
@@ -37,7 +39,6 @@ class _Timing:
 
 
 def software_versions() -> dict:
-    import autohet_ray
     cuda = torch.version.cuda or "none"
     return {"torch": torch.__version__, "cuda": cuda, "python": platform.python_version(),
             "autohet_ray": autohet_ray.__version__}

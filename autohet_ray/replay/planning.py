@@ -110,7 +110,7 @@ def plan_bytes_per_node(plan: Plan, model: ModelSpec) -> float:
 
 def real_planner(*, cluster: Cluster, pools: tuple[str, ...], model: ModelSpec, profile: ProfileDB,
                  global_batch: int, seq_len: int, time_limit_s: float) -> Planner:
-    from autohet_ray.planner import plan_training
+    from autohet_ray.planner import plan_training  # lazy: PySCIPOpt; a replay may plan without it
 
     def plan(state: State) -> PlannedState:
         sub = sub_cluster(cluster, pools, state)

@@ -72,7 +72,7 @@ class NcclGroups:
         return 1
 
     def abort(self) -> int:
-        import torch.distributed.distributed_c10d as c10d
+        import torch.distributed.distributed_c10d as c10d  # lazy: torch; this module imports without it
         c10d._abort_process_group()
         return 1
 

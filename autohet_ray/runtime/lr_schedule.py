@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from autohet_ray import ConfigError
+from autohet_ray.config_io import dataclass_from_dict
 
 DECAYS = ("cosine", "linear", "constant")
 
@@ -93,7 +94,6 @@ class OptimizerConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "OptimizerConfig":
-        from autohet_ray.config_io import dataclass_from_dict
         if not isinstance(raw, dict):
             raise ConfigError(f"optimizer={raw!r} must be a mapping of OptimizerConfig fields")
         return dataclass_from_dict(cls, raw, "optimizer config")

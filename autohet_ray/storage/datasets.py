@@ -30,12 +30,12 @@ def list_inputs(patterns: list[str], *, endpoint_url: str | None = None) -> list
 @functools.lru_cache(maxsize=4)
 def _s3_client(endpoint_url: str | None):
     """A boto3 client (thread-safe, so one per process and endpoint)."""
-    from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
+    from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client  # lazy: boto3, for S3 only
     return make_client(S3Config(bucket="any", endpoint_url=endpoint_url))
 
 
 def _list_s3(url: str, endpoint_url: str | None) -> list[Source]:
-    from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket
+    from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket  # lazy: boto3, for S3 only
     bucket, key = split_s3(url)
     check_bucket(S3Config(bucket=bucket, endpoint_url=endpoint_url))
     magic = [i for i, ch in enumerate(key) if ch in "*?["]
@@ -59,7 +59,7 @@ def dataset_output(out: str, endpoint_url: str | None):
     if not out.startswith("s3://"):
         check_output_directory(out)
         return directory_put(out)
-    from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket
+    from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket  # lazy: boto3, for S3 only
     bucket, prefix = split_s3(out)
     prefix = as_prefix(prefix)
     check_bucket(S3Config(bucket=bucket, endpoint_url=endpoint_url))
@@ -72,7 +72,7 @@ def dataset_output(out: str, endpoint_url: str | None):
 def download_dataset(url: str, directory: str, *, endpoint_url: str | None = None) -> str:
     """Copy the dataset at s3://bucket/prefix into `directory` (a cache: files already there whose hash the
     index records are kept), the index last; returns `directory`, ready for `Dataset.open`."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # lazy: botocore, for S3 only
     bucket, prefix = split_s3(url)
     prefix = as_prefix(prefix)
     try:

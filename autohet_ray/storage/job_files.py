@@ -2,7 +2,7 @@
 config), profile.json (the profile every plan is priced with), plan.json (the plan running now) and
 metrics.jsonl (one line per step, appended as each step completes).
 
-In a directory every file is written durably (storage/durable.py). On S3, which cannot append, metrics.jsonl
+In a directory every file is written durably (autohet_ray/durable.py). On S3, which cannot append, metrics.jsonl
 is a series of numbered part objects (`metrics.jsonl.parts/00000000`, ...): each step rewrites only the part
 it fills (at most PART_LINES lines), never the whole log. `read_lines` reads either as one log."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from autohet_ray.storage.durable import append_line, write_atomic
+from autohet_ray.durable import append_line, write_atomic
 from autohet_ray.storage.spec import location
 
 JOB_FILE, PROFILE_FILE, PLAN_FILE, METRICS_FILE = "job.json", "profile.json", "plan.json", "metrics.jsonl"
@@ -27,7 +27,7 @@ def _s3(spec: dict):
 @functools.lru_cache(maxsize=16)
 def s3_client(bucket: str, endpoint_url: str | None):
     """The boto3 client of one storage, made once (a LineLog writes every step; boto3 clients are thread-safe)."""
-    from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
+    from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client  # lazy: boto3, for S3 only
     return make_client(S3Config(bucket=bucket, endpoint_url=endpoint_url))
 
 

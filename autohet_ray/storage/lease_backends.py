@@ -90,7 +90,7 @@ class S3Object:
     MISSING = {"NoSuchKey", "404", "NotFound"}
 
     def __init__(self, spec: dict, name: str):
-        from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client
+        from autohet_ray.checkpoint.tiers.s3 import S3Config, make_client  # lazy: boto3, for S3 only
         endpoint_url = spec.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
         self.client = make_client(S3Config(bucket=spec["bucket"], endpoint_url=endpoint_url))
         self.bucket, self.key, self.where = spec["bucket"], spec.get("prefix", "") + name, location(spec, name)
@@ -99,7 +99,7 @@ class S3Object:
         return str(err.response.get("Error", {}).get("Code", ""))
 
     def create(self, body: bytes) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: botocore, for S3 only
         try:
             self.client.put_object(Bucket=self.bucket, Key=self.key, Body=body, IfNoneMatch="*")
         except ClientError as err:
@@ -109,7 +109,7 @@ class S3Object:
         return True
 
     def read(self) -> tuple[dict | None, str] | None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: botocore, for S3 only
         try:
             got = self.client.get_object(Bucket=self.bucket, Key=self.key)
         except ClientError as err:
@@ -119,7 +119,7 @@ class S3Object:
         return _parsed(got["Body"].read()), got["ETag"]
 
     def remove(self, version: str) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: botocore, for S3 only
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=version)
         except ClientError as err:

@@ -2,12 +2,15 @@
 
     {"kind": "dir", "name": "cloud", "path": "/ckpt/run-7"}
     {"kind": "s3", "name": "cloud", "bucket": "b", "prefix": "run-7/", "endpoint_url": None}
-Either may carry "rate_bytes_per_s": the tier is then throttled (a realistic cloud link, elastic/tiers.py)."""
+Either may carry "rate_bytes_per_s": the tier is then throttled (a realistic S3 link, elastic/tiers.py).
+The tier keeps the name "cloud": committed manifests list it among each chunk's replicas, and restore reports
+and metrics.jsonl name it (renaming it needs a reader for both names)."""
 from __future__ import annotations
 
 import os
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.tier_specs import location  # noqa: F401 (re-exported)
 
 
 def split_s3(url: str) -> tuple[str, str]:
@@ -44,7 +47,7 @@ def check_storage(spec: dict, *, create: bool = True) -> None:
     """ConfigError unless the storage of `spec` (a `storage_spec`) can be used: a directory that exists or
     (with `create`) can be made and is writable; an S3 bucket that answers these credentials."""
     if spec["kind"] == "s3":
-        from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket
+        from autohet_ray.checkpoint.tiers.s3 import S3Config, check_bucket  # lazy: boto3, for S3 only
         check_bucket(S3Config(bucket=spec["bucket"], prefix=spec.get("prefix", ""),
                               endpoint_url=spec.get("endpoint_url")))
         return
@@ -59,12 +62,3 @@ def check_storage(spec: dict, *, create: bool = True) -> None:
         raise ConfigError(f"storage {path!r} is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"storage directory {path!r} is not writable")
-
-
-def location(spec: dict, name: str) -> str:
-    """Where the object `name` of a tier spec lives, for messages and local files (a path or an s3:// URL)."""
-    if spec["kind"] == "s3":
-        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}{name}"
-    if spec["kind"] == "dir":
-        return os.path.join(spec["path"], name)
-    return os.path.join(spec.get("dir") or f"<node store of {spec['name']}>", name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
+from autohet_ray.checkpoint.tier_specs import direct_tier
 from autohet_ray.storage.spec import location
 
 S3_MARGIN_S = 2.0
@@ -46,7 +47,6 @@ class StorageSweeper:
         return self._said(removed)
 
     def _tier(self):
-        from autohet_ray.checkpoint.tier_specs import direct_tier
         assert self.spec["kind"] in ("dir", "s3"), self.spec
         return direct_tier(self.spec)
 

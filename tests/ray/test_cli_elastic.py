@@ -45,7 +45,7 @@ def test_elastic_train_then_resume_matches_an_uninterrupted_run(tmp_path):
 def test_elastic_needs_storage():
     done = subprocess.run([sys.executable, "-m", "autohet_ray.cli", *TRAIN, "--steps", "1"], cwd=REPO, text=True,
                           capture_output=True, timeout=120)
-    assert done.returncode == 2 and "--elastic needs --storage" in done.stderr
+    assert done.returncode == 2 and "an elastic job needs storage" in done.stderr
 
 
 def test_elastic_train_and_resume_through_s3(tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ class Rank:
     def save(self, step, state, owned, local, peer):
         snap = AsyncSnapshotter(local=KeeperTier(get_keeper(JOB, local[0]), local[1]),
                                 peers=[KeeperTier(get_keeper(JOB, peer[0]), peer[1])],
-                                policy=SnapshotPolicy(cloud_every=0, num_threads=2))
+                                policy=SnapshotPolicy(storage_every=0, num_threads=2))
         records = snap.snapshot(step, state, owned=owned).fast_result(timeout=60).records
         snap.close()
         return records

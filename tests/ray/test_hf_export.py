@@ -62,7 +62,7 @@ def test_train_from_hf_then_export_loads_in_transformers(tmp_path):
     initial = _hf_llama(hf_dir)
     run = autohet("train", "--cluster", "jobs/local-3.yaml", "--model", f"hf:{hf_dir}", "--init-from", str(hf_dir),
                   "--global-batch", "4", "--steps", str(STEPS), "--storage", str(storage), "--checkpoint-every", "0",
-                  "--lr", str(LR), "--plan-time-limit", "2", "--placement-timeout", "180", "--emulate",
+                  "--lr", str(LR), "--plan-time-limit-s", "2", "--setup-timeout-s", "180", "--emulate",
                   "--time-scale", "1")
     # plain `autohet train` commits its final step
     assert run["secured"]["step"] == STEPS and run["cloud_committed"] == [STEPS]

@@ -76,7 +76,7 @@ def test_ray_job_submit_train_end_to_end(ray_head):
     cmd = [f"{BIN}/ray", "job", "submit", "--address", address, "--submission-id", "autohet-e2e", "--no-wait",
            "--working-dir", ".", "--", "python", "jobs/train.py", "--cluster", "jobs/local-1.yaml", "--model",
            "tiny-gpt", "--global-batch", "4", "--steps", "2", "--micro-batch", "1", "--emulate",
-           "--time-scale", "20", "--plan-time-limit", "5", "--json"]
+           "--time-scale", "20", "--plan-time-limit-s", "5", "--json"]
     submitted = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     client = JobSubmissionClient(address)

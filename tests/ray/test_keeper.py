@@ -47,7 +47,7 @@ class Rank:
             return KeeperTier(get_keeper(job, node_id), label)
 
         snap = AsyncSnapshotter(local=tier(*local), peers=[tier(*p) for p in peers],
-                                policy=SnapshotPolicy(cloud_every=0, num_threads=2))
+                                policy=SnapshotPolicy(storage_every=0, num_threads=2))
         records = snap.snapshot(step, state, owned=owned).fast_result(timeout=60).records
         snap.close()
         return records

@@ -97,7 +97,7 @@ def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, 
     try:
         ctl.start()
         b_id = ctl.found.node_ids["b"]
-        watchers = start_watchers([b_id], job_id=ctl.job_id, url=url, interval_s=0.2, flush_timeout_s=60)
+        watchers = start_watchers([b_id], job_id=ctl.job_id, provider="aws", url=url, interval_s=0.2, flush_timeout_s=60)
         board = start_board(ctl.job_id)
         losses = [ctl.step()["loss"] for _ in range(2)]
         imds.notice = notice_in(120)

@@ -116,7 +116,7 @@ def test_bad_provider_names_and_job_ids_are_config_errors():
     with pytest.raises(ConfigError, match="provider 'AWS': must be one of aws, gcp, azure, auto"):
         start_watchers(["n"], job_id="j", provider="AWS")                 # refused before anything starts
     with pytest.raises(ConfigError, match="interval_s must be > 0"):
-        watch_nodes(["n"], job_id="j", interval_s=0)
+        watch_nodes(["n"], job_id="j", provider="aws", interval_s=0)
     with pytest.raises(ConfigError, match="job_id must be a non-empty string"):
         board_name("")
 
@@ -187,7 +187,7 @@ def test_draining_nodes_reports_a_drained_node_and_its_deadline(cluster):
 def test_aws_watcher_waits_for_flush_then_drains_node_as_preemption(cluster):
     node_id = add_node(cluster)
     with fake_metadata("aws") as imds:
-        board = watch_nodes([node_id], job_id="aws-job", url=imds.url, interval_s=0.2, flush_timeout_s=30)
+        board = watch_nodes([node_id], job_id="aws-job", provider="aws", url=imds.url, interval_s=0.2, flush_timeout_s=30)
         [watcher] = ray.get(board.watcher_handles.remote()).values()
         try:
             wait_for(lambda: len(imds.requests) >= 4, "the watcher never polled")

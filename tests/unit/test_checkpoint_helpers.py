@@ -63,8 +63,8 @@ class MiniJob:
         self.cloud = cloud
         peers = choose_peers({node: node for node in node_gpu}, node_gpu)
         self.snapshotters = [
-            AsyncSnapshotter(local=self.keepers[node], peers=[self.keepers[p] for p in peers[node]], cloud=cloud,
-                             policy=SnapshotPolicy(cloud_every=cloud_every, num_threads=2), faults=self.faults)
+            AsyncSnapshotter(local=self.keepers[node], peers=[self.keepers[p] for p in peers[node]], storage=cloud,
+                             policy=SnapshotPolicy(storage_every=cloud_every, num_threads=2), faults=self.faults)
             for node in rank_nodes]
 
     def save(self, step: int, states: list[dict], *, dedupe: bool = True) -> None:
@@ -75,8 +75,8 @@ class MiniJob:
                    for r, (snap, st) in enumerate(zip(self.snapshotters, states))]
         fast = [rec for h in handles for rec in h.fast_result(timeout=60).records]
         commit_step(step, fast, list(self.keepers.values()), faults=self.faults)
-        if any(h.cloud is not None for h in handles):
-            cloud = [rec for h in handles for rec in h.cloud_result(timeout=60).records]
+        if any(h.storage is not None for h in handles):
+            cloud = [rec for h in handles for rec in h.storage_result(timeout=60).records]
             commit_step(step, cloud, [self.cloud], faults=self.faults)
 
     def all_tiers(self) -> list:

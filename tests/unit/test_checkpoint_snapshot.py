@@ -25,27 +25,27 @@ class GatedTier(MemoryTier):
 
 def test_snapshot_returns_after_the_cpu_copy_and_writes_in_the_background():
     local, cloud = MemoryTier("node"), GatedTier("cloud")
-    snap = AsyncSnapshotter(local=local, cloud=cloud, policy=SnapshotPolicy(cloud_every=2))
+    snap = AsyncSnapshotter(local=local, storage=cloud, policy=SnapshotPolicy(storage_every=2))
     full = full_state(2)
     state = rank_states(full, 1)[0]
     handle = snap.snapshot(2, state)
     for tensor, _, _ in state.values():                     # training continues and mutates the weights
         tensor.zero_() if tensor.dtype != torch.int64 else tensor.fill_(-1)
     fast = handle.fast_result(timeout=30)
-    assert fast.bytes_written["node"] > 0 and not handle.cloud.done()       # the cloud lane is still blocked
+    assert fast.bytes_written["node"] > 0 and not handle.storage.done()     # the storage lane is still blocked
     cloud.gate.set()
-    uploaded = handle.cloud_result(timeout=30)
+    uploaded = handle.storage_result(timeout=30)
     assert all(r.replicas == ("node", "cloud") for r in uploaded.records)
     manifest = commit_step(2, uploaded.records, [cloud])
     restored, _ = restore(manifest, needs_of([state])[0], [cloud])
     assert all(torch.equal(t, full[name]) for name, (t, _, _) in restored.items())       # the pre-mutation values
-    assert snap.snapshot(3, state).cloud is None                                         # not a cloud step
+    assert snap.snapshot(3, state).storage is None                                     # not a storage step
     snap.close()
 
 
 def test_only_owned_chunks_are_written():
     local = MemoryTier("node")
-    snap = AsyncSnapshotter(local=local, policy=SnapshotPolicy(cloud_every=0))
+    snap = AsyncSnapshotter(local=local, policy=SnapshotPolicy(storage_every=0))
     state = rank_states(full_state(1), 2)[1]
     owned = {("optim.step", Chunk((), ()))}
     records = snap.snapshot(1, state, owned=owned).fast_result(timeout=30).records
@@ -63,7 +63,7 @@ def test_keeper_manifest_then_restore_from_peer_after_node_loss():
     records = []
     for rank, node in enumerate("abc"):
         snap = AsyncSnapshotter(local=keepers[node], peers=[keepers[p] for p in peers[node]],
-                                policy=SnapshotPolicy(cloud_every=0))
+                                policy=SnapshotPolicy(storage_every=0))
         records += snap.snapshot(5, states[rank], owned=owned[rank]).fast_result(timeout=30).records
         snap.close()
     commit_step(5, records, list(keepers.values()))
@@ -101,7 +101,7 @@ def test_assign_writers_picks_one_holder_per_chunk_and_balances_bytes():
 
 def test_buffers_are_reused_only_after_every_lane_is_done_with_them():
     local, cloud = MemoryTier("node"), GatedTier("cloud")
-    snap = AsyncSnapshotter(local=local, cloud=cloud, policy=SnapshotPolicy(cloud_every=2))
+    snap = AsyncSnapshotter(local=local, storage=cloud, policy=SnapshotPolicy(storage_every=2))
     full = full_state(2)
     state = rank_states(full, 1)[0]
     first = snap.snapshot(2, state)                         # a cloud step: its upload is held at the gate
@@ -114,7 +114,7 @@ def test_buffers_are_reused_only_after_every_lane_is_done_with_them():
     assert lent.isdisjoint(id(item.blob) for item in second.items)
     second.fast_result(timeout=30)
     cloud.gate.set()
-    uploaded = first.cloud_result(timeout=30)
+    uploaded = first.storage_result(timeout=30)
     assert not second.wait_seconds > 5                      # the next step never waits for an upload
     lent |= {id(item.blob) for item in second.items}
     third = snap.snapshot(5, state)                         # both earlier snapshots are settled: reused
@@ -128,7 +128,7 @@ def test_buffers_are_reused_only_after_every_lane_is_done_with_them():
 
 def test_a_background_copy_returns_at_once_and_holds_the_state_of_its_step():
     local = GatedTier("node")      # the fast lane is busy with the previous snapshot's writes
-    snap = AsyncSnapshotter(local=local, policy=SnapshotPolicy(cloud_every=0))
+    snap = AsyncSnapshotter(local=local, policy=SnapshotPolicy(storage_every=0))
     full2, full3 = full_state(2), full_state(3)
     state = rank_states(full2, 1)[0]
     first = snap.snapshot(2, state, background_copy=True)
@@ -150,7 +150,7 @@ def test_a_background_copy_returns_at_once_and_holds_the_state_of_its_step():
 def test_a_failed_background_copy_releases_the_caller_and_fails_the_snapshot():
     from autohet_ray.checkpoint import Faults, InjectedFault
     faults = Faults()
-    snap = AsyncSnapshotter(local=MemoryTier("node"), policy=SnapshotPolicy(cloud_every=0), faults=faults)
+    snap = AsyncSnapshotter(local=MemoryTier("node"), policy=SnapshotPolicy(storage_every=0), faults=faults)
     faults.arm_next("snapshot_copy")
     handle = snap.snapshot(4, rank_states(full_state(4), 1)[0], background_copy=True)
     handle.wait_copied(timeout=30)

@@ -1,4 +1,4 @@
-"""Durable writes to a storage directory (storage/durable.py): every chunk, manifest and job file is fsynced, the
+"""Durable writes to a storage directory (autohet_ray/durable.py): every chunk, manifest and job file is fsynced, the
 file and then its directory; job files use temporaries of their own, so concurrent writers never clobber
 each other's; a torn last line of metrics.jsonl is skipped with a warning and never spliced into the next."""
 import json
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from autohet_ray.checkpoint.tier_specs import direct_tier
-from autohet_ray.storage import durable
+from autohet_ray import durable
 from autohet_ray.storage.job_files import JOB_FILE, LineLog, read_lines, read_metrics, read_text, write_text
 from autohet_ray.storage.spec import storage_spec
 

@@ -2,6 +2,7 @@
 and the config's way through TrainJob and the `autohet train` flags."""
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from autohet_ray import ConfigError
 from autohet_ray.job.config import compute_dtype, job_from_dict
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import build_adamw, decays
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 JOB = {"model": {}, "cluster": {}, "global_batch": 4}
 
@@ -78,18 +81,17 @@ def test_train_job_carries_the_config_and_reads_old_records():
 
 def test_train_flags_fill_the_config():
     from autohet_ray.cli import _parser
-    from autohet_ray.cli_train import optimizer_fields
-    base = ["train", "--cluster", "c.yaml", "--model", "tiny-gpt", "--global-batch", "4", "--steps", "30"]
+    from autohet_ray.cli_train import train_job
+    base = ["train", "--cluster", os.path.join(REPO_ROOT, "jobs", "local-3.yaml"), "--model", "tiny-gpt", "--global-batch", "4", "--steps", "30",
+            "--print-config"]
     args = _parser().parse_args(base + ["--lr", "3e-4", "--min-lr", "3e-5", "--warmup-steps", "5", "--decay", "cosine",
-                                        "--weight-decay", "0.1", "--clip-grad", "0.5", "--adam-beta2", "0.95"])
-    config = OptimizerConfig.from_dict(optimizer_fields(args))
-    assert config == OptimizerConfig(lr=3e-4, min_lr=3e-5, warmup_steps=5, decay="cosine", decay_steps=30,
-                                     weight_decay=0.1, clip_grad=0.5, betas=(0.9, 0.95))
-    defaults = OptimizerConfig.from_dict(optimizer_fields(_parser().parse_args(base)))
-    assert defaults == OptimizerConfig()                 # the flags' defaults are the config's
-    bad = optimizer_fields(_parser().parse_args(base + ["--decay", "step"]))
+                                        "--weight-decay", "0.1", "--clip-grad", "0.5", "--betas", "0.9", "0.95"])
+    assert train_job(args)[0].optimizer == OptimizerConfig(lr=3e-4, min_lr=3e-5, warmup_steps=5, decay="cosine",
+                                                           decay_steps=30, weight_decay=0.1, clip_grad=0.5,
+                                                           betas=(0.9, 0.95))
+    assert train_job(_parser().parse_args(base))[0].optimizer == OptimizerConfig()   # no flag: the config's defaults
     with pytest.raises(ConfigError, match="decay='step'; valid: cosine, linear, constant"):
-        OptimizerConfig.from_dict(bad)
+        train_job(_parser().parse_args(base + ["--decay", "step"]))
 
 
 def test_a_resume_under_another_schedule_is_refused_by_field():

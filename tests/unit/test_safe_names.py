@@ -131,7 +131,7 @@ def test_an_hf_index_naming_a_file_outside_is_refused(tmp_path):
 @pytest.mark.parametrize("job_id, why", [("../../outside", "holds a '/'"), ("/tmp/somewhere", "absolute path"),
                                          ("..", "'..' part"), (None, "must be a string")])
 def test_a_job_id_that_is_no_plain_name_is_refused(job_id, why, tmp_path):
-    from autohet_ray.storage.job_record import read_job_record
+    from autohet_ray.job.record import read_job_record
     from autohet_ray.storage.spec import storage_spec
     (tmp_path / "job.json").write_text(json.dumps({"job_id": job_id, "job": {}}))
     with pytest.raises(UnsafeNameError, match=f"job.json: job_id .* {why}"):
@@ -140,7 +140,7 @@ def test_a_job_id_that_is_no_plain_name_is_refused(job_id, why, tmp_path):
 
 @pytest.mark.parametrize("text, why", [("{", "not valid JSON"), ("[]", "holds no job"), ('{"job_id": "a"}', "holds no job")])
 def test_a_job_json_that_is_no_record_is_one_line(text, why, tmp_path):
-    from autohet_ray.storage.job_record import read_job_record
+    from autohet_ray.job.record import read_job_record
     from autohet_ray.storage.spec import storage_spec
     (tmp_path / "job.json").write_text(text)
     with pytest.raises(ConfigError, match=why):

@@ -208,7 +208,7 @@ def _put(store, name: str, body: bytes) -> None:
     (True, [], "job abc123 (no committed step yet)"),
     (False, [2], "a job without job.json (newest committed step 2)")])
 def test_a_storage_that_holds_a_job_is_refused_untouched(store, job_file, steps, holds):
-    from autohet_ray.storage.job_record import refuse_existing_job
+    from autohet_ray.job.record import refuse_existing_job
     if job_file:
         _put(store, "job.json", _job_record("abc123").encode())
     for step in steps:
@@ -222,7 +222,7 @@ def test_a_storage_that_holds_a_job_is_refused_untouched(store, job_file, steps,
 
 
 def test_an_empty_or_missing_storage_is_free(store):
-    from autohet_ray.storage.job_record import refuse_existing_job
+    from autohet_ray.job.record import refuse_existing_job
     refuse_existing_job(store.spec, store.url)
     if store.kind == "dir":
         assert not os.path.exists(store.url)             # the check makes nothing

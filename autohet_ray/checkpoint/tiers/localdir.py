@@ -1,5 +1,5 @@
-"""Local-directory tier: the embedded default "cloud". Write-then-rename with fsync of the file and then of its
-directory (storage/durable.py); manifests are created with a hard link, which fails if the name exists (an
+"""Local-directory tier: the embedded default storage. Write-then-rename with fsync of the file and then of its
+directory (autohet_ray/durable.py); manifests are created with a hard link, which fails if the name exists (an
 atomic create-if-absent)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from autohet_ray import ConfigError
 from autohet_ray.checkpoint.errors import ChunkMissingError
 from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, manifest_key, step_of_manifest_key
 from autohet_ray.checkpoint.tiers.base import resolve_existing_manifest
-from autohet_ray.storage.durable import TMP_MARK, fsync_dir, is_temporary, write_atomic, write_temporary
+from autohet_ray.durable import TMP_MARK, fsync_dir, is_temporary, write_atomic, write_temporary
 MMAP_MIN_BYTES = 1 << 20      # bigger chunks are mapped (private copy-on-write) instead of read into memory
 
 

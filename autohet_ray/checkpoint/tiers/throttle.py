@@ -1,6 +1,6 @@
-"""A token-bucket bandwidth cap around any tier, to emulate a realistic cloud link in benchmarks.
+"""A token-bucket bandwidth cap around any tier, to emulate a realistic link to S3 in benchmarks.
 
-    cloud = ThrottledTier(S3Tier(cfg), rate_bytes_per_s=20 * MiB)
+    storage = ThrottledTier(S3Tier(cfg), rate_bytes_per_s=20 * MiB)
 
 Uploads wait for tokens before sending, downloads after receiving (their size is known only then); both
 directions share one bucket, like one NIC. Big transfers take tokens in slices so concurrent transfers
