@@ -46,7 +46,7 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None, changes: di
 
 def cmd_resume(args) -> int:
     from autohet_ray.cli_signals import exit_status, stop_signals
-    from autohet_ray.cli_train import run_until
+    from autohet_ray.cli_progress import run_in_console
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.orchestrate.controller import Controller
     from autohet_ray.orchestrate.session import ray_session
@@ -65,13 +65,13 @@ def cmd_resume(args) -> int:
                 stop_signals():
             ctl = Controller(job, job_id=job_id, profile=profile)
             target = args.steps if args.steps is not None else (newest or 0) + 1
-            out = run_until(ctl, target, restore="local_first",
-                            spot_provider=job.spot_provider if job.spot_watch else None)
+            out = run_in_console(ctl, target, restore="local_first",
+                                 spot_provider=job.spot_provider if job.spot_watch else None)
     restored = out["launch"].get("restored_step")
     print(f"resumed from step {restored}" + (f" (newest in the storage: {newest})" if newest != restored else ""),
           file=sys.stderr)
     out |= {"resumed_from": restored, "skipped_chunks": out["launch"].get("skipped_chunks", []),
-            "recoveries": ctl.recoveries}
+            "recoveries": ctl.recovery.recoveries}
     if args.json:
         print(json.dumps(out, default=str))
     return exit_status(out)

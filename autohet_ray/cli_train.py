@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 
 from autohet_ray import ConfigError
-from autohet_ray.cli_signals import as_raised, exit_status, stop_signals, stopped_by
+from autohet_ray.cli_progress import run_in_console
+from autohet_ray.cli_signals import exit_status, stop_signals
 from autohet_ray.cli_checks import check_job_files
 from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
 from autohet_ray.model.spec import load_model
-
-BAR_WIDTH = 20
-
-
-def _bar(done: int, total: int) -> str:
-    filled = BAR_WIDTH * min(done, total) // total
-    return "[" + "#" * filled + "." * (BAR_WIDTH - filled) + "]"
 
 
 def train_job(args):
@@ -109,98 +102,6 @@ def print_config(job, launch) -> None:
     print(yaml.safe_dump(doc, sort_keys=False), end="")
 
 
-def _print_launch(ctl, launch: dict, seconds: float, tag: str) -> None:
-    plan = ctl.plan
-    shape = " | ".join("+".join(f"{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in p.stages)
-                       + f" m={p.num_microbatches}x{plan.micro_batch_of(k)}" for k, p in enumerate(plan.pipelines))
-    print(f"data: {ctl.data.describe()}")
-    print(f"plan ({plan.schedule}): {shape}")
-    print(f"  predicted {ctl.evaluation.iteration_time_s:.4f} s/iteration, {ctl.evaluation.samples_per_s:.1f} "
-          f"samples/s{tag}; profile {ctl.profile.kind}  [{seconds:.1f} s]")
-    for name, t in ctl.baselines.items():
-        print(f"  vs {name}: predicted {t:.4f} s/iteration -> gain {t / ctl.evaluation.iteration_time_s:.2f}x")
-    if launch.get("time_scale"):
-        print(f"  time scale {launch['time_scale']:.3g} wall s per emulated s (emulated)")
-    if launch.get("restored_step") is not None:
-        print(f"restored step {launch['restored_step']} ({launch['bytes_by_tier']} bytes)")
-
-
-def _between_steps(ctl) -> list[dict]:
-    """Spot notices / drains first (flush, then re-plan without those nodes), then nodes that joined."""
-    events = []
-    for check in (ctl.check_notices, ctl.check_joins):
-        report = check()
-        if report is not None and report.get("plan"):
-            events.append(report)
-            print(f"re-planned: {report.get('reason', '')} -> {report['plan']}")
-    return events
-
-
-def run_until(ctl, target: int, *, restore: str | None = None, spot_provider: str | None = None) -> dict:
-    """Start the controller, train until step `target`, close it on every exit path. The run's summary;
-    "failure": why the job stopped early (a step raised, recovery gave up), after securing its newest step."""
-    from autohet_ray.elastic.recovery import RecoveryFailed, StepFailed
-    tag = " (emulated)" if ctl.job.paced else ""
-    events: list[dict] = []
-    launch, failure, stopping, ctl.target_steps = {}, None, None, target
-    try:
-        start = time.perf_counter()
-        launch = ctl.start(restore=restore)
-        _print_launch(ctl, launch, time.perf_counter() - start, tag)
-        if spot_provider:
-            ctl.watch_spot(provider=spot_provider)
-        while ctl.step_index < target:
-            if ctl.job.elastic:
-                events += _between_steps(ctl)
-            m = ctl.step()
-            if "recovery" in m:
-                events.append(m["recovery"])
-                print(f"recovered ({m['recovery']['message']}) onto {m['recovery']['plan']} from step "
-                      f"{m['recovery']['restored_step']}: {m['recovery']['bytes_by_tier']} bytes, "
-                      f"{m['recovery']['total_s']:.1f} s")
-            print(f"{_bar(m['step'], target)} step {m['step']}/{target}: loss {m['loss']:.4f}  lr {m['lr']:.3g}  "
-                  f"{_speed(m)}{tag}  {m['wall_s']:.2f} s  "
-                  f"{m['samples_per_s']:.1f} samples/s measured vs {m['predicted_samples_per_s']:.1f} "
-                  f"predicted{tag}" + (f"  val loss {m['val_loss']:.4f}" if "val_loss" in m else ""), flush=True)
-    except (RecoveryFailed, StepFailed) as err:    # the job stops; close() secures its newest committed step
-        failure = str(err)
-    except BaseException:
-        if stopped_by() is None:
-            raise
-        stopping = signal.Signals(stopped_by()).name       # the newest step goes to two node stores first
-        raise as_raised(stopped_by()) from None
-    finally:
-        secured = ctl.close(stopping=stopping)
-        if secured.get("step") is not None and secured.get("where"):
-            print(f"committed step {secured['step']} is in {secured['where']}", flush=True)
-    if failure:
-        print(f"autohet: stopped: {failure}", file=sys.stderr, flush=True)
-    return {"job_id": ctl.job_id, "launch": launch, "events": events, "secured": secured, "failure": failure,
-            "steps": [{"step": m["step"], "loss": m["loss"], "lr": m["lr"], "wall_s": m["wall_s"]}
-                      for m in ctl.history],
-            "committed": ctl.committer.committed[-1:] if ctl.committer else [],
-            "cloud_committed": ctl.committer.cloud_committed[-1:] if ctl.committer else [],
-            **_figures(ctl.history, ctl.job.paced, ctl.job.global_batch)}
-
-
-def _speed(m: dict) -> str:
-    """tokens/s and MFU (overall, and per GPU type when the plan mixes types) of one step's metrics."""
-    by_type = m["mfu_by_device_type"]
-    types = " (" + ", ".join(f"{t} {100 * v:.3g}%" for t, v in by_type.items()) + ")" if len(by_type) > 1 else ""
-    return f"{m['tokens_per_s']:.4g} tok/s  MFU {100 * m['mfu']:.3g}%{types}"
-
-
-def _figures(history: list[dict], emulated: bool, global_batch: int) -> dict:
-    if not history:
-        return {"emulated": emulated}
-    steady = history[1:] or history          # the first step includes warm-up
-    measured = sorted(m["iteration_s"] for m in steady)[len(steady) // 2]
-    return {"final_loss": history[-1]["loss"], "measured_iteration_s": measured,
-            "predicted_iteration_s": history[-1]["predicted_iteration_s"],
-            "measured_samples_per_s": global_batch / measured,
-            "predicted_samples_per_s": history[-1]["predicted_samples_per_s"], "emulated": emulated}
-
-
 def _starting(cluster) -> None:
     print(f"starting an emulated Ray cluster: {', '.join(f'{n.name} ({n.count}x {n.device})' for n in cluster.nodes)}",
           flush=True)
@@ -221,8 +122,8 @@ def cmd_train(args) -> int:
         refuse_existing_job(job.storage, url)     # again under the lease: a train that began meanwhile
         with ray_session(cluster_from_dict(job.cluster), address=args.address, emulate=launch.emulate,
                          on_start=_starting), stop_signals():
-            out = run_until(Controller(job, job_id=job_id), launch.steps,
-                            spot_provider=job.spot_provider if job.spot_watch else None)
+            out = run_in_console(Controller(job, job_id=job_id), launch.steps,
+                                 spot_provider=job.spot_provider if job.spot_watch else None)
     code = exit_status(out)
     if out["steps"] and code == 0:
         print(f"done: {len(out['steps'])} steps, final loss {out['final_loss']:.4f}; iteration "

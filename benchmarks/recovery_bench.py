@@ -183,11 +183,11 @@ def recovery_pair(ctl, cluster, plan: dict, restore_mib_s: float, upload_mib_s: 
                   walls: list[float]) -> tuple[dict, dict]:
     """Node b lost twice: recovered local-first, then (after a replacement joined) from the cloud only, its
     restore at `restore_mib_s` per rank; a replacement joins after each. Returns both recovery reports."""
-    ctl.restore_mode = "local_first"
+    ctl.recovery.mode = "local_first"
     local = fail_node(ctl, cluster, "b", walls)
     print(f"  local-first {phases(local)} bytes {local['bytes_by_tier']}", file=sys.stderr)
     rejoin(ctl, cluster, "b", plan)
-    ctl.restore_mode = "cloud_only"
+    ctl.recovery.mode = "cloud_only"
     set_cloud_link(ctl, restore_mib_s)
     try:
         cloud = fail_node(ctl, cluster, "b", walls)

@@ -1,8 +1,8 @@
-"""How many recoveries a job may make without progress, across steps (recovery.recover bounds the rounds
-inside one recovery; this bounds a failure that comes back on every step)."""
+"""How many recoveries a job may make without progress, across steps (Recovery bounds the rounds inside one
+recovery; this bounds a failure that comes back on every step)."""
 from __future__ import annotations
 
-from autohet_ray.elastic.recovery import RecoveryFailed
+from autohet_ray.elastic.decisions import RecoveryFailed
 from autohet_ray.elastic.report import report_failure
 
 

@@ -20,9 +20,9 @@ from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
 from autohet_ray.elastic.dropped import DroppedKeepers
 from autohet_ray.elastic.keeper import get_keeper, keeper_name
+from autohet_ray.elastic.liveness import settled_ok
 from autohet_ray.elastic.report import one_line, report_failure
 from autohet_ray.elastic.tiers import build_tier
-from autohet_ray.orchestrate.actor_calls import settled_ok
 
 
 class Committer:

@@ -45,6 +45,15 @@ class NodeWatch(node_probe.NodeWatch):
         return {name for name in quiet if self.node_ids[name] not in alive}
 
 
+def settled_ok(ref) -> bool:
+    """Whether the finished call `ref` succeeded (False: it raised, or its actor died)."""
+    try:
+        ray.get(ref)
+        return True
+    except ray.exceptions.RayError:
+        return False
+
+
 def keeper_alive(job_id: str, node_id: str) -> bool | None:
     """True when the job's keeper on the node answers (the node lives), False when it died, None when unsure."""
     try:

@@ -105,6 +105,19 @@ def step_metrics(outs: list[dict], wall: float, *, step: int, job, evaluation, p
     return m
 
 
+def run_figures(history: list[dict], emulated: bool, global_batch: int) -> dict:
+    """A run's final loss and its steady-state iteration (the median past the first, warm-up step), measured
+    and predicted."""
+    if not history:
+        return {"emulated": emulated}
+    steady = history[1:] or history
+    measured = sorted(m["iteration_s"] for m in steady)[len(steady) // 2]
+    return {"final_loss": history[-1]["loss"], "measured_iteration_s": measured,
+            "predicted_iteration_s": history[-1]["predicted_iteration_s"],
+            "measured_samples_per_s": global_batch / measured,
+            "predicted_samples_per_s": history[-1]["predicted_samples_per_s"], "emulated": emulated}
+
+
 def critical_rank(outs: list[dict], scale: float) -> dict:
     """The paced rank whose step took longest: its pacer phases and flush wait in emulated seconds."""
     o = max(outs, key=lambda o: o["timings"]["step"])

@@ -6,7 +6,7 @@ from typing import Callable
 import time
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import GetTimeoutError
 
 WATCH_EVERY_S = 0.1
 
@@ -38,11 +38,3 @@ def gather_in_rank_order(refs: list, timeout_s: float | None,
                 raise err from exc
     return ray.get(refs)
 
-
-def settled_ok(ref) -> bool:
-    """Whether the finished call `ref` succeeded (False: it raised, or its actor died)."""
-    try:
-        ray.get(ref)
-        return True
-    except RayError:
-        return False

@@ -12,8 +12,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from autohet_ray import ConfigError
-from autohet_ray.elastic.liveness import NodeWatch, raylet_addresses
-from autohet_ray.orchestrate.actor_calls import gather_in_rank_order, settled_ok
+from autohet_ray.elastic.liveness import NodeWatch, raylet_addresses, settled_ok
+from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.worker import Worker
 from autohet_ray.plan.schema import Plan
 
@@ -184,3 +184,26 @@ def kill_actors(actors: list, wait_s: float = 0.0) -> None:
     if wait_s and actors:
         pings = [a.where.remote() for a in actors]        # fail once each actor is dead
         ray.wait(pings, num_returns=len(pings), timeout=wait_s)
+
+
+def rescue_orphans(alive: dict, nodes: list[str], step: int, orphans: list, errors: list[str],
+                   timeout_s: float = 30.0) -> dict[str, set[str]]:
+    """Chunks of committed `step` whose every stored copy was on lost nodes, written again by the survivors
+    (rank -> actor; `nodes`: each rank's node) that hold them live (data-parallel and TP copies) into their
+    nodes' stores: key -> the nodes now holding it."""
+    if not orphans:
+        return {}
+    wanted = [{"key": r.key, "name": r.name, "offsets": list(r.chunk.offsets), "sizes": list(r.chunk.sizes),
+               "digest": r.digest} for r in orphans]
+    refs = {rank: actor.write_live_chunks.remote(step, wanted) for rank, actor in alive.items()}
+    ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0])
+    held: dict[str, set[str]] = {}
+    for rank, ref in refs.items():
+        try:
+            keys = ray.get(ref) if ref in ready else []
+        except RayError as err:  # one fewer source; the restore names any chunk still missing
+            errors.append(f"rank {rank}: {str(err).splitlines()[-1]}")
+            continue
+        for key in keys:
+            held.setdefault(key, set()).add(nodes[rank])
+    return held

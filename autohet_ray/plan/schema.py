@@ -185,6 +185,12 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
 
+def plan_summary(plan: Plan) -> list[list[str]]:
+    """Per pipeline, its stages as 'node:device xTP [start,end)'."""
+    return [[f"{s.node}:{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in p.stages]
+            for p in plan.pipelines]
+
+
 def _need(raw: dict, key: str, where: str):
     if not isinstance(raw, dict) or key not in raw:
         raise ConfigError(f"plan: {where} is missing {key!r}")

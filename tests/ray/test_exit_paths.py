@@ -130,11 +130,11 @@ def test_second_node_lost_during_recovery_is_recovered_too(cluster, tmp_path, ca
     """Node b is lost in step 4; while the job restores step 3 on the nodes left, a second node of the new plan
     is lost too: the second loss is handled like the first, and nothing committed is lost (three copies of
     every chunk: num_peers=2)."""
-    from autohet_ray.orchestrate import controller as controller_module
+    from autohet_ray.orchestrate import live_job as live_job_module
     storage = str(tmp_path / "storage")
     ctl = Controller(elastic_job(storage, cluster=FOUR_NODES, num_peers=2))
     handles, second, newest_at_restore = {}, [], []
-    real_restore = controller_module.restore_newest
+    real_restore = live_job_module.restore_newest
 
     def restore_but_lose_another_node_first(group, *args, **kw):
         if not second:                                      # node a is the head: this process's own node
@@ -150,7 +150,7 @@ def test_second_node_lost_during_recovery_is_recovered_too(cluster, tmp_path, ca
         ctl.start()
         handles.update(node_handles(cluster, ctl))
         losses = [ctl.step()["loss"] for _ in range(3)]
-        monkeypatch.setattr(controller_module, "restore_newest", restore_but_lose_another_node_first)
+        monkeypatch.setattr(live_job_module, "restore_newest", restore_but_lose_another_node_first)
         first = ctl.step(fault_hook=lose_b)
         losses += [first["loss"], ctl.step()["loss"]]
     finally:

@@ -11,7 +11,7 @@ ray = pytest.importorskip("ray")
 
 from autohet_ray.cli import main  # noqa: E402
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
-from autohet_ray.elastic.recovery import plan_summary  # noqa: E402
+from autohet_ray.plan.schema import plan_summary  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402

@@ -43,15 +43,10 @@ THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate", "elastic", "emulate", "cli"}, "pys
                        "cvxpy": {"planner"}}
 
 # (from layer, to layer) -> why it is still there. Each must still occur (a stale entry fails too).
-KNOWN_BACK_ARROWS = {
-    ("elastic", "orchestrate"): "removed on branch controller",   # elastic/recovery.py -> actor_calls, worker_group
-}
+KNOWN_BACK_ARROWS: dict[tuple[str, str], str] = {}
 
 # Files whose function-local imports are not yet marked, each with why (a stale entry fails too).
-UNMARKED_LOCAL_IMPORTS = {
-    "autohet_ray/orchestrate/controller.py": "rewritten on branch controller",
-    "autohet_ray/elastic/recovery.py": "rewritten on branch controller",
-}
+UNMARKED_LOCAL_IMPORTS: dict[str, str] = {}
 
 
 def module_name(path: pathlib.Path) -> str:
