@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from autohet_ray import ConfigError
 from autohet_ray.cloud.notices import PROVIDER_CHOICES
 from autohet_ray.config_io import dataclass_from_dict
+from autohet_ray.cost.money import goal_from
 from autohet_ray.metrics.tensorboard import check_available
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import check_recompute, check_sharding
@@ -200,7 +201,6 @@ class TrainJob:
 
     def goal(self):
         """What the planner optimizes for this job (cost/money.py Goal)."""
-        from autohet_ray.cost.money import goal_from
         return goal_from(self.objective, self.prices, self.max_cost_per_hour, self.min_samples_per_s)
 
     def schedules(self) -> tuple[str, ...]:

@@ -11,13 +11,12 @@ from autohet_ray.checkpoint.errors import CheckpointError, ChunkMissingError
 from autohet_ray.checkpoint.steps import load_manifest
 from autohet_ray.checkpoint.tier_specs import direct_tier
 from autohet_ray.cluster.spec import cluster_from_dict
-from autohet_ray.config_io import mapping, parse_json, text_field
+from autohet_ray.config_io import parse_json, text_field
 from autohet_ray.job.config import job_from_dict
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.safe_names import plain_name
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import check_storage, location
-
 
 CHECKS = ("all", "model", "id")
 

@@ -12,9 +12,11 @@ import time
 from typing import Callable
 
 from autohet_ray import ConfigError
-from autohet_ray.cost.evaluate import best_schedule
-from autohet_ray.planner.result import PlanResult
+from autohet_ray.cost.evaluate import best_schedule, plan_tables
+from autohet_ray.cost.memory import stage_peak_memory
+from autohet_ray.cost.sharding import shard_ways
 from autohet_ray.plan.schema import RECOMPUTE_MODES, check_recompute  # noqa: F401  (re-exported)
+from autohet_ray.planner.result import PlanResult
 
 
 def plan_auto_recompute(plan_once: Callable, time_limit_s: float, cluster, model, profile, schedules,
@@ -71,9 +73,6 @@ def drop_unneeded_recompute(plan, evaluation, cluster, model, profile, schedules
 
 def _fits_without(plan, cluster, model, profile, schedules) -> list[list[bool]]:
     """Per stage: whether it fits in memory without recomputation under one of `schedules`."""
-    from autohet_ray.cost.evaluate import plan_tables
-    from autohet_ray.cost.memory import stage_peak_memory
-    from autohet_ray.cost.sharding import shard_ways
     tables = plan_tables(plan, cluster, model, profile)
     out = []
     for k, pipeline in enumerate(plan.pipelines):

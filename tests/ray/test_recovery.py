@@ -144,7 +144,7 @@ def test_resume_cli_restarts_a_stopped_job_from_its_storage(cluster, tmp_path, c
     assert losses == pytest.approx(ref[:3], rel=1e-6)
     assert [s["loss"] for s in out["steps"]] == pytest.approx(ref[3:5], rel=1e-6)
     assert main(["resume", "--storage", str(tmp_path / "nothing-here")]) == 2
-    from autohet_ray.cli_resume import resume_job
+    from autohet_ray.cli.resume import resume_job
     _, job_id, profile, _ = resume_job(storage)
     assert job_id == ctl.job_id and profile.to_dict() == ctl.profile.to_dict()   # re-plans price with it
 

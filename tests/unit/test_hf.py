@@ -326,7 +326,7 @@ def test_export_command_writes_the_jobs_tokenizer(tmp_path):
 def test_training_and_export_do_not_need_transformers():
     import subprocess
     import sys
-    code = ("import sys; import autohet_ray.cli, autohet_ray.cli_train, autohet_ray.cli_export, "
+    code = ("import sys; import autohet_ray.cli, autohet_ray.cli.train, autohet_ray.cli.export, "
             "autohet_ray.checkpoint.hf_weights, autohet_ray.checkpoint.hf_export, autohet_ray.runtime.engine, "
             "autohet_ray.orchestrate.controller, autohet_ray.orchestrate.worker; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")

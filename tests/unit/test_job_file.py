@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from autohet_ray import ConfigError
-from autohet_ray.cli import _parser, main
-from autohet_ray.cli_options import add_options, overrides
-from autohet_ray.cli_train import train_job
+from autohet_ray.cli.main import _parser, main
+from autohet_ray.cli.options import add_options, overrides
+from autohet_ray.cli.train import train_job
 from autohet_ray.job.config import TrainJob
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
@@ -168,8 +168,8 @@ def test_a_job_needs_its_required_fields_from_somewhere(tmp_path, capsys):
 
 
 def test_resume_keeps_spot_watching_and_takes_the_flags_it_may_change(tmp_path):
-    from autohet_ray.cli_resume import resume_job
-    from autohet_ray.cli_options import overrides as flags_given
+    from autohet_ray.cli.resume import resume_job
+    from autohet_ray.cli.options import overrides as flags_given
     job, _ = train_job(_parser().parse_args(["train", "--config", _job_file(tmp_path, BASE), "--elastic",
                                              "--spot-watch", "--spot-provider", "gcp", "--storage",
                                              str(tmp_path / "s"), "--print-config"]))

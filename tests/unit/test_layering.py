@@ -11,8 +11,8 @@ import pytest
 PKG = pathlib.Path(__file__).resolve().parents[2] / "autohet_ray"
 
 # Floors, lowest first. A module imports its own layer and layers on lower floors only; layers that share a
-# floor do not import each other. A layer is a subpackage of autohet_ray, a module at its root, "cli" (the
-# `autohet` command: cli*.py and plan_view.py) or "autohet_ray" (the root __init__: ConfigError).
+# floor do not import each other. A layer is a subpackage of autohet_ray, a module at its root (the `autohet`
+# command is the cli package) or "autohet_ray" (the root __init__: ConfigError).
 FLOORS = [
     {"autohet_ray"},
     {"config_io", "safe_names", "durable", "layout", "cloud"},    # helpers; chunk algebra; spot notice readers
@@ -61,8 +61,6 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "autohet_ray"
-    if len(parts) == 2 and (parts[1].startswith("cli") or parts[1] == "plan_view"):
-        return "cli"
     return parts[1]
 
 

@@ -80,8 +80,8 @@ def test_train_job_carries_the_config_and_reads_old_records():
 
 
 def test_train_flags_fill_the_config():
-    from autohet_ray.cli import _parser
-    from autohet_ray.cli_train import train_job
+    from autohet_ray.cli.main import _parser
+    from autohet_ray.cli.train import train_job
     base = ["train", "--cluster", os.path.join(REPO_ROOT, "jobs", "local-3.yaml"), "--model", "tiny-gpt", "--global-batch", "4", "--steps", "30",
             "--print-config"]
     args = _parser().parse_args(base + ["--lr", "3e-4", "--min-lr", "3e-5", "--warmup-steps", "5", "--decay", "cosine",

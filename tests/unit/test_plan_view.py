@@ -6,7 +6,7 @@ import pytest
 from autohet_ray import ConfigError
 from autohet_ray.cost import evaluate_plan
 from autohet_ray.plan import Pipeline, Plan, plan_from_dict, validate_plan
-from autohet_ray.plan_view import draw_plan, timeline_rows, timeline_text
+from autohet_ray.cli.plan_view import draw_plan, timeline_rows, timeline_text
 from test_cost import MODEL, _cluster, _profile, _stage
 
 

@@ -12,7 +12,19 @@ import os
 import sys
 
 from autohet_ray import ConfigError
-
+from autohet_ray.checkpoint import scan_manifests
+from autohet_ray.cli.common import run_options
+from autohet_ray.cli.options import add_options, overrides
+from autohet_ray.cli.progress import run_in_console
+from autohet_ray.cli.signals import exit_status, stop_signals
+from autohet_ray.cluster.spec import cluster_from_dict
+from autohet_ray.config_io import parse_json
+from autohet_ray.job.config import TrainJob, job_from_dict
+from autohet_ray.job.record import read_job_record
+from autohet_ray.profile.db import profile_from_dict
+from autohet_ray.storage import job_files
+from autohet_ray.storage.lease import storage_lease
+from autohet_ray.storage.spec import check_storage, location, storage_spec
 
 # what a job trains (its model, data, batch, rates): a resume keeps them; its other fields a flag may change
 KEPT_ON_RESUME = ("model", "cluster", "priced_as", "storage", "plan", "global_batch", "seq_len", "priced_seq_len",
@@ -22,15 +34,7 @@ KEPT_ON_RESUME = ("model", "cluster", "priced_as", "storage", "plan", "global_ba
 def resume_job(storage_url: str, *, endpoint_url: str | None = None, changes: dict | None = None):
     """(TrainJob, job id, profile, newest step in the storage) of the job that wrote `storage_url`, with the
     fields in `changes` changed."""
-    from autohet_ray.checkpoint import scan_manifests
-    from autohet_ray.elastic.tiers import build_tier
-    from autohet_ray.storage.spec import check_storage, storage_spec
-    from autohet_ray.storage import job_files
-    from autohet_ray.job.config import job_from_dict
-    from autohet_ray.job.record import read_job_record
-    from autohet_ray.config_io import parse_json
-    from autohet_ray.storage.spec import location
-    from autohet_ray.profile.db import profile_from_dict
+    from autohet_ray.elastic.tiers import build_tier  # lazy: Ray and torch
     spec = storage_spec(storage_url, endpoint_url=endpoint_url)
     if spec["kind"] == "dir" and not os.path.isdir(spec["path"]):
         raise ConfigError(f"storage {storage_url!r} is not a directory; give the --storage the job wrote to")
@@ -45,14 +49,9 @@ def resume_job(storage_url: str, *, endpoint_url: str | None = None, changes: di
 
 
 def cmd_resume(args) -> int:
-    from autohet_ray.cli_signals import exit_status, stop_signals
-    from autohet_ray.cli_progress import run_in_console
-    from autohet_ray.cluster.spec import cluster_from_dict
-    from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.orchestrate.session import ray_session
+    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch
+    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
 
-    from autohet_ray.cli_options import overrides
-    from autohet_ray.storage.lease import storage_lease
     changes = overrides(args, args.job_dests)
     job, job_id, _, _ = resume_job(args.storage, endpoint_url=args.endpoint_url, changes=changes)   # before a lease
     with storage_lease(job.storage, args.storage, job_id=job_id, break_lease=args.break_lease):
@@ -78,9 +77,6 @@ def cmd_resume(args) -> int:
 
 
 def add_resume_parser(sub) -> None:
-    from autohet_ray.cli import _run_options
-    from autohet_ray.cli_options import add_options
-    from autohet_ray.job.config import TrainJob
     r = sub.add_parser("resume", help="continue a stopped job from the newest committed step of any tier",
                        description="The job's fields are those it was started with (its job.json); the flags "
                                    "below change the ones a resume may change.")
@@ -90,5 +86,5 @@ def add_resume_parser(sub) -> None:
     r.add_argument("--emulate", action="store_true", help="start an emulated cluster from the job's cluster file "
                    "(default: off)")
     r.add_argument("--json", action="store_true", help="end with one JSON line (default: off)")
-    _run_options(r)
+    run_options(r)
     r.set_defaults(job_dests=add_options(r, TrainJob, skip=KEPT_ON_RESUME))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import time
 
+from autohet_ray.cli.money import goal_from_args, money_lines, money_report
+from autohet_ray.cli.plan_view import draw_plan, timeline_text
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.config_io import read_structured
 from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
@@ -12,7 +14,6 @@ from autohet_ray.cost.sharding import saved_bytes, shard_ways
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, plan_from_dict
-from autohet_ray.plan_view import draw_plan, timeline_text
 from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
 from autohet_ray.planner.background import lower_bound_in_background
 from autohet_ray.planner.search import token_cap_sizes
@@ -73,7 +74,6 @@ def cmd_plan(args) -> int:
     sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)
     profile = _profile(args, model, cluster, seq_len, sizes)
     check_request(model, profile, args.global_batch, seq_len, schedule_choices(args.schedule))
-    from autohet_ray.cli_money import goal_from_args
     goal = goal_from_args(args, cluster)
     bound = lower_bound_in_background(goal=goal, cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
                                       seq_len=seq_len, schedules=schedule_choices(args.schedule),
@@ -93,7 +93,6 @@ def cmd_plan(args) -> int:
     bound_all = bound.result()
     bound_s = bound_all["iteration_s"]
     if goal.prices is not None:
-        from autohet_ray.cli_money import money_report
         request = dict(model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
                        micro_batch=args.micro_batch, schedules=schedule_choices(args.schedule),
                        recompute=args.recompute, optimizer_sharding=args.optimizer_sharding)
@@ -123,7 +122,6 @@ def cmd_plan(args) -> int:
     for line in gain_lines(report):
         print(line)
     if goal.prices is not None:
-        from autohet_ray.cli_money import money_lines
         for line in money_lines(money, BASELINE_TITLES):
             print(line)
         if money["lower_bound_usd_per_million_tokens"] and goal.minimizes_cost:

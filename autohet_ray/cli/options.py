@@ -17,6 +17,8 @@ import typing
 
 import yaml
 
+from autohet_ray.config_io import read_structured
+
 NESTED_SEP = "."                # dest of a nested dataclass's field: "optimizer.lr"
 
 
@@ -89,7 +91,6 @@ def _kind(hint, f: dataclasses.Field, reference: dict) -> dict:
 
 def yaml_value(text: str):
     """A structured flag value: a .yaml/.yml/.json file's content, else the text itself read as YAML."""
-    from autohet_ray.config_io import read_structured
     if text.endswith((".yaml", ".yml", ".json")):
         return read_structured(text, "flag value")
     try:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 
 from autohet_ray import ConfigError
+from autohet_ray.cluster.spec import cluster_from_dict
+from autohet_ray.data.dataset import read_index
+from autohet_ray.plan.schema import plan_from_dict
+from autohet_ray.plan.validate import validate_plan
+from autohet_ray.profile.db import load_profile
 
 ABOVE_ZERO = ("time_limit", "global_batch", "seq_len", "priced_seq_len", "micro_batch", "steps", "iteration_wall_s",
               "eval_batches", "lr", "decay_steps", "plan_time_limit_s", "setup_timeout_s", "loss_grace_s",
@@ -33,13 +38,8 @@ def check_job_files(job, model) -> None:
     """A job's files that are read only once it starts, read now (before any cluster starts): its plan
     against the cluster and the model, a profile JSON, and a local dataset's index."""
     if job.plan:
-        from autohet_ray.cluster.spec import cluster_from_dict
-        from autohet_ray.plan.schema import plan_from_dict
-        from autohet_ray.plan.validate import validate_plan
         validate_plan(plan_from_dict(job.plan), cluster_from_dict(job.cluster), model)
     if job.profile.endswith(".json"):
-        from autohet_ray.profile.db import load_profile
         load_profile(job.profile)
     if job.data and not job.data.startswith("s3://"):
-        from autohet_ray.data.dataset import read_index
         read_index(job.data)

@@ -15,23 +15,31 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
+
+import yaml
 
 from autohet_ray import ConfigError
-from autohet_ray.cli_progress import run_in_console
-from autohet_ray.cli_signals import exit_status, stop_signals
-from autohet_ray.cli_checks import check_job_files
+from autohet_ray.cli.checks import check_job_files
+from autohet_ray.cli.common import AUTO_ITERATION_WALL_S
+from autohet_ray.cli.options import overrides
+from autohet_ray.cli.progress import run_in_console
+from autohet_ray.cli.signals import exit_status, stop_signals
 from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
-from autohet_ray.model.spec import load_model
+from autohet_ray.config_io import dataclass_from_dict
+from autohet_ray.job import file as job_file
+from autohet_ray.job.config import TrainJob
+from autohet_ray.job.record import refuse_existing_job
+from autohet_ray.model.spec import load_model, model_from_dict
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
+from autohet_ray.storage.lease import new_job_id, storage_lease
+from autohet_ray.storage.spec import check_storage, storage_spec
 
 
 def train_job(args):
     """(TrainJob, Launch) of `autohet train`: the job file's fields (--config), the flags given over them, then
     TrainJob's defaults; checked before any cluster starts. The default storage is chosen here (a new directory
     named by the time) unless --print-config only shows the job."""
-    from autohet_ray.cli_options import overrides
-    from autohet_ray.config_io import dataclass_from_dict
-    from autohet_ray.job import file as job_file
-    from autohet_ray.job.config import TrainJob
     where = f"job file {args.config!r}" if args.config else None
     given, flags = job_file.read_job_file(args.config) if args.config else {}, overrides(args, args.job_dests)
     from_file = job_file.file_names(given) - job_file.file_names(flags)     # the fields the flags leave alone
@@ -40,7 +48,6 @@ def train_job(args):
     job_file.check_required(fields, where)
     fields = job_file.resolve_all(fields, where=where, from_file=from_file, endpoint_url=args.endpoint_url)
     if launch.emulate and not fields.get("time_scale") and fields.get("iteration_wall_s") is None:
-        from autohet_ray.cli import AUTO_ITERATION_WALL_S
         fields["iteration_wall_s"] = AUTO_ITERATION_WALL_S
     _decay_ends_at_steps(fields, launch.steps)
     args.default_storage = not fields.get("storage") and not fields.get("elastic") and not args.print_config
@@ -55,7 +62,6 @@ def train_job(args):
 
 def _decay_ends_at_steps(fields: dict, steps: int) -> None:
     """A decay with no decay_steps ends at the run's last step."""
-    from autohet_ray.runtime.lr_schedule import OptimizerConfig
     optimizer = fields.get("optimizer") or {}
     if isinstance(optimizer, dict) and optimizer.get("decay_steps") is None and optimizer.get("decay", OptimizerConfig.decay) != "constant":
         fields["optimizer"] = optimizer | {"decay_steps": steps}
@@ -63,7 +69,6 @@ def _decay_ends_at_steps(fields: dict, steps: int) -> None:
 
 def _default_storage() -> dict:
     """Every run leaves its model behind: in a new `autohet-runs/<time>` directory of the working directory."""
-    from autohet_ray.storage.spec import storage_spec
     if not os.access(os.getcwd(), os.W_OK | os.X_OK):     # the default is made when the job starts
         raise ConfigError(f"the working directory {os.getcwd()!r} is not writable; pass --storage DIR|s3://...")
     path = os.path.abspath(os.path.join("autohet-runs", time.strftime("%Y%m%d-%H%M%S")))
@@ -74,16 +79,13 @@ def _default_storage() -> dict:
 def check_before_start(job, *, default_storage: bool) -> None:
     """What the job reads once it starts, read now: the storage (no other job in it), the files (cli_checks)
     and the --init-from weights against the model."""
-    from autohet_ray.model.spec import model_from_dict
-    from autohet_ray.job.record import refuse_existing_job
-    from autohet_ray.storage.spec import check_storage
     refuse_existing_job(job.storage, storage_url(job.storage))     # before anything is made in the storage
     if not default_storage:
         check_storage(job.storage)
     model = model_from_dict(job.model)
     check_job_files(job, model)
     if job.init_from:                    # the weights must fit the model before any cluster starts
-        from autohet_ray.checkpoint.hf_weights import check_hf_dir
+        from autohet_ray.checkpoint.hf_weights import check_hf_dir  # lazy: torch
         check_hf_dir(job.init_from, model)
 
 
@@ -96,8 +98,6 @@ def storage_url(spec: dict) -> str:
 
 def print_config(job, launch) -> None:
     """The resolved job as a job file (YAML): Launch's fields, then TrainJob's."""
-    import yaml
-    from dataclasses import asdict
     doc = json.loads(json.dumps(asdict(launch) | job.to_dict()))        # tuples as lists
     print(yaml.safe_dump(doc, sort_keys=False), end="")
 
@@ -108,10 +108,8 @@ def _starting(cluster) -> None:
 
 
 def cmd_train(args) -> int:
-    from autohet_ray.orchestrate.controller import Controller
-    from autohet_ray.orchestrate.session import ray_session
-    from autohet_ray.job.record import refuse_existing_job
-    from autohet_ray.storage.lease import new_job_id, storage_lease
+    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch
+    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
     job, launch = train_job(args)              # bad values fail here, before a cluster starts
     if args.print_config:
         print_config(job, launch)
@@ -137,7 +135,7 @@ def cmd_train(args) -> int:
 
 def cmd_profile_ray(args) -> int:
     """`autohet profile --cluster FILE --model M --out F [--emulate]`: one profile per GPU type on Ray."""
-    from autohet_ray.orchestrate.session import profile_on_ray, ray_session
+    from autohet_ray.orchestrate.session import profile_on_ray, ray_session  # lazy: Ray
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     seq_len = args.seq_len or model.max_seq_len
     start = time.perf_counter()
@@ -160,9 +158,9 @@ def _collectives_cell(layers: dict) -> str:
 
 
 def _check_ranks(ranks: int | None) -> None:
-    import torch
+    import torch  # lazy: torch
 
-    from autohet_ray.runtime.in_situ_cost import devices_on_host
+    from autohet_ray.runtime.in_situ_cost import devices_on_host  # lazy: torch
     if ranks is None:
         return
     cuda = torch.cuda.is_available()
@@ -176,9 +174,9 @@ def cmd_profile_local(args) -> int:
     [--ranks N]`: the layers' memory (profile/measure.py), their compute and TP collectives timed in situ on a
     group of ranks where this host can run one (runtime/in_situ_cost.py), and the update's rate
     (runtime/update_rate.py) on this device."""
-    from autohet_ray.profile.measure import measure_profile, parse_ints
-    from autohet_ray.runtime.in_situ_cost import add_in_situ_costs
-    from autohet_ray.runtime.update_rate import update_s_per_param
+    from autohet_ray.profile.measure import measure_profile, parse_ints  # lazy: torch
+    from autohet_ray.runtime.in_situ_cost import add_in_situ_costs  # lazy: torch
+    from autohet_ray.runtime.update_rate import update_s_per_param  # lazy: torch
     spec = load_model(args.model)
     seq_len = args.seq_len or spec.max_seq_len
     _check_ranks(args.ranks)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from autohet_ray.cli_signals import as_raised, stopped_by
+from autohet_ray.cli.signals import as_raised, stopped_by
 
 BAR_WIDTH = 20
 

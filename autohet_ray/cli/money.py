@@ -7,8 +7,10 @@ import time
 from dataclasses import replace
 
 from autohet_ray import ConfigError
-from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price,
-                                    plan_usd_per_hour, usd_per_million_tokens)
+from autohet_ray.cost.money import (
+    OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price, plan_usd_per_hour, usd_per_million_tokens
+)
+from autohet_ray.planner import plan_training
 
 LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
 
@@ -66,7 +68,6 @@ def what_each_adds(result, cluster, goal: Goal, request: dict, seq_len: int, row
     """For each left-out class: the fastest plan on the GPUs the plan uses plus that class (a short re-plan at
     the plan's micro-batch size, seeded with the plan, so it never loses throughput), its samples/s gained,
     $/hour and $ per million tokens, into the row."""
-    from autohet_ray.planner import plan_training
     used: dict[str, list[int]] = {}
     for p in result.plan.pipelines:
         for s in p.stages:

@@ -7,6 +7,11 @@ import json
 import sys
 
 from autohet_ray import ConfigError
+from autohet_ray.data.index import INDEX_FILE, TOKENIZER_FILE
+from autohet_ray.job.record import read_job_record
+from autohet_ray.model.spec import model_from_dict
+from autohet_ray.storage import job_files
+from autohet_ray.storage.spec import check_storage, storage_spec
 
 SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "B": 1}
 
@@ -39,16 +44,12 @@ def parse_size(text: str) -> int:
 
 
 def _job_record(storage: dict) -> dict:
-    from autohet_ray.job.record import read_job_record
     return read_job_record(storage, check="model")[1]
 
 
 def _tokenizer(job: dict, storage: dict) -> tuple[str | None, int | None]:
     """(tokenizer.json text, end-of-document id) of the job's dataset; Nones for synthetic data. A dataset that
     is gone is reported, and the model exported without them."""
-    from autohet_ray.data.index import INDEX_FILE, TOKENIZER_FILE
-    from autohet_ray.storage.spec import storage_spec
-    from autohet_ray.storage import job_files
     if not job.get("data"):
         return None, None
     data = storage_spec(job["data"], endpoint_url=storage.get("endpoint_url"))
@@ -60,10 +61,8 @@ def _tokenizer(job: dict, storage: dict) -> tuple[str | None, int | None]:
 
 
 def cmd_export(args) -> int:
-    from autohet_ray.checkpoint.hf_export import export_step
-    from autohet_ray.elastic.tiers import build_tier
-    from autohet_ray.storage.spec import check_storage, storage_spec
-    from autohet_ray.model.spec import model_from_dict
+    from autohet_ray.checkpoint.hf_export import export_step  # lazy: torch
+    from autohet_ray.elastic.tiers import build_tier  # lazy: Ray and torch
     max_shard = parse_size(args.max_shard_size)
     storage = storage_spec(args.storage, endpoint_url=args.endpoint_url)
     check_storage(storage, create=False)

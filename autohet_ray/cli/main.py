@@ -5,10 +5,18 @@ import argparse
 import sys
 
 from autohet_ray import ConfigError
-from autohet_ray.cli_checks import check_numeric_flags
+from autohet_ray.cli.checks import check_numeric_flags
+from autohet_ray.cli.common import TRAIN_ALIASES, TRAIN_NOTES, run_options
+from autohet_ray.cli.data import add_data_parser, cmd_data
+from autohet_ray.cli.export import add_export_parser, cmd_export
+from autohet_ray.cli.money import add_money_options
+from autohet_ray.cli.options import add_options
+from autohet_ray.cli.plan import cmd_evaluate, cmd_plan, cmd_show
+from autohet_ray.cli.resume import add_resume_parser, cmd_resume
+from autohet_ray.cli.train import cmd_profile_local, cmd_profile_ray, cmd_train
 from autohet_ray.config_io import check_writable
-
-AUTO_ITERATION_WALL_S = 10.0      # --emulate, unpaced otherwise: one predicted iteration takes this long
+from autohet_ray.job.config import TrainJob
+from autohet_ray.job.file import REFERENCES, Launch
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -28,7 +36,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--micro-batch", type=int)
     _schedule_option(p)
-    from autohet_ray.cli_money import add_money_options
     add_money_options(p)
     p.add_argument("--profile", help="profile DB JSON (default: analytic, from the device catalog)")
     p.add_argument("--time-limit", type=float, default=60.0)
@@ -63,17 +70,13 @@ def _parser() -> argparse.ArgumentParser:
                                               "one thread); default: each entry's TP degree")
     pr.add_argument("--out", required=True)
     _train_parser(sub)
-    from autohet_ray.cli_resume import add_resume_parser
     add_resume_parser(sub)
-    from autohet_ray.cli_data import add_data_parser
     add_data_parser(sub)
-    from autohet_ray.cli_export import add_export_parser
     add_export_parser(sub)
     return ap
 
 
 def _schedule_option(parser) -> None:
-    from autohet_ray.job.config import TrainJob
     parser.add_argument("--schedule", default=TrainJob.schedule,
                         help="pipeline schedule: auto (the faster that fits in memory), 1f1b, or zb-h1 "
                              "(zero-bubble: weight gradients deferred into the pipeline's idle time)")
@@ -86,15 +89,7 @@ def _schedule_option(parser) -> None:
                              "makes the plan fit or faster)")
 
 
-TRAIN_ALIASES = {"checkpoint_every": ["--cloud-every"], "recovery_window_steps": ["--recovery-window"]}
-TRAIN_NOTES = {"iteration_wall_s": f"With --emulate and neither this nor --time-scale: {AUTO_ITERATION_WALL_S}.",
-               "decay_steps": "A decay with none given ends at --steps."}
-
-
 def _train_parser(sub) -> None:
-    from autohet_ray.cli_options import add_options
-    from autohet_ray.job.config import TrainJob
-    from autohet_ray.job.file import REFERENCES, Launch
     t = sub.add_parser("train", help="train on a Ray cluster: discover, profile, plan, place, train",
                        description="Every field of a job is a flag below; --config FILE gives a whole job (a job "
                                    "file), and the flags given override its fields one by one.")
@@ -105,17 +100,8 @@ def _train_parser(sub) -> None:
     dests = add_options(t, Launch) + add_options(t, TrainJob, reference=REFERENCES, aliases=TRAIN_ALIASES,
                                                  notes=TRAIN_NOTES)
     t.set_defaults(job_dests=dests)
-    _run_options(t)
+    run_options(t)
     t.add_argument("--json", action="store_true", help="end with one JSON line of the run's figures (default: off)")
-
-
-def _run_options(parser) -> None:
-    """The options of a run that are not part of its job (`train` and `resume`)."""
-    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a running local cluster)")
-    parser.add_argument("--endpoint-url", help="S3 endpoint of an s3:// storage (default: AWS_ENDPOINT_URL, or AWS)")
-    parser.add_argument("--break-lease", action="store_true", help="take the storage's lease even though another "
-                        "run holds it (only when that run is gone; one on this host that is gone is broken without "
-                        "this) (default: off)")
 
 
 def _message(exc: ConfigError) -> str:
@@ -133,33 +119,24 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, option, None):
                 check_writable(getattr(args, option), f"--{option}")
         if args.command == "plan":
-            from autohet_ray.cli_plan import cmd_plan
             return cmd_plan(args)
         if args.command == "evaluate":
-            from autohet_ray.cli_plan import cmd_evaluate
             return cmd_evaluate(args)
         if args.command == "show":
-            from autohet_ray.cli_plan import cmd_show
             return cmd_show(args)
         if args.command == "profile":
             if args.local == bool(args.cluster):
                 raise ConfigError("profile needs exactly one of --local (this device) or --cluster FILE (Ray)")
             if args.cluster:
-                from autohet_ray.cli_train import cmd_profile_ray
                 return cmd_profile_ray(args)
-            from autohet_ray.cli_train import cmd_profile_local
             return cmd_profile_local(args)
         if args.command == "train":
-            from autohet_ray.cli_train import cmd_train
             return cmd_train(args)
         if args.command == "data":
-            from autohet_ray.cli_data import cmd_data
             return cmd_data(args)
         if args.command == "resume":
-            from autohet_ray.cli_resume import cmd_resume
             return cmd_resume(args)
         if args.command == "export":
-            from autohet_ray.cli_export import cmd_export
             return cmd_export(args)
     except ConfigError as exc:
         print(f"autohet {args.command}: error: {_message(exc)}", file=sys.stderr)
