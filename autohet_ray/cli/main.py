@@ -111,6 +111,10 @@ def _message(exc: ConfigError) -> str:
     return str(cause) if isinstance(cause, ConfigError) else str(exc)
 
 
+COMMANDS = {"plan": cmd_plan, "evaluate": cmd_evaluate, "show": cmd_show, "train": cmd_train, "data": cmd_data,
+            "resume": cmd_resume, "export": cmd_export}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -118,34 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         for option in ("out", "png"):             # outputs are checked before the work that fills them
             if getattr(args, option, None):
                 check_writable(getattr(args, option), f"--{option}")
-        if args.command == "plan":
-            return cmd_plan(args)
-        if args.command == "evaluate":
-            return cmd_evaluate(args)
-        if args.command == "show":
-            return cmd_show(args)
         if args.command == "profile":
             if args.local == bool(args.cluster):
                 raise ConfigError("profile needs exactly one of --local (this device) or --cluster FILE (Ray)")
-            if args.cluster:
-                return cmd_profile_ray(args)
-            return cmd_profile_local(args)
-        if args.command == "train":
-            return cmd_train(args)
-        if args.command == "data":
-            return cmd_data(args)
-        if args.command == "resume":
-            return cmd_resume(args)
-        if args.command == "export":
-            return cmd_export(args)
+            return cmd_profile_ray(args) if args.cluster else cmd_profile_local(args)
+        return COMMANDS[args.command](args)
     except ConfigError as exc:
         print(f"autohet {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"autohet {args.command}: interrupted", file=sys.stderr)
         return 130
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,37 +1,9 @@
 """GPU prices (USD per GPU-hour, spot and on-demand) and what a replay's fleet cost."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from autohet_ray import ConfigError
-from autohet_ray.config_io import read_structured
+from autohet_ray.cost.money import Price, load_prices, prices_from_dict  # noqa: F401  (re-exported)
 from autohet_ray.replay.timeline import Timeline
-
-
-@dataclass(frozen=True, kw_only=True)
-class Price:
-    on_demand: float
-    spot: float
-    source: str = ""
-
-
-def prices_from_dict(raw, source: str = "<prices>") -> dict[str, Price]:
-    if not isinstance(raw, dict) or not isinstance(raw.get("prices"), dict):
-        raise ConfigError(f"{source}: a prices file needs 'prices: {{GPU type: {{on_demand: .., spot: ..}}}}'")
-    out = {}
-    for device, row in raw["prices"].items():
-        if not isinstance(row, dict) or not {"on_demand", "spot"} <= set(row):
-            raise ConfigError(f"{source}: prices.{device} needs on_demand and spot (USD per GPU-hour)")
-        values = [row["on_demand"], row["spot"]]
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in values):
-            raise ConfigError(f"{source}: prices.{device} on_demand/spot must be numbers >= 0, got {values}")
-        out[str(device)] = Price(on_demand=float(row["on_demand"]), spot=float(row["spot"]),
-                                 source=str(row.get("source", "")))
-    return out
-
-
-def load_prices(path: str) -> dict[str, Price]:
-    return prices_from_dict(read_structured(path, "prices"), source=path)
 
 
 def fleet_cost_usd(timeline: Timeline, gpus_per_node: tuple[int, ...], spot_pools: tuple[bool, ...],
