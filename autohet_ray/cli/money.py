@@ -7,9 +7,8 @@ import time
 from dataclasses import replace
 
 from autohet_ray import ConfigError
-from autohet_ray.cost.money import (
-    OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price, plan_usd_per_hour, usd_per_million_tokens
-)
+from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price,
+                                    plan_usd_per_hour, usd_per_million_tokens)
 from autohet_ray.planner import plan_training
 
 LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan

@@ -73,38 +73,40 @@ def cmd_plan(args) -> int:
     seq_len = args.seq_len or model.max_seq_len
     sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)
     profile = _profile(args, model, cluster, seq_len, sizes)
-    check_request(model, profile, args.global_batch, seq_len, schedule_choices(args.schedule))
+    schedules = schedule_choices(args.schedule)
+    check_request(model, profile, args.global_batch, seq_len, schedules)
     goal = goal_from_args(args, cluster)
-    bound = lower_bound_in_background(goal=goal, cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
-                                      seq_len=seq_len, schedules=schedule_choices(args.schedule),
-                                      recompute=args.recompute,
-                                      optimizer_sharding=args.optimizer_sharding)
+    request = dict(model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
+                   schedules=schedules, recompute=args.recompute, optimizer_sharding=args.optimizer_sharding)
+    bound = lower_bound_in_background(goal=goal, cluster=cluster, **request)
     # the time limit covers the whole command: what loading took is spent already
-    result, baselines = plan_with_baselines(cluster=cluster, model=model, profile=profile,
-                                            global_batch=args.global_batch, seq_len=seq_len,
-                                            micro_batch=args.micro_batch,
+    result, baselines = plan_with_baselines(cluster=cluster, micro_batch=args.micro_batch, goal=goal,
                                             time_limit_s=args.time_limit - (time.perf_counter() - started),
-                                            schedules=schedule_choices(args.schedule),
-                                            recompute=args.recompute,
-                                            optimizer_sharding=args.optimizer_sharding, goal=goal)
+                                            **request)
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
     bound_all = bound.result()
-    bound_s = bound_all["iteration_s"]
+    money = None
     if goal.prices is not None:
-        request = dict(model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
-                       micro_batch=args.micro_batch, schedules=schedule_choices(args.schedule),
-                       recompute=args.recompute, optimizer_sharding=args.optimizer_sharding)
-        money = money_report(result, baselines, cluster, goal, seq_len, request)
+        money = money_report(result, baselines, cluster, goal, seq_len, request | {"micro_batch": args.micro_batch})
         money["lower_bound_usd_per_million_tokens"] = _per_million(bound_all, args.global_batch, seq_len)
     report = plan_report(result, baselines, wall_s=time.perf_counter() - started) | {
-        "lower_bound_iteration_s": bound_s, "dtype": profile.meta.get("dtype", "bfloat16")} | (
-        {"money": money} if goal.prices is not None else {})
+        "lower_bound_iteration_s": bound_all["iteration_s"], "dtype": profile.meta.get("dtype", "bfloat16")} | (
+        {"money": money} if money is not None else {})
     if args.json:
         print(json.dumps({"plan": result.plan.to_dict(), "predicted": result.plan.predicted.to_dict(), **report}))
         return 0
-    ev = result.evaluation
+    _print_plan(args, result, report, cluster, model, profile, seq_len)
+    if money is not None:
+        _print_money(money, goal)
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _print_plan(args, result, report: dict, cluster, model, profile, seq_len: int) -> None:
+    ev, bound_s = result.evaluation, report["lower_bound_iteration_s"]
     print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {args.global_batch}, "
           f"micro-batch {result.plan.micro_batch}, seq {seq_len}, schedule {result.plan.schedule}  "
           f"[{profile.kind} profile, {report['dtype']}]")
@@ -121,16 +123,15 @@ def cmd_plan(args) -> int:
               f"or sync)")
     for line in gain_lines(report):
         print(line)
-    if goal.prices is not None:
-        for line in money_lines(money, BASELINE_TITLES):
-            print(line)
-        if money["lower_bound_usd_per_million_tokens"] and goal.minimizes_cost:
-            low = money["lower_bound_usd_per_million_tokens"]
-            print(f"within {money['plan']['usd_per_million_tokens'] / low - 1:.0%} of the proven lower bound "
-                  f"${low:.4f} per million tokens (the same relaxation, choosing which GPUs to pay for)")
-    if args.out:
-        print(f"wrote {args.out}")
-    return 0
+
+
+def _print_money(money: dict, goal) -> None:
+    for line in money_lines(money, BASELINE_TITLES):
+        print(line)
+    low = money["lower_bound_usd_per_million_tokens"]
+    if low and goal.minimizes_cost:
+        print(f"within {money['plan']['usd_per_million_tokens'] / low - 1:.0%} of the proven lower bound "
+              f"${low:.4f} per million tokens (the same relaxation, choosing which GPUs to pay for)")
 
 
 def _per_million(bound: dict, global_batch: int, seq_len: int) -> float | None:

@@ -9,6 +9,7 @@ import contextlib
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
+from autohet_ray.checkpoint.node_store import sweep_node_stores
 from autohet_ray.cluster.labels import ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource, label_value
 from autohet_ray.cluster.spec import Cluster, Node
 
@@ -44,8 +45,6 @@ def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: fl
             ray.init(address=test_cluster.address)
         yield test_cluster
     finally:
-        # lazy: torch (the node store); emulate/ imports without it
-        from autohet_ray.checkpoint.node_store import sweep_node_stores
         seen = [n["NodeID"] for n in ray.nodes()] if ray.is_initialized() else []
         if connect and ray.is_initialized():
             ray.shutdown()

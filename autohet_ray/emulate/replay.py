@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
+from autohet_ray.checkpoint.node_store import sweep_node_stores
 from autohet_ray.cloud.fake_imds import FakeImds
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.elastic.spot import start_board, start_watchers
@@ -74,8 +75,6 @@ class ReplayCluster:
         self.imds[name].post_notice(time.time() + lead_wall_s)
 
     def close(self) -> None:
-        # lazy: torch (the node store); emulate/ imports without it
-        from autohet_ray.checkpoint.node_store import sweep_node_stores
         if ray.is_initialized():
             ray.shutdown()
         self.ray_cluster.shutdown()

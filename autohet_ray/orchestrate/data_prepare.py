@@ -16,6 +16,7 @@ import time
 import ray
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.node_store import default_store_root
 from autohet_ray.data.index import check_val_fraction
 from autohet_ray.data.parts import group_into_parts, tokenize_files
 from autohet_ray.data.tokenize import (read_tokenizer_json, special_ids, tokenizer_from_json, train_byte_level_bpe,
@@ -52,8 +53,6 @@ def held_dataset(data: str | None, endpoint_url: str | None = None,
     ends): the cache is first trimmed to `cache_gb`, least recently used datasets that no job holds first."""
     if data is None or not data.startswith("s3://"):
         return data, None
-    # lazy: torch (the node store), for s3:// data only
-    from autohet_ray.checkpoint.node_store import default_store_root
     directory = dataset_cache_dir(data, default_store_root())
     os.makedirs(os.path.dirname(directory), exist_ok=True)
     hold = DatasetHold(directory)              # held before the trim: no other job removes it meanwhile
