@@ -13,7 +13,7 @@ def run_in_console(ctl, target: int, *, restore: str | None = None, spot_provide
     """Controller.run until step `target`, printed; the run's summary."""
     try:
         out = ctl.run(target, restore=restore, spot_provider=spot_provider, stopped_by=stopped_by,
-                      on_event=_Console(ctl, target))
+                      on_event=_Console(ctl, target), lease=False)      # the command holds the lease already
     except BaseException:
         if stopped_by() is None:
             raise

@@ -33,7 +33,7 @@ from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.storage.lease import new_job_id, storage_lease
-from autohet_ray.storage.spec import check_storage, storage_spec
+from autohet_ray.storage.spec import check_storage, storage_spec, storage_url
 
 
 def train_job(args):
@@ -87,13 +87,6 @@ def check_before_start(job, *, default_storage: bool) -> None:
     if job.init_from:                    # the weights must fit the model before any cluster starts
         from autohet_ray.checkpoint.hf_weights import check_hf_dir  # lazy: torch
         check_hf_dir(job.init_from, model)
-
-
-def storage_url(spec: dict) -> str:
-    """The directory or s3:// URL a storage spec stands for, as the user names it."""
-    if spec["kind"] == "s3":
-        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}".rstrip("/")
-    return spec["path"]
 
 
 def print_config(job, launch) -> None:

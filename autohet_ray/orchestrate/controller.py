@@ -30,6 +30,7 @@ from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy, store_only_nodes
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
+from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
 from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
@@ -37,6 +38,8 @@ from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
 from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
 from autohet_ray.storage import job_files
+from autohet_ray.storage.lease import storage_lease
+from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
 
 
@@ -102,12 +105,23 @@ class Controller(LiveJob):
         return report
 
     def run(self, steps: int, *, restore: str | None = None, spot_provider: str | None = None, on_event=None,
-            stopped_by=None) -> dict:
+            stopped_by=None, lease: bool = True) -> dict:
         """Start, train until step `steps` (an elastic job acts on spot notices, drains and joined nodes between
         steps) and close on every exit path. `on_event(kind, report)` hears "launched", "replanned",
         "recovered", "step" and "closed"; `stopped_by()`: the number of the stop signal that ended the run, if one
         did (close then secures the newest step in node stores first). The run's summary; "failure": why the job
-        stopped early (a step raised, recovery gave up), after securing its newest committed step."""
+        stopped early (a step raised, recovery gave up), after securing its newest committed step. With `lease`
+        the run holds its storage's lease, and a new job (no `restore`) refuses a storage that holds a job
+        already, as `autohet train` and `resume` do; False when the caller holds the lease itself."""
+        if not lease or self.job.storage is None:
+            return self._run(steps, restore, spot_provider, on_event, stopped_by)
+        url = storage_url(self.job.storage)
+        with storage_lease(self.job.storage, url, job_id=self.job_id):
+            if restore is None:
+                refuse_existing_job(self.job.storage, url)
+            return self._run(steps, restore, spot_provider, on_event, stopped_by)
+
+    def _run(self, steps: int, restore: str | None, spot_provider: str | None, on_event, stopped_by) -> dict:
         on_event = on_event or (lambda kind, report: None)
         launch, events, failure, stopping, self.target_steps = {}, [], None, None, steps
         try:

@@ -62,3 +62,10 @@ def check_storage(spec: dict, *, create: bool = True) -> None:
         raise ConfigError(f"storage {path!r} is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"storage directory {path!r} is not writable")
+
+
+def storage_url(spec: dict) -> str:
+    """The directory or s3:// URL a storage spec stands for, as the user names it."""
+    if spec["kind"] == "s3":
+        return f"s3://{spec['bucket']}/{spec.get('prefix', '')}".rstrip("/")
+    return spec["path"]
