@@ -9,6 +9,7 @@ from dataclasses import replace
 from autohet_ray import ConfigError
 from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price,
                                     plan_usd_per_hour, usd_per_million_tokens)
+from autohet_ray.job.config import TrainJob
 from autohet_ray.planner import plan_training
 
 LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
@@ -17,9 +18,9 @@ LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
 def add_money_options(parser) -> None:
     parser.add_argument("--prices", help="prices file: $ per GPU-hour per device type, on-demand and spot "
                                          "(e.g. jobs/clusters/prices.yaml); nodes marked spot: true pay spot")
-    parser.add_argument("--objective", default="throughput", choices=OBJECTIVES,
+    parser.add_argument("--objective", default=TrainJob.objective, choices=OBJECTIVES,
                         help="throughput (most samples/s) or cost (least $ per token; may leave GPUs or whole "
-                             "nodes out); default throughput")
+                             f"nodes out); default {TrainJob.objective}")
     parser.add_argument("--max-cost-per-hour", type=float, metavar="USD",
                         help="budget: the fastest plan whose GPUs cost at most this per hour (needs --prices)")
     parser.add_argument("--min-samples-per-s", type=float, metavar="N",
