@@ -14,7 +14,7 @@ from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.memory import stage_peak_memory
 from autohet_ray.cost.sharding import shard_ways, sharded_buckets
 from autohet_ray.profile.precision import profile_dtype, profile_precision
-from autohet_ray.cost.timeline import simulate_cached
+from autohet_ray.cost.timeline import Summary, simulate_summary
 from autohet_ray.cost.sync import gradient_sync_times, sync_buckets, sync_end_times
 from autohet_ray.cost.terms import (GroupCostTable, activation_message_bytes, boundary_seconds, inter_link, intra_link,
                                      plan_tables)
@@ -88,63 +88,102 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
     `buckets`: the plan's `sync_buckets` when already computed (they do not depend on the schedule)."""
     validate_plan(plan, cluster, model)
     tables = plan_tables(plan, cluster, model, profile, table)
-    stage_times, link_times, back_times, pipe_times, all_parts = [], [], [], [], []
-    memory, capacity, opt_time = {}, {}, 0.0
-    last_grad, opt_s = {}, {}
     split = plan.schedule in SPLIT_BACKWARD
-    for k, pipeline in enumerate(plan.pipelines):
-        p, m, table = len(pipeline.stages), pipeline.num_microbatches, tables[k]
-        parts = []                     # per stage: (forward, backward, weight-gradient) seconds per micro-batch
-        for j, stage in enumerate(pipeline.stages):
-            gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j))
-            first, last = j == 0, j == p - 1
-            parts.append(gc.stage_split(stage.num_layers, first, last, split))
-            mem = stage_peak_memory(gc, plan.schedule, p, j, m, stage.num_layers)
-            opt_s[(k, j)] = gc.optimizer_s(stage.num_layers, first, last)
-            opt_time = max(opt_time, opt_s[(k, j)])
-            for d in stage.devices:
-                memory[f"{stage.node}:{d}"] = mem
-                capacity[f"{stage.node}:{d}"] = gc.capacity_bytes
-        both = [stage_link_times(plan, cluster, profile, model, a, b, plan.micro_batch_of(k))
-                for a, b in zip(pipeline.stages, pipeline.stages[1:])]
-        links, back = tuple(f for f, _ in both), tuple(g for _, g in both)
-        stage_times.append(tuple(sum(part) for part in parts))
-        link_times.append(links)
-        back_times.append(back)
-        all_parts.append(tuple(parts))
-        slots = simulate_cached(tuple(f for f, _, _ in parts), tuple(b + (0.0 if split else w) for _, b, w in parts),
-                                links, m, plan.schedule, tuple(w for _, _, w in parts) if split else None,
-                                None if back == links else back)
-        pipe_times.append(max(slot.end_s for slot in slots))
-        for slot in slots:
-            if slot.kind == ("W" if split else "B") and slot.microbatch == m - 1:
-                last_grad[(k, slot.stage)] = slot
+    stages = [_stage_terms(plan, k, tables[k], split) for k in range(len(plan.pipelines))]
+    links = [_pipeline_links(plan, k, cluster, profile, model) for k in range(len(plan.pipelines))]
+    timelines = [_timeline(parts, fwd, back, plan.pipelines[k].num_microbatches, plan.schedule, split)
+                 for k, ((parts, _, _, _), (fwd, back)) in enumerate(zip(stages, links))]
+    opt_s = {(k, j): terms[1][j] for k, terms in enumerate(stages) for j in range(len(terms[1]))}
+    last_grad = {(k, j): slot for k, t in enumerate(timelines) for j, slot in enumerate(t.last_gradient)}
     buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
     buckets, gather_s = sharded_buckets(plan, buckets, profile_precision(profile))
     for key, seconds in gather_s.items():                 # the new weights' all-gather follows the update
         opt_s[key] += seconds
-        opt_time = max(opt_time, opt_s[key])
     sync = max(gradient_sync_times(plan, cluster, model, profile, buckets).values(), default=0.0)
     synced = sync_end_times(buckets,
                             lambda key, unit: _gradient_final(plan.pipelines[key[0]], key[1], tables[key[0]],
-                                                                      last_grad[key], unit, split))
+                                                              last_grad[key], unit, split))
+    memory, capacity = _device_memory(plan, stages)
+    return _evaluation(plan, profile, stages, links, timelines, opt_s, synced, last_grad, sync, memory, capacity)
+
+
+def _stage_terms(plan: Plan, k: int, table: GroupCostTable, split: bool) -> tuple[tuple, ...]:
+    """Pipeline k's per-stage (forward, backward, weight-gradient) seconds of one micro-batch, optimizer
+    seconds, peak memory bytes under the plan's schedule, and usable capacity."""
+    pipeline = plan.pipelines[k]
+    p, m = len(pipeline.stages), pipeline.num_microbatches
+    parts, opt, peak, capacity = [], [], [], []
+    for j, stage in enumerate(pipeline.stages):
+        gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j))
+        first, last = j == 0, j == p - 1
+        parts.append(gc.stage_split(stage.num_layers, first, last, split))
+        opt.append(gc.optimizer_s(stage.num_layers, first, last))
+        peak.append(stage_peak_memory(gc, plan.schedule, p, j, m, stage.num_layers))
+        capacity.append(gc.capacity_bytes)
+    return tuple(parts), tuple(opt), tuple(peak), tuple(capacity)
+
+
+def _pipeline_links(plan: Plan, k: int, cluster: Cluster, profile: ProfileDB, model: ModelSpec):
+    """(activation seconds forward, gradient seconds back) per stage boundary of pipeline k."""
+    stages = plan.pipelines[k].stages
+    both = [stage_link_times(plan, cluster, profile, model, a, b, plan.micro_batch_of(k))
+            for a, b in zip(stages, stages[1:])]
+    return tuple(f for f, _ in both), tuple(g for _, g in both)
+
+
+def _timeline(parts, links, back, m: int, schedule: str, split: bool) -> Summary:
+    return simulate_summary(tuple(f for f, _, _ in parts), tuple(b + (0.0 if split else w) for _, b, w in parts),
+                            links, m, schedule, tuple(w for _, _, w in parts) if split else None,
+                            None if back == links else back)
+
+
+def _device_memory(plan: Plan, stages) -> tuple[dict[str, int], dict[str, int]]:
+    """("node:gpu" -> peak bytes, "node:gpu" -> usable bytes) from `_stage_terms` of every pipeline."""
+    memory, capacity = {}, {}
+    for pipeline, (_, _, peak, cap) in zip(plan.pipelines, stages):
+        for j, stage in enumerate(pipeline.stages):
+            for d in stage.devices:
+                memory[f"{stage.node}:{d}"] = peak[j]
+                capacity[f"{stage.node}:{d}"] = cap[j]
+    return memory, capacity
+
+
+def fits_in_memory(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+                   table: GroupCostTable | None = None) -> bool:
+    """Whether `evaluate_plan(plan, ...)` would find the plan feasible, without simulating its timeline."""
+    tables = plan_tables(plan, cluster, model, profile, table)
+    split = plan.schedule in SPLIT_BACKWARD
+    memory, capacity = _device_memory(plan, [_stage_terms(plan, k, tables[k], split)
+                                             for k in range(len(plan.pipelines))])
+    return not any(memory[d] > capacity[d] for d in memory)
+
+
+def _out_of_memory(memory: dict[str, int], capacity: dict[str, int]) -> str:
+    over = {d: memory[d] - capacity[d] for d in memory if memory[d] > capacity[d]}
+    if not over:
+        return ""
+    worst = max(over, key=over.get)
+    return (f"out of memory on {worst}: needs {memory[worst] / 1e9:.1f} GB, "
+            f"{capacity[worst] / 1e9:.1f} GB usable ({over[worst] / 1e9:.1f} GB missing)")
+
+
+def _evaluation(plan, profile, stages, links, timelines, opt_s, synced, last_grad, sync, memory,
+                capacity) -> Evaluation:
     iteration = max(synced[key] + opt_s[key] for key in synced)
     exposed = {f"{stage.node}:{d}": synced[(k, j)] - last_grad[(k, j)].end_s
                for k, pipeline in enumerate(plan.pipelines) for j, stage in enumerate(pipeline.stages)
                for d in stage.devices}
-    over = {d: memory[d] - capacity[d] for d in memory if memory[d] > capacity[d]}
-    reason = ""
-    if over:
-        worst = max(over, key=over.get)
-        reason = (f"out of memory on {worst}: needs {memory[worst] / 1e9:.1f} GB, "
-                  f"{capacity[worst] / 1e9:.1f} GB usable ({over[worst] / 1e9:.1f} GB missing)")
+    reason = _out_of_memory(memory, capacity)
     shape = [range(len(p.stages)) for p in plan.pipelines]
-    return Evaluation(feasible=not over, reason=reason, iteration_time_s=iteration,
-                      samples_per_s=plan.global_batch / iteration, pipeline_times_s=tuple(pipe_times),
-                      stage_times_s=tuple(stage_times), link_times_s=tuple(link_times), sync_time_s=sync,
-                      optimizer_time_s=opt_time, memory_bytes=memory, capacity_bytes=capacity,
-                      profile_kind=profile.kind, sync_exposed_s=exposed, back_link_times_s=tuple(back_times),
-                      stage_parts_s=tuple(all_parts),
+    return Evaluation(feasible=not reason, reason=reason, iteration_time_s=iteration,
+                      samples_per_s=plan.global_batch / iteration,
+                      pipeline_times_s=tuple(t.end_s for t in timelines),
+                      stage_times_s=tuple(tuple(sum(part) for part in parts) for parts, *_ in stages),
+                      link_times_s=tuple(fwd for fwd, _ in links), sync_time_s=sync,
+                      optimizer_time_s=max(opt_s.values(), default=0.0), memory_bytes=memory,
+                      capacity_bytes=capacity, profile_kind=profile.kind, sync_exposed_s=exposed,
+                      back_link_times_s=tuple(back for _, back in links),
+                      stage_parts_s=tuple(parts for parts, *_ in stages),
                       stage_sync_end_s=tuple(tuple(synced[(k, j)] for j in js) for k, js in enumerate(shape)),
                       stage_optimizer_s=tuple(tuple(opt_s[(k, j)] for j in js) for k, js in enumerate(shape)),
                       dtype=profile_dtype(profile))
@@ -170,17 +209,18 @@ def _gradient_final(pipeline, j: int, table: GroupCostTable, last, unit, split: 
 
 
 def best_schedule(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
-                  table: GroupCostTable | None = None,
-                  schedules: tuple[str, ...] = PLAN_SCHEDULES) -> tuple[Plan, Evaluation]:
+                  table: GroupCostTable | None = None, schedules: tuple[str, ...] = PLAN_SCHEDULES,
+                  buckets: dict | None = None) -> tuple[Plan, Evaluation]:
     """The plan under the fastest of `schedules` that fits in memory (under the first if none fits). Split-
-    backward schedules are skipped when every pipeline has one stage (no bubble to fill; 1F1B is as fast)."""
+    backward schedules are skipped when every pipeline has one stage (no bubble to fill; 1F1B is as fast).
+    Schedules that do not fit are not simulated (only the first is, when none fits). `buckets` as for
+    evaluate_plan."""
     if all(len(p.stages) == 1 for p in plan.pipelines) and any(s not in SPLIT_BACKWARD for s in schedules):
         schedules = tuple(s for s in schedules if s not in SPLIT_BACKWARD)
-    buckets = sync_buckets(plan, cluster, model, profile)
-    priced = []
-    for schedule in schedules:
-        candidate = plan.with_schedule(schedule)
-        priced.append((candidate, evaluate_plan(candidate, cluster, model, profile, table, buckets)))
+    candidates = [plan.with_schedule(schedule) for schedule in schedules]
+    fitting = [c for c in candidates if fits_in_memory(c, cluster, model, profile, table)] or candidates[:1]
+    buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
+    priced = [(c, evaluate_plan(c, cluster, model, profile, table, buckets)) for c in fitting]
     fitting = [entry for entry in priced if entry[1].feasible]
     return min(fitting, key=lambda entry: entry[1].iteration_time_s) if fitting else priced[0]
 

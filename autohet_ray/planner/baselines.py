@@ -18,11 +18,11 @@ import itertools
 from dataclasses import dataclass
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.evaluate import Evaluation, evaluate_plan
+from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.sync import sync_buckets
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
+from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.planner.batch import allocate_microbatches
 from autohet_ray.planner.floor import INFEASIBLE, pipeline_floor_s, stage_floors, with_sync_floor
@@ -207,7 +207,7 @@ def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: Pro
         if best_ev is not None and not (shard and c.dp > 1) and \
                 _sync_floor(plan, table, buckets[layout], schedules) >= best_ev.iteration_time_s:
             continue
-        plan, ev = _price(plan, cluster, model, profile, table, buckets[layout], schedules)
+        plan, ev = best_schedule(plan, cluster, model, profile, table, schedules, buckets[layout])
         assert ev.iteration_time_s >= c.floor_s * (1 - 1e-9) or not ev.feasible, (ev.iteration_time_s, c)
         if not ev.feasible:
             reason = (f"every uniform layout runs out of memory (e.g. tp={c.tp} pp={c.pp} dp={c.dp}: "
@@ -240,16 +240,6 @@ def _sync_floor(plan: Plan, table: GroupCostTable, buckets: dict, schedules: tup
             worst = max(worst, with_sync_floor(memo[shape], [bucket_s[(k, j)] for j in range(len(p.stages))]))
         best = min(best, worst)
     return best
-
-
-def _price(plan, cluster, model, profile, table, buckets, schedules) -> tuple[Plan, Evaluation]:
-    """`cost.evaluate.best_schedule` with the plan's buckets already computed."""
-    if all(len(p.stages) == 1 for p in plan.pipelines) and any(s not in SPLIT_BACKWARD for s in schedules):
-        schedules = tuple(s for s in schedules if s not in SPLIT_BACKWARD)
-    priced = [(plan.with_schedule(s), None) for s in schedules]
-    priced = [(c, evaluate_plan(c, cluster, model, profile, table, buckets)) for c, _ in priced]
-    fitting = [entry for entry in priced if entry[1].feasible]
-    return min(fitting, key=lambda entry: entry[1].iteration_time_s) if fitting else priced[0]
 
 
 def no_layout_reason(name, cluster: Cluster, model: ModelSpec, global_batch: int, micro_batches: list[int],
