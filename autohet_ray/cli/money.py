@@ -11,6 +11,7 @@ from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal
                                     plan_usd_per_hour, usd_per_million_tokens)
 from autohet_ray.job.config import TrainJob
 from autohet_ray.planner import plan_training
+from autohet_ray.planner.workers import run_split
 
 LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
 
@@ -73,19 +74,26 @@ def what_each_adds(result, cluster, goal: Goal, request: dict, seq_len: int, row
         for s in p.stages:
             used.setdefault(s.node, []).extend(s.devices)
     seed = _compact(result.plan, used)
-    for row in rows:
-        nodes = tuple(n if n.name in row["nodes"] else replace(n, count=len(used[n.name]))
-                      for n in cluster.nodes if n.name in used or n.name in row["nodes"])
-        sub = replace(cluster, nodes=nodes)
-        try:
-            r = plan_training(**(request | {"micro_batch": request["micro_batch"] or result.plan.micro_batch}),
-                              cluster=sub, time_limit_s=LEFT_OUT_TIME_LIMIT_S, incumbents=(seed,))
-        except ConfigError as err:
-            row["adds"] = {"reason": str(err)}
-            continue
-        money = _money(r.plan, r.evaluation.samples_per_s, sub, goal, seq_len)
-        row["adds"] = {"samples_per_s": round(r.evaluation.samples_per_s - result.evaluation.samples_per_s, 3),
-                       **money}
+    adds = run_split(_what_it_adds, [row["nodes"] for row in rows], result, used, seed, cluster, goal, request,
+                     seq_len)
+    for row, found in zip(rows, adds):
+        row["adds"] = found
+
+
+def _what_it_adds(names: list[str], result, used: dict, seed, cluster, goal: Goal, request: dict,
+                  seq_len: int) -> dict:
+    """The "adds" of one left-out class (its nodes `names`): see what_each_adds. Runs in the helper process
+    when there is one (planner/workers.py)."""
+    nodes = tuple(n if n.name in names else replace(n, count=len(used[n.name]))
+                  for n in cluster.nodes if n.name in used or n.name in names)
+    sub = replace(cluster, nodes=nodes)
+    try:
+        r = plan_training(**(request | {"micro_batch": request["micro_batch"] or result.plan.micro_batch}),
+                          cluster=sub, time_limit_s=LEFT_OUT_TIME_LIMIT_S, incumbents=(seed,))
+    except ConfigError as err:
+        return {"reason": str(err)}
+    money = _money(r.plan, r.evaluation.samples_per_s, sub, goal, seq_len)
+    return {"samples_per_s": round(r.evaluation.samples_per_s - result.evaluation.samples_per_s, 3), **money}
 
 
 def money_report(result, baselines: dict, cluster, goal: Goal, seq_len: int, request: dict) -> dict:

@@ -16,6 +16,7 @@ from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, plan_from_dict
 from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
 from autohet_ray.planner.background import lower_bound_in_background
+from autohet_ray.planner.workers import use_helper_process
 from autohet_ray.planner.search import token_cap_sizes
 from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import load_profile
@@ -69,6 +70,7 @@ def _savings(plan: Plan, cluster, model, profile) -> dict:
 
 def cmd_plan(args) -> int:
     started = time.perf_counter()
+    use_helper_process()
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     seq_len = args.seq_len or model.max_seq_len
     sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)

@@ -54,21 +54,26 @@ def estimate_key(goal: Goal, money: GroupingMoney | None, gpus: dict[str, int], 
 
 
 def cheapest_groupings(templates, cluster: Cluster, total: int, money: GroupingMoney, fastest_s: float,
-                       time_left, floor_deadline_s: float | None = None) -> list[Grouping]:
-    """The cheapest grouping at each scanned deadline (its others too), cheapest $ per iteration first."""
+                       time_left, floor_deadline_s: float | None = None, keep: int | None = None) -> list[Grouping]:
+    """The `keep` cheapest groupings (by estimated $ per iteration) of those found at the scanned deadlines,
+    cheapest first. The scan stops once no grouping at a later deadline can make the `keep` cheapest: each
+    costs at least the cheapest single pipeline's $/hour times its deadline."""
     slowest = max(t.sync_nic_s + (t.exact_s[total - 1] if len(t.exact_s) >= total else
                                   t.fixed_s + (total - 1) * t.bottleneck_s) for t in templates)
     if floor_deadline_s is not None:
         slowest = min(slowest, floor_deadline_s)
     ratio = max(SCAN_RATIO_MIN, (slowest / fastest_s) ** (1 / SCAN_POINTS)) if slowest > fastest_s else 2.0
     cheap = replace(money, minimize_cost=True)
+    key = lambda g: usage_usd_per_hour(grouping_gpus(g.counts, templates), money) * g.deadline_s  # noqa: E731
+    least_rate = min(usage_usd_per_hour(grouping_gpus({i: 1}, templates), money) for i in range(len(templates)))
     found, deadline = [], fastest_s
     while deadline <= slowest * (1 + 1e-9) and time_left() > 0:
+        if keep is not None and len(found) >= keep and least_rate * deadline >= sorted(map(key, found))[keep - 1]:
+            break                  # (sorted is stable: a later grouping of an equal key ranks after those found)
         g = solve_grouping(templates, cluster, total, deadline, min(10.0, max(0.1, time_left() / 4)), None, cheap)
         found += [x for x in (g, *g.others) if x.counts and x.capacity >= total]
         deadline *= ratio
-    key = lambda g: usage_usd_per_hour(grouping_gpus(g.counts, templates), money) * g.deadline_s  # noqa: E731
-    return sorted(found, key=key)
+    return sorted(found, key=key)[:keep]
 
 
 def on_cheapest_nodes(plan: Plan, cluster: Cluster, goal: Goal) -> Plan:

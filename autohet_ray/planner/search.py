@@ -5,6 +5,7 @@ bounded by the memory of the schedules allowed (only zb-h1: its activations and 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
@@ -32,6 +33,7 @@ from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
 from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first, zero_bubble_saving)
 from autohet_ray.planner.split import best_split
+from autohet_ray.planner.workers import run_split
 from autohet_ray.profile.db import ProfileDB
 
 SMALL_CLUSTER_GPUS = 8        # up to here: every stage order, mixed TP per type, exact times per m (at 12-16 GPUs
@@ -129,6 +131,30 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
     return plan_auto_recompute(plan_once, time_limit_s, cluster, model, profile, schedules, improve, key)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Pass:
+    """One planning pass's request (plain data: a size's search may run in the helper process)."""
+    cluster: Cluster
+    model: ModelSpec
+    profile: ProfileDB
+    global_batch: int
+    seq_len: int
+    micro_batch: int | None
+    schedules: tuple[str, ...]
+    recompute: bool
+    mixed_recompute: bool
+    shard: bool
+    goal: Goal
+
+    @property
+    def small(self) -> bool:
+        return self.cluster.num_gpus <= SMALL_CLUSTER_GPUS
+
+    def table(self, micro_batch: int) -> GroupCostTable:
+        return GroupCostTable(model=self.model, cluster=self.cluster, profile=self.profile, micro_batch=micro_batch,
+                              seq_len=self.seq_len, recompute=self.recompute, shard_ways=search_ways(self.shard))
+
+
 def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                    micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
                    schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False,
@@ -137,55 +163,85 @@ def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, gl
     recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
     that recomputes on one pipeline only is ranked as such."""
     clock = _Deadline(time.perf_counter(), time_limit_s)
-    incumbents = tuple(plan.with_recompute(recompute).with_optimizer_sharding(shard) for plan in incumbents)
-    best, per_size = _Best(goal=goal, cluster=cluster), []
+    request = _Pass(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
+                    micro_batch=micro_batch, schedules=schedules, recompute=recompute,
+                    mixed_recompute=mixed_recompute, shard=shard, goal=goal)
+    best = _Best(goal=goal, cluster=cluster)
     for plan in incumbents:
+        plan = plan.with_recompute(recompute).with_optimizer_sharding(shard)
         best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
     sizes = micro_batch_candidates(global_batch, profile, micro_batch)
-    small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
-    for mb in sizes:
-        if clock.over() and (best.plan is not None or per_size):      # past the limit: keep what was found
-            break
-        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len,
-                               recompute=recompute, shard_ways=search_ways(shard))
-        local = _Best(keep=REFINED_CANDIDATES if small else 1, goal=goal, cluster=cluster)
-        _plan_for_micro_batch(table, cluster, global_batch, clock, local, schedules)
-        best.templates += local.templates
-        best.merge_unmet(local)
-        if local.plan is not None:
-            # every size's best is polished: the estimate can misjudge the stage order by more than the sizes differ
-            if mixed_recompute and recompute:
-                local.top = [drop_unneeded_recompute(plan, ev, cluster, model, profile, schedules)
-                             for plan, ev in local.top]
-            per_size.append(improve_best(local.top, table, cluster, small, schedules, clock.over, local.key))
-            best.offer(*per_size[-1])
-    if best.plan is None and best.fastest_unmet is not None:
-        cheapest = best.cheapest_unmet
-        if goal.max_usd_per_hour is not None:      # the plan cheapest per token: what a budget would need
-            cheap = _plan_training(cluster=cluster, model=model, profile=profile, global_batch=global_batch,
-                                   seq_len=seq_len, micro_batch=micro_batch, time_limit_s=max(1.0, clock.left()),
-                                   incumbents=(), schedules=schedules, recompute=recompute, shard=shard,
-                                   goal=Goal(objective="cost", prices=goal.prices))
-            cheapest = min((cheapest, (cheap.plan, cheap.evaluation)), key=lambda e: goal.usd_per_hour(e[0], cluster))
-        raise ConfigError(unmet_goal_message(goal, cluster, best.fastest_unmet, cheapest))
+    per_size = _search_sizes(request, sizes, clock, best)
     if best.plan is None:
-        hint = "" if recompute else "; activation recomputation may make it fit (recompute='auto', --recompute auto)"
-        raise ConfigError(_no_fit_message(cluster, model, profile, seq_len) + hint)
+        raise ConfigError(_nothing_found(request, best, clock))
     if all(best.plan is not plan for plan, _ in per_size):       # an incumbent
-        table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
-                               seq_len=seq_len, recompute=recompute, shard_ways=search_ways(shard))
-        best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
-                                            exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules)
+        best.plan, best.evaluation = polish(best.plan, best.evaluation, request.table(best.plan.micro_batch),
+                                            cluster, exhaustive=request.small, schedules=schedules)
     if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
-        # each size's best plan, with smaller micro-batches where they balance the batch better
-        for plan, ev in [(best.plan, best.evaluation)] + [e for e in per_size if e[0] is not best.plan]:
-            if clock.over():
-                break
-            best.offer(*rebalance_micro_batches(plan, ev, cluster, model, profile, largest=max(sizes),
-                                                schedules=schedules))
+        _rebalance(request, best, per_size, max(sizes), clock)
     plan = best.plan.with_predicted(best.evaluation.predicted())
     return PlanResult(plan=plan, evaluation=best.evaluation, solve_time_s=time.perf_counter() - clock.start,
                       num_templates=best.templates, hit_time_limit=clock.hit)
+
+
+def _search_sizes(request: _Pass, sizes: list[int], clock: _Deadline, best: _Best) -> list[tuple]:
+    """Each micro-batch size's search (every other one in the helper process when there is one, on large
+    clusters), merged into `best` in the order of `sizes`; each size's best plan, polished."""
+    parallel = not request.small and not clock.over()
+    found = run_split(_size_search, sizes, request, clock) if parallel else None
+    per_size = []
+    for n, mb in enumerate(sizes):
+        if clock.over() and (best.plan is not None or per_size):      # past the limit: keep what was found
+            break
+        local, improved = found[n] if found else _size_search(mb, request, clock)
+        best.templates += local.templates
+        best.merge_unmet(local)
+        if improved is not None:
+            per_size.append(improved)
+            best.offer(*improved)
+    return per_size
+
+
+def _size_search(mb: int, request: _Pass, clock: _Deadline) -> tuple[_Best, tuple | None]:
+    """(what the search at micro-batch size `mb` kept, its best plan polished, or None). Every size's best is
+    polished: the estimate can misjudge the stage order by more than the sizes differ."""
+    table = request.table(mb)
+    local = _Best(keep=REFINED_CANDIDATES if request.small else 1, goal=request.goal, cluster=request.cluster)
+    _plan_for_micro_batch(table, request.cluster, request.global_batch, clock, local, request.schedules)
+    if local.plan is None:
+        return local, None
+    if request.mixed_recompute and request.recompute:
+        local.top = [drop_unneeded_recompute(plan, ev, request.cluster, request.model, request.profile,
+                                             request.schedules) for plan, ev in local.top]
+    return local, improve_best(local.top, table, request.cluster, request.small, request.schedules, clock.over,
+                               local.key)
+
+
+def _nothing_found(request: _Pass, best: _Best, clock: _Deadline) -> str:
+    """The one line for a pass that found no plan: what the goal would need, or why nothing fits."""
+    goal, cluster = request.goal, request.cluster
+    if best.fastest_unmet is None:
+        hint = "" if request.recompute else \
+            "; activation recomputation may make it fit (recompute='auto', --recompute auto)"
+        return _no_fit_message(cluster, request.model, request.profile, request.seq_len) + hint
+    cheapest = best.cheapest_unmet
+    if goal.max_usd_per_hour is not None:      # the plan cheapest per token: what a budget would need
+        cheap = _plan_training(cluster=cluster, model=request.model, profile=request.profile,
+                               global_batch=request.global_batch, seq_len=request.seq_len,
+                               micro_batch=request.micro_batch, time_limit_s=max(1.0, clock.left()),
+                               incumbents=(), schedules=request.schedules, recompute=request.recompute,
+                               shard=request.shard, goal=Goal(objective="cost", prices=goal.prices))
+        cheapest = min((cheapest, (cheap.plan, cheap.evaluation)), key=lambda e: goal.usd_per_hour(e[0], cluster))
+    return unmet_goal_message(goal, cluster, best.fastest_unmet, cheapest)
+
+
+def _rebalance(request: _Pass, best: _Best, per_size: list[tuple], largest: int, clock: _Deadline) -> None:
+    """Each size's best plan, with smaller micro-batches where they balance the batch better."""
+    for plan, ev in [(best.plan, best.evaluation)] + [e for e in per_size if e[0] is not best.plan]:
+        if clock.over():
+            break
+        best.offer(*rebalance_micro_batches(plan, ev, request.cluster, request.model, request.profile,
+                                            largest=largest, schedules=request.schedules))
 
 
 def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch: int, clock: _Deadline,
@@ -209,8 +265,8 @@ def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch:
     if goal.minimizes_cost:
         floor_s = global_batch / goal.min_samples_per_s if goal.min_samples_per_s else None
         fastest = min((g.deadline_s for g in solved), default=min(t.fixed_s for t in shortlist))
-        solved = cheapest_groupings(shortlist, cluster, total, money, fastest, clock.left, floor_s)[
-            :SMALL_CANDIDATES if small else 2 * CANDIDATES_PER_BATCH] + solved
+        solved = cheapest_groupings(shortlist, cluster, total, money, fastest, clock.left, floor_s,
+                                    keep=SMALL_CANDIDATES if small else 2 * CANDIDATES_PER_BATCH) + solved
     # replicated groupings index `templates`, the program's index the shortlist
     memo: dict = {}
     for grouping, pool in [(g, templates) for g in replicated] + [(g, shortlist) for g in solved]:
