@@ -74,10 +74,7 @@ def _run(fwd_s, bwd_s, link_s, num_microbatches: int, schedule: str, wgrad_s, ba
     actions in order until one waits for a peer; sweeps repeat until all have run."""
     p = len(fwd_s)
     back_link_s = link_s if back_link_s is None else back_link_s
-    assert len(bwd_s) == p and len(link_s) == p - 1 and (wgrad_s is None or len(wgrad_s) == p)
-    assert len(back_link_s) == p - 1
-    orders = [_order(schedule, j, p, num_microbatches) for j in range(p)]
-    assert wgrad_s is not None or not any(k == WGRAD for o in orders for k, _ in o), schedule
+    orders = _orders(fwd_s, bwd_s, link_s, num_microbatches, schedule, wgrad_s, back_link_s)
     duration = {FORWARD: fwd_s, BACKWARD: bwd_s, WGRAD: wgrad_s}
     # arrivals per stage and micro-batch (None: not yet): forward inputs, gradient inputs, last stage's forwards
     f_in = [[None] * num_microbatches for _ in range(p)]
@@ -120,3 +117,13 @@ def _run(fwd_s, bwd_s, link_s, num_microbatches: int, schedule: str, wgrad_s, ba
             pos[j], free[j] = n, t
     assert all(pos[j] == len(orders[j]) for j in range(p)), f"{schedule} schedule deadlocked"
     return orders, runs, max(free)
+
+
+def _orders(fwd_s, bwd_s, link_s, num_microbatches: int, schedule: str, wgrad_s, back_link_s) -> list[tuple]:
+    """Every stage's actions in order, once the durations are checked against them."""
+    p = len(fwd_s)
+    assert len(bwd_s) == p and len(link_s) == p - 1 and (wgrad_s is None or len(wgrad_s) == p)
+    assert len(back_link_s) == p - 1
+    orders = [_order(schedule, j, p, num_microbatches) for j in range(p)]
+    assert wgrad_s is not None or not any(k == WGRAD for o in orders for k, _ in o), schedule
+    return orders

@@ -190,6 +190,19 @@ def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: Pro
     ranked = sorted(candidates, key=lambda c: c.floor_s)
     if ranked[0].floor_s == INFEASIBLE:
         ranked = ranked[:1]               # priced once, for the memory message
+    best_plan, best_ev, reason = _fastest(ranked, cluster, model, profile, global_batch, seq_len, schedules, shard)
+    if best_plan is None:
+        hint = "" if recompute != "none" else "; activation recomputation may make it fit (--recompute auto)"
+        return BaselineResult(name=name, plan=None, evaluation=None, reason=reason + hint)
+    if recompute == "auto":
+        best_plan, best_ev = drop_unneeded_recompute(best_plan, best_ev, cluster, model, profile, schedules)
+    return BaselineResult(name=name, plan=best_plan.with_predicted(best_ev.predicted()), evaluation=best_ev)
+
+
+def _fastest(ranked: list[_Candidate], cluster, model, profile, global_batch: int, seq_len: int, schedules,
+             shard: bool) -> tuple[Plan | None, Evaluation | None, str]:
+    """(plan, evaluation) of the fastest candidate that fits, priced in order of their floors until the floor
+    reaches the fastest priced, or Nones with why none fits."""
     best_plan, best_ev, reason = None, None, ""
     buckets: dict[tuple, dict] = {}         # layout -> its all-reduce buckets (they ignore micro-batch counts)
     for c in ranked:
@@ -215,12 +228,7 @@ def best_baseline(name: str, *, cluster: Cluster, model: ModelSpec, profile: Pro
             continue
         if best_ev is None or ev.iteration_time_s < best_ev.iteration_time_s:
             best_plan, best_ev = plan, ev
-    if best_plan is None:
-        hint = "" if recompute != "none" else "; activation recomputation may make it fit (--recompute auto)"
-        return BaselineResult(name=name, plan=None, evaluation=None, reason=reason + hint)
-    if recompute == "auto":
-        best_plan, best_ev = drop_unneeded_recompute(best_plan, best_ev, cluster, model, profile, schedules)
-    return BaselineResult(name=name, plan=best_plan.with_predicted(best_ev.predicted()), evaluation=best_ev)
+    return best_plan, best_ev, reason
 
 
 def _sync_floor(plan: Plan, table: GroupCostTable, buckets: dict, schedules: tuple[str, ...]) -> float:
