@@ -59,3 +59,11 @@ def _outcome(fn, *args, **kwargs) -> tuple:
         return fn(*args, **kwargs), None
     except Exception as error:  # noqa: BLE001  (re-raised by run_split in the sequential order)
         return None, error
+
+
+def stop_helper_process() -> None:
+    """Stop the helper process (a later use_helper_process starts a new one)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
