@@ -30,8 +30,8 @@ from autohet_ray.planner.result import PlanResult
 from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
 from autohet_ray.planner.sharding import check_sharding, plan_auto_sharding, search_ways
 from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
-from autohet_ray.planner.space import TemplateEval, zero_bubble_saving
-from autohet_ray.planner.split import best_split
+from autohet_ray.planner.space import TemplateEval, saving_of_parts, zero_bubble_parts
+from autohet_ray.planner.split import SplitsByCount
 from autohet_ray.planner.templates import SMALL_CLUSTER_GPUS, _gpus_needed, enumerate_templates
 from autohet_ray.planner.workers import run_split
 from autohet_ray.profile.db import ProfileDB
@@ -362,9 +362,13 @@ def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, clu
     def priced(t: TemplateEval, m: int):
         key = (t.kinds, m)
         if key not in memo:
-            groups = [table.get(*k) for k in t.kinds]
-            split = best_split(groups, model.num_layers, m, list(t.link_s), schedules)
-            saving = zero_bubble_saving(groups, split, m) if split and zero_bubble else 0.0
+            if ("splits", t.kinds) not in memo:
+                memo[("splits", t.kinds)] = SplitsByCount([table.get(*k) for k in t.kinds], model.num_layers,
+                                                          list(t.link_s), schedules)
+            splits = memo[("splits", t.kinds)]
+            split = splits.best(m)
+            saving = saving_of_parts(_zero_bubble_parts(splits.groups, split.counts, t.kinds, memo),
+                                     len(t.kinds), m) if split and zero_bubble else 0.0
             memo[key] = (split, split.time_s - saving if split else float("inf"))
         return memo[key]
 
@@ -379,3 +383,11 @@ def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, clu
                           recompute=table.recompute, seq_len=table.seq_len, shard_optimizer=table.shard_ways > 1)
     except PlacementError:
         return None
+
+
+def _zero_bubble_parts(groups, counts: tuple[int, ...], kinds, memo: dict):
+    """`zero_bubble_parts` of a split, once per stage kinds and layer counts."""
+    key = ("zero-bubble", kinds, counts)
+    if key not in memo:
+        memo[key] = zero_bubble_parts(groups, counts)
+    return memo[key]

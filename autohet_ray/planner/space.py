@@ -87,11 +87,16 @@ def zero_bubble_saving(groups: list, split: Split, num_microbatches: int) -> flo
     what the split backward costs on the bottleneck stage over every micro-batch (0 if that is more).
     0 when ZB-H1's extra activations (p micro-batches on every stage) do not fit, or with fewer micro-batches
     than stages."""
-    p = len(groups)
-    if num_microbatches < p:
+    if num_microbatches < len(groups):
         return 0.0
-    parts = zero_bubble_parts(groups, split.counts)
-    return 0.0 if parts is None else max(0.0, parts[0] - num_microbatches * parts[1])
+    return saving_of_parts(zero_bubble_parts(groups, split.counts), len(groups), num_microbatches)
+
+
+def saving_of_parts(parts: tuple[float, float] | None, num_stages: int, num_microbatches: int) -> float:
+    """`zero_bubble_saving` from the split's `zero_bubble_parts` (computed once for many micro-batch counts)."""
+    if num_microbatches < num_stages or parts is None:
+        return 0.0
+    return max(0.0, parts[0] - num_microbatches * parts[1])
 
 
 def zero_bubble_parts(groups: list, counts: tuple[int, ...]) -> tuple[float, float] | None:

@@ -16,7 +16,7 @@ import numpy as np
 from autohet_ray.cost.memory import live_counts
 from autohet_ray.cost.pipeline import in_flight, steady_period
 from autohet_ray.cost.terms import GroupCost
-from autohet_ray.planner.floor import steady_microbatches
+from autohet_ray.planner.floor import STEADY_FROM, steady_microbatches
 
 ONE_F_ONE_B = ("1f1b",)
 
@@ -76,6 +76,63 @@ def best_split(groups: list[GroupCost], num_layers: int, num_microbatches: int,
         if best is None or t < best.time_s - 1e-15:
             best = Split(tuple(counts), stage_s, t, any(c == cap for c, cap in zip(counts, caps)))
     return best
+
+
+class SplitsByCount:
+    """`best_split(groups, num_layers, m, link_s, schedules)` for many m of one pipeline, faster: from p
+    micro-batches on the memory caps no longer change with m, so the bounds best_split tries, and the split
+    each gives, are worked out once; each m then only ranks them, with best_split's own stopping rule and
+    arithmetic (the same result, bit for bit)."""
+
+    def __init__(self, groups: list[GroupCost], num_layers: int, link_s: list[float],
+                 schedules: tuple[str, ...] = ONE_F_ONE_B):
+        self.groups, self.num_layers, self.link_s, self.schedules = groups, num_layers, link_s, schedules
+        p = len(groups)      # from here on the memory caps are those of every larger count (memory_caps)
+        self.steady_from = p if "1f1b" in schedules else steady_microbatches(p, STEADY_FROM * p)
+        self._steady: tuple | None = None
+
+    def best(self, num_microbatches: int) -> Split | None:
+        p = len(self.groups)
+        if num_microbatches < self.steady_from or p > self.num_layers:
+            return best_split(self.groups, self.num_layers, num_microbatches, self.link_s, self.schedules)
+        if self._steady is None:
+            self._steady = self._bounds()
+        scan, lower_sum, links_total, link_max = self._steady
+        best, best_t = None, 0.0
+        for bound, candidate in scan:
+            if best is not None and \
+                    (num_microbatches - 1) * max(bound, link_max) + lower_sum + links_total >= best_t:
+                break
+            if candidate is None:
+                continue
+            t = (num_microbatches - 1) * candidate[1] + candidate[2] + links_total
+            if best is None or t < best_t - 1e-15:
+                best, best_t = candidate, t
+        return None if best is None else Split(best[0], best[3], best_t, best[4])
+
+    def _bounds(self) -> tuple:
+        """([(bound, (counts, period, sum of stage times, stage times, memory bound) or None)] in the order
+        best_split tries them, lower_sum, links_total, link_max), for p micro-batches or more."""
+        groups, p, num_layers = self.groups, len(self.groups), self.num_layers
+        links_total, link_max = 2 * sum(self.link_s), max(self.link_s, default=0.0)
+        caps = [min(c, num_layers - p + 1) for c in memory_caps(groups, self.steady_from, self.schedules)]
+        if min(caps) < 1 or sum(caps) < num_layers:
+            return [], 0.0, links_total, link_max
+        fixed = [g.stage_time(0, j == 0, j == p - 1) for j, g in enumerate(groups)]
+        per = [g.layer_s for g in groups]
+        order = sorted(range(p), key=lambda j: per[j])
+        bounds = sorted({fixed[j] + n * per[j] for j in range(p) for n in range(1, caps[j] + 1)})
+        scan = []
+        for bound in bounds[_first_feasible(bounds, fixed, per, caps, num_layers):]:
+            bcaps = [min(caps[j], int((bound - fixed[j]) / per[j] + 1e-9)) for j in range(p)]
+            if min(bcaps) < 1 or sum(bcaps) < num_layers:
+                scan.append((bound, None))
+                continue
+            counts, total = _fill(fixed, per, bcaps, order, num_layers)
+            stage_s = tuple(fixed[j] + counts[j] * per[j] for j in range(p))
+            scan.append((bound, (tuple(counts), steady_period(list(stage_s), self.link_s), total, stage_s,
+                                 any(c == cap for c, cap in zip(counts, caps)))))
+        return scan, _fill(fixed, per, caps, order, num_layers)[1], links_total, link_max
 
 
 def best_splits(groups: list[GroupCost], num_layers: int, max_microbatches: int,
