@@ -20,6 +20,7 @@ from autohet_ray.planner import money as money_module
 from autohet_ray.planner.grouping import solve_grouping
 from autohet_ray.planner.money import cheapest_groupings, grouping_money
 from autohet_ray.planner.search import _shortlist, enumerate_templates, plan_training
+from autohet_ray.planner.split import SplitsByCount, best_split
 from autohet_ray.profile import analytic_profile
 
 
@@ -141,3 +142,25 @@ def test_the_cost_scan_stops_early_only_where_nothing_kept_could_change(keep, mo
     early = cheapest_groupings(shortlist, cluster, 128, money, fastest, lambda: 60.0, keep=keep)
     assert len(full) > keep and len(solves) - scanned < scanned          # it did stop early
     assert [(g.counts, g.deadline_s) for g in early] == [(g.counts, g.deadline_s) for g in full[:keep]]
+
+
+@pytest.mark.parametrize("model_name,micro_batch,recompute", [("llama-13b", 1, False), ("gpt3-6.7b", 2, True),
+                                                               ("llama-7b", 4, False)])
+def test_splits_by_count_equal_best_split_for_every_count(model_name, micro_batch, recompute):
+    cluster = _cluster((("A100-80GB", 8), ("H20", 8), ("V100", 8), ("H800", 8)))
+    model = PRESETS[model_name]
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=(micro_batch,))
+    table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=micro_batch,
+                           seq_len=model.max_seq_len, recompute=recompute)
+    kinds = [(d, t) for d in ("A100-80GB", "H20", "V100", "H800") for t in (1, 2, 4)]
+    rng, found = random.Random(7), 0
+    for _ in range(12):
+        groups = [table.get(*rng.choice(kinds)) for _ in range(rng.randint(1, 8))]
+        links = [rng.uniform(0, 0.01) for _ in groups[1:]]
+        for schedules in (("1f1b", "zb-h1"), ("zb-h1",)):
+            splits = SplitsByCount(groups, model.num_layers, links, schedules)
+            for m in [*range(1, 40), 64, 255, 1024]:
+                want = best_split(groups, model.num_layers, m, links, schedules)
+                assert splits.best(m) == want
+                found += want is not None
+    assert found > 500
