@@ -25,6 +25,12 @@ from autohet_ray.plan.validate import validate_plan
 from autohet_ray.profile.db import ProfileDB
 
 
+# From this many micro-batches per stage on, a stage's schedule only repeats states it held already (1F1B and
+# ZB-H1 reach their steady pattern within 2 p micro-batches): its peak memory is priced on that short schedule
+SAME_MEMORY_FROM = 4
+REPEATING_SCHEDULES = ("1f1b", "zb-h1")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Evaluation:
     feasible: bool
@@ -113,12 +119,13 @@ def _stage_terms(plan: Plan, k: int, table: GroupCostTable, split: bool) -> tupl
     pipeline = plan.pipelines[k]
     p, m = len(pipeline.stages), pipeline.num_microbatches
     parts, opt, peak, capacity = [], [], [], []
+    short = min(m, SAME_MEMORY_FROM * p) if plan.schedule in REPEATING_SCHEDULES else m
     for j, stage in enumerate(pipeline.stages):
         gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j))
         first, last = j == 0, j == p - 1
         parts.append(gc.stage_split(stage.num_layers, first, last, split))
         opt.append(gc.optimizer_s(stage.num_layers, first, last))
-        peak.append(stage_peak_memory(gc, plan.schedule, p, j, m, stage.num_layers))
+        peak.append(stage_peak_memory(gc, plan.schedule, p, j, short, stage.num_layers))
         capacity.append(gc.capacity_bytes)
     return tuple(parts), tuple(opt), tuple(peak), tuple(capacity)
 

@@ -164,3 +164,18 @@ def test_splits_by_count_equal_best_split_for_every_count(model_name, micro_batc
                 assert splits.best(m) == want
                 found += want is not None
     assert found > 500
+
+
+def test_memory_is_priced_on_a_schedule_short_enough_to_hold_every_state():
+    from autohet_ray.cost.evaluate import REPEATING_SCHEDULES, SAME_MEMORY_FROM
+    from autohet_ray.cost.memory import live_counts
+    assert "gpipe" not in REPEATING_SCHEDULES
+    for schedule in ("1f1b", "zb-h1", "gpipe"):
+        for p in (1, 2, 3, 5, 8, 13, 16):
+            for j in range(p):
+                for m in (SAME_MEMORY_FROM * p, SAME_MEMORY_FROM * p + 1, 3 * SAME_MEMORY_FROM * p + 5, 300):
+                    short = min(m, SAME_MEMORY_FROM * p)
+                    if schedule == "gpipe":     # every forward before any backward: no steady pattern
+                        assert short == m or live_counts(schedule, p, j, short) != live_counts(schedule, p, j, m)
+                    else:
+                        assert live_counts(schedule, p, j, short) == live_counts(schedule, p, j, m), (p, j, m)
