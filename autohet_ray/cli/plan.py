@@ -70,7 +70,6 @@ def _savings(plan: Plan, cluster, model, profile) -> dict:
 
 def cmd_plan(args) -> int:
     started = time.perf_counter()
-    use_helper_process()
     cluster, model = load_cluster(args.cluster), load_model(args.model)
     seq_len = args.seq_len or model.max_seq_len
     sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)
@@ -81,6 +80,7 @@ def cmd_plan(args) -> int:
     request = dict(model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
                    schedules=schedules, recompute=args.recompute, optimizer_sharding=args.optimizer_sharding)
     bound = lower_bound_in_background(goal=goal, cluster=cluster, **request)
+    use_helper_process()          # the inputs are checked: a second core for the search (planner/workers.py)
     # the time limit covers the whole command: what loading took is spent already
     result, baselines = plan_with_baselines(cluster=cluster, micro_batch=args.micro_batch, goal=goal,
                                             time_limit_s=args.time_limit - (time.perf_counter() - started),

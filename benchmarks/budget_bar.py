@@ -1,0 +1,112 @@
+"""Issue 34's budget bar on paper-24-v100 (llama-13b, global batch 256, jobs/clusters/prices.yaml): within 60% of
+the full fleet's $/hour, how much of the throughput-optimal plan's samples/s can a plan reach (bar: 80%)?
+
+Three checks, all priced by the cost model with the analytic profile (predictions, not measurements):
+1. the planner's answer (`--max-cost-per-hour`), as `autohet plan` gives it;
+2. sub-fleets: the planner's throughput-optimal plan on each of the TOP maximal GPU subsets that fit the budget
+   (most nominal bf16 TFLOPs first), to see whether the budget search misses a subset;
+3. hand-built two-pipeline plans that mix micro-batch sizes (one pipeline with a V100 stage at micro-batch 2,
+   one without at micro-batch 1), a shape the planner's search does not build, over their layer splits and
+   sample shares.
+
+    python benchmarks/budget_bar.py [--top 8]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import pathlib
+from dataclasses import replace
+
+from autohet_ray.cluster import load_cluster
+from autohet_ray.cost.evaluate import best_schedule
+from autohet_ray.cost.money import Goal, cluster_usd_per_hour, load_prices, plan_usd_per_hour
+from autohet_ray.model import PRESETS
+from autohet_ray.plan.schema import Pipeline, Plan, Stage
+from autohet_ray.planner import plan_with_baselines
+from autohet_ray.planner.search import plan_training, token_cap_sizes
+from autohet_ray.profile import analytic_profile
+
+CLUSTERS = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "clusters"
+BATCH, SHARE, BAR = 256, 0.60, 0.80
+# (node, device, GPUs) per stage of the two hand-built pipelines
+WITH_V100 = [("a100", "A100-80GB", (0, 1)), ("v100", "V100-16GB", (0,)), ("h800", "H800", (0,)),
+             ("h800", "H800", (2,)), ("h800", "H800", (4,)), ("h800", "H800", (6,))]
+WITHOUT = [("a100", "A100-80GB", (2, 3)), ("h800", "H800", (1,)), ("h800", "H800", (3,)), ("h800", "H800", (5,)),
+           ("h800", "H800", (7,))]
+SPLITS_WITH = [(5, 1, 8, 9, 9, 8), (5, 1, 9, 9, 8, 8), (4, 1, 9, 9, 9, 8), (6, 1, 8, 8, 9, 8), (5, 2, 8, 8, 9, 8)]
+SPLITS_WITHOUT = [(5, 9, 9, 9, 8), (4, 9, 9, 9, 9), (6, 9, 9, 8, 8)]
+
+
+def _setup():
+    cluster = load_cluster(str(CLUSTERS / "paper-24-v100.yaml"))
+    prices = load_prices(str(CLUSTERS / "prices.yaml"))
+    model = PRESETS["llama-13b"]
+    profile = analytic_profile(model, cluster, model.max_seq_len, micro_batches=tuple(token_cap_sizes(model.max_seq_len)))
+    return cluster, prices, model, profile
+
+
+def _subsets(cluster, prices, budget: float, top: int) -> list[tuple]:
+    """The TOP maximal per-node GPU counts within the budget, most nominal TFLOPs first."""
+    price = [prices[n.device].on_demand for n in cluster.nodes]
+    tflops = [cluster.device(n.device).bf16_tflops for n in cluster.nodes]
+    out = []
+    for counts in itertools.product(*(range(n.count + 1) for n in cluster.nodes)):
+        usd = sum(k * p for k, p in zip(counts, price))
+        if not 0 < usd <= budget or any(usd + p <= budget and k < n.count
+                                        for k, p, n in zip(counts, price, cluster.nodes)):
+            continue
+        out.append((sum(k * t for k, t in zip(counts, tflops)), counts, usd))
+    return sorted(out, reverse=True)[:top]
+
+
+def _pipeline(layers, gpus, samples: int, micro_batch: int) -> Pipeline:
+    stages, start = [], 0
+    for (node, device, devices), n in zip(gpus, layers):
+        stages.append(Stage(layers=(start, start + n), tp=len(devices), device_type=device, node=node,
+                            devices=devices))
+        start += n
+    return Pipeline(num_microbatches=samples // micro_batch, stages=tuple(stages), micro_batch=micro_batch)
+
+
+def _mixed(cluster, model, profile, prices, budget: float) -> tuple[float, dict]:
+    best = (0.0, {})
+    for a, b, share in itertools.product(SPLITS_WITH, SPLITS_WITHOUT, range(110, 150, 2)):
+        plan = Plan(model=model.name, model_spec=model.to_dict(), cluster=cluster.name, global_batch=BATCH,
+                    micro_batch=1, seq_len=model.max_seq_len,
+                    pipelines=(_pipeline(a, WITH_V100, share, 2), _pipeline(b, WITHOUT, BATCH - share, 1)))
+        plan, ev = best_schedule(plan, cluster, model, profile)
+        usd = plan_usd_per_hour(plan, cluster, prices)
+        if ev.feasible and usd <= budget and ev.samples_per_s > best[0]:
+            best = (ev.samples_per_s, {"with_v100": a, "without": b, "samples_with_v100": share,
+                                       "schedule": plan.schedule, "usd_per_hour": round(usd, 2)})
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--top", type=int, default=8)
+    top = parser.parse_args().top
+    cluster, prices, model, profile = _setup()
+    request = dict(model=model, profile=profile, global_batch=BATCH, seq_len=model.max_seq_len)
+    budget = SHARE * cluster_usd_per_hour(cluster, prices)
+    full = plan_with_baselines(cluster=cluster, **request)[0].evaluation.samples_per_s
+    within = plan_with_baselines(cluster=cluster, goal=Goal(prices=prices, max_usd_per_hour=budget), **request)[0]
+    out = {"throughput_optimal": round(full, 3), "budget_usd_per_hour": round(budget, 2),
+           "planner_within_budget": round(within.evaluation.samples_per_s, 3),
+           "planner_share": round(within.evaluation.samples_per_s / full, 4), "subsets": []}
+    for _, counts, usd in _subsets(cluster, prices, budget, top):
+        sub = replace(cluster, nodes=tuple(replace(n, count=k) for n, k in zip(cluster.nodes, counts) if k))
+        r = plan_training(cluster=sub, time_limit_s=60, **request)
+        out["subsets"].append({"gpus": dict(zip((n.name for n in cluster.nodes), counts)), "usd": round(usd, 2),
+                               "samples_per_s": round(r.evaluation.samples_per_s, 3)})
+    sps, shape = _mixed(cluster, model, profile, prices, budget)
+    out["mixed_micro_batch"] = {"samples_per_s": round(sps, 3), "share": round(sps / full, 4), **shape}
+    out["bar_met"] = max([out["planner_within_budget"], sps] + [s["samples_per_s"] for s in out["subsets"]]) \
+        >= BAR * full
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
