@@ -57,6 +57,12 @@ SMALL = [
 SCALE = [("a100-h20-v100-12", "llama-7b", 512), ("h100-l40s-a10-14", "llama-7b", 512),
          ("three-type-64", "llama-13b", 1024), ("four-type-256", "gpt3-13b", 2048), ("mixed-1024", "llama-13b", 4096)]
 QUICK_SCALE = 3
+# issue 34's whole-command bars: <= 5 s at 64 GPUs (llama2-70b: both objectives), <= 60 s at 1024
+PRICED = ["--prices", str(pathlib.Path(__file__).resolve().parents[1] / "jobs" / "clusters" / "prices.yaml")]
+MONEY_SCALE = [("three-type-64", "llama-13b", 1024, ["--objective", "cost"]),
+               ("a100-40gb-l40s-64", "llama2-70b", 1024, ["--recompute", "auto"]),
+               ("a100-40gb-l40s-64", "llama2-70b", 1024, ["--recompute", "auto", "--objective", "cost"]),
+               ("mixed-1024", "llama-13b", 4096, ["--objective", "cost"])]
 MIXES = ["paper-24", "uneven-4-4-16", "uneven-16-4-4"]
 MODELS = ["bert-large", "gpt3-1.3b", "llama-7b"]
 GAIN_TOKENS = 768 * 2048     # tokens per global batch (1.57 M; GPT-3 trained its 1.3B-6.7B models on 1-2 M)
@@ -88,12 +94,12 @@ def optimality(quick: bool) -> list[dict]:
     return rows
 
 
-def _whole_command(name: str, model_name: str, batch: int) -> tuple[dict, float, float]:
+def _whole_command(name: str, model_name: str, batch: int, extra: tuple = ()) -> tuple[dict, float, float]:
     """`autohet plan --json` as a user runs it: its report, wall seconds and CPU seconds (children's)."""
     cli = pathlib.Path(sys.executable).with_name("autohet")
     before, t0 = os.times(), time.perf_counter()
     out = subprocess.run([str(cli), "plan", "--cluster", str(CLUSTERS / f"{name}.yaml"), "--model", model_name,
-                          "--global-batch", str(batch), "--time-limit", "300", "--json"],
+                          "--global-batch", str(batch), "--time-limit", "300", "--json", *extra],
                          capture_output=True, text=True, check=True)
     wall, after = time.perf_counter() - t0, os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
@@ -122,6 +128,20 @@ def scaling(quick: bool) -> list[dict]:
         if rows[-1]["bound_gap"] is not None:
             print(f"  {'':<17} plan {100 * rows[-1]['bound_gap']:+.1f}% above the proven lower bound "
                   f"({doc['lower_bound_iteration_s']:.3f} s/iteration)", flush=True)
+    return rows
+
+
+def money_scaling(quick: bool) -> list[dict]:
+    """Issue 34's commands (prices, cost objective, llama2-70b with --recompute auto) as a user runs them."""
+    rows = []
+    for name, model_name, batch, extra in MONEY_SCALE[:3] if quick else MONEY_SCALE:
+        doc, wall, cpu = _whole_command(name, model_name, batch, (*PRICED, *extra))
+        rows.append({"cluster": name, "model": model_name, "global_batch": batch, "options": " ".join(extra),
+                     "wall_time_s": round(wall, 2), "cpu_time_s": round(cpu, 2), "load_avg_1m": os.getloadavg()[0],
+                     "hit_time_limit": doc["hit_time_limit"], "samples_per_s": doc["predicted"]["samples_per_s"],
+                     "usd_per_million_tokens": doc["money"]["plan"]["usd_per_million_tokens"]})
+        print(f"  {name:<17} {model_name:<10} B={batch:<5} {' '.join(extra):<34} {wall:6.1f} s wall, {cpu:6.1f} s "
+              f"CPU (load {rows[-1]['load_avg_1m']:.1f})", flush=True)
     return rows
 
 
@@ -198,10 +218,11 @@ def _rounded(row: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few rows of each table")
-    ap.add_argument("--only", choices=["optimality", "scaling", "gains", "sweep"], help="run one table")
+    ap.add_argument("--only", choices=["optimality", "scaling", "money", "gains", "sweep"], help="run one table")
     args = ap.parse_args()
     if args.only:
-        table = {"optimality": optimality, "scaling": scaling, "gains": gains, "sweep": batch_sweep}[args.only]
+        table = {"optimality": optimality, "scaling": scaling, "money": money_scaling, "gains": gains,
+                 "sweep": batch_sweep}[args.only]
         rows = table(args.quick)
         print(json.dumps({args.only: rows}))
         return
