@@ -125,7 +125,7 @@ PRICES = {"A100-80GB": Price(on_demand=5.12, spot=2.05), "H20": Price(on_demand=
           "H800": Price(on_demand=12.29, spot=4.92)}
 
 
-@pytest.mark.parametrize("keep", [1, 3, 6])
+@pytest.mark.parametrize("keep", [1, 6])
 def test_the_cost_scan_stops_early_only_where_nothing_kept_could_change(keep, monkeypatch):
     cluster = _cluster((("H800", 8), ("A100-80GB", 8), ("H20", 8)), spot_first=True)
     model = PRESETS["llama-7b"]
