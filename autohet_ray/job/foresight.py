@@ -12,6 +12,8 @@ state after the nodes a spot notice names leave, then each single-node loss of t
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass, field
 
 from autohet_ray.cluster.live import without_nodes
 from autohet_ray.cluster.spec import Cluster
@@ -97,3 +99,23 @@ def foreseen_states(current: Cluster, *, joined: Cluster | None = None, leaving:
             seen.add(key)
             unique.append(state)
     return unique
+
+
+@dataclass
+class Joining:
+    """A join being prepared while the current plan trains: the state with the joined nodes (its cache key,
+    planned in the background) and the workers started on them (node name -> handles, and their first calls)."""
+    joined: list[str]
+    key: str
+    actors: dict
+    started: list = field(default_factory=list)
+    since: float = field(default_factory=time.perf_counter)
+
+    def plan(self, cache: dict[str, dict]) -> dict | None:
+        entry = cached_entry(cache, self.key)
+        return None if entry is None else entry["plan"]
+
+    def report(self) -> dict:
+        """What the switch reports: the workers it takes over, and how long the preparation took."""
+        return {"actors": self.actors, "prepared_s": time.perf_counter() - self.since,
+                "prepared_workers": sum(len(a) for a in self.actors.values())}

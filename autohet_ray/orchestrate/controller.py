@@ -36,7 +36,10 @@ from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
-from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
+from autohet_ray.job.foresight import Joining, foreseen_states
+from autohet_ray.job.plan_ahead import start_planning_ahead
+from autohet_ray.job.plan_choice import state_key
+from autohet_ray.orchestrate.worker_group import GroupFailure, kill_actors, rescue_orphans, worker_actor
 from autohet_ray.storage import job_files
 from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
@@ -72,6 +75,8 @@ class Controller(LiveJob):
         self.state = State.NEW
         self.board = None                    # the job's spot-notice board, once watch_spot started watchers
         self.target_steps: int | None = None   # the step the caller trains to (named in the resume command)
+        self.prepare_joins = True            # plan-ahead: a join's plan and workers are made while this plan trains
+        self.joining: Joining | None = None
 
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start node stores, plan, place and (with restore='cloud_only' or
@@ -194,6 +199,7 @@ class Controller(LiveJob):
             return {}
         if self.planning_ahead is not None:      # no new planning competes with securing the newest step
             self.planning_ahead.stop()
+        self._drop_joining()
         if stopping and self.committer is not None and self.group is not None:
             secure_nodes_first(self, stopping)
         try:
@@ -299,11 +305,13 @@ class Controller(LiveJob):
         self.state = transition(self.state, State.RUNNING)
         return report
 
-    def replan(self, *, reason: str = "requested", plan: dict | None = None) -> dict:
-        """A planned re-plan on the live nodes: flush, keep the workers' processes, relaunch from the flushed
-        step."""
+    def replan(self, *, reason: str = "requested", plan: dict | None = None, extra: dict | None = None) -> dict:
+        """A planned re-plan on the live nodes: flush, keep the workers' processes (and take `extra`'s: node
+        name -> workers started ahead), relaunch from the flushed step."""
         self.flush()
         reuse, completed = self.group.salvage([], set()), self.step_index
+        for node, actors in (extra or {}).items():
+            reuse.setdefault(node, []).extend(actors)
         nothing_committed = self.committer is not None and not self.committer.committed
         relaunch = self.recovery.relaunch(reason, reuse, nothing_committed=nothing_committed, plan=plan,
                                           planned=True)
@@ -347,9 +355,39 @@ class Controller(LiveJob):
         grow = self.recovery.on_joins({n.name for n in self.found.nodes},
                                       set(self.recovery.dead_nodes(self.base_cluster)),
                                       [n.name for n in self.base_cluster.nodes])
+        if grow is None or (self.joining is not None and self.joining.joined != grow.joined):
+            self._drop_joining()                  # the nodes being prepared left, or others joined too
         if grow is None:
             return None
-        return {"joined": grow.joined, **self.replan(reason=f"node(s) {grow.joined} joined", plan=plan)}
+        prepared = {}
+        if self.prepare_joins and plan is None:
+            if self.joining is None:
+                self.joining = self._prepare_join(grow.joined)
+            plan, started = self.joining.plan(self.plan_cache), self.joining.started
+            if plan is None or len(ray.wait(started, num_returns=len(started), timeout=0)[0]) < len(started):
+                return None                       # train on; switch at a later step boundary
+            prepared, self.joining = self.joining.report(), None
+            prepared["plan_source"] = "planned ahead"
+        report = self.replan(reason=f"node(s) {grow.joined} joined", plan=plan, extra=prepared.pop("actors", None))
+        return {"joined": grow.joined, **report, **prepared}
+
+    def _prepare_join(self, joined: list[str]) -> Joining:
+        """Plan the state with the joined nodes first (then the other foreseen ones) and start their workers."""
+        found = self.discover()
+        if self.planning_ahead is not None:
+            self.planning_ahead.stop()
+        self.planning_ahead = start_planning_ahead(
+            self.job, found=found, profile=self.profile, priced_model=self.priced_model, seq_len=self.priced_seq_len,
+            cache=self.plan_cache, states=foreseen_states(self.found.cluster, joined=found.cluster))
+        per_node = {n.name: n for n in found.nodes if n.name in joined}
+        actors = {name: [worker_actor(n.node_id, 0) for _ in range(n.num_gpus)] for name, n in per_node.items()}
+        started = [a.where.remote() for node_actors in actors.values() for a in node_actors]   # process + imports
+        return Joining(joined=joined, key=state_key(found.cluster), actors=actors, started=started)
+
+    def _drop_joining(self) -> None:
+        if self.joining is not None:
+            kill_actors([a for actors in self.joining.actors.values() for a in actors])
+            self.joining = None
 
     def mark_fault(self) -> None:
         """Tests and benchmarks note when they inject a failure (detection is timed from here)."""
