@@ -48,9 +48,12 @@ from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
-from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
-from autohet_ray.replay.figures import SNAPSHOT_OVERHEAD, SNAPSHOT_OVERHEAD_BASIS, costed_figures
-from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
+from autohet_ray.replay.phases import (DEFAULT_PHASES, GB, last_json_line, phases_from_emulated_replay,
+                                       phases_from_recovery_bench)
+from autohet_ray.plan.schema import plan_from_dict
+from autohet_ray.replay.figures import (H200_FILE, H200_OVERHEAD_PER_GB_S, RUNTIME_RATE_BASIS, SNAPSHOT_OVERHEAD,
+                                        SNAPSHOT_OVERHEAD_BASIS, costed_figures)
+from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner, sub_cluster
 from autohet_ray.replay.prices import fleet_cost_usd, load_prices
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
                                     young_daly_period_s)
@@ -61,6 +64,7 @@ from autohet_ray.replay.traces import PoolTrace, load_trace
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 MEASURED_PHASES = ROOT / "benchmarks" / "measured" / "emulated_replay.json"
+JOIN_COST = ROOT / "benchmarks" / "measured" / "spot_replay_join_cost_2026-12-05.json"
 DEFAULT_POOLS = ["A100-80GB=aws-g4dn-us-east-1c", "H800=aws-g4dn-us-east-1d", "H100=aws-p2-us-east-1e"]
 BAMBOO_OVER_CHECKPOINTING = 3.7
 
@@ -85,8 +89,12 @@ def parse_args(argv=None):
                     help="plan every re-plan anew (the controller reuses a state's plan when it recurs)")
     ap.add_argument("--notice-s", type=float, default=0.0, help="spot notice before each removal (ours)")
     ap.add_argument("--checkpoint-every-min", type=float, default=30.0, help="checkpoint-restart's period")
-    ap.add_argument("--snapshot-overhead", type=float, default=SNAPSHOT_OVERHEAD,
-                    help="ours: step time the per-step node-store snapshot adds (fraction; default: measured)")
+    ap.add_argument("--snapshot-overhead", type=float, default=None,
+                    help="ours: a fixed step time the per-step node-store snapshot adds (fraction); default: each "
+                         "plan's own snapshot rate priced by the H200 measurement (plans saved with their structure), "
+                         f"else {SNAPSHOT_OVERHEAD}")
+    ap.add_argument("--join-cost-json", default=str(JOIN_COST),
+                    help="spot_replay_join_cost.py's JSON line: the emulated join with and without plan-ahead")
     ap.add_argument("--join-policy", choices=sorted(JOIN_POLICIES), default="ignore",
                     help="what a join does to checkpoint-restart: " +
                          "; ".join(f"{k}: {v}" for k, v in JOIN_POLICIES.items()))
@@ -94,7 +102,8 @@ def parse_args(argv=None):
                     help="ours: build a join's plan and workers while the current plan trains (labelled option)")
     ap.add_argument("--snapshot-every", type=int, default=1,
                     help="ours: snapshot every N steps (modelled; the runtime snapshots every step)")
-    ap.add_argument("--switch-s", type=float, help="plan-ahead: the switch onto prepared workers (default 3 s)")
+    ap.add_argument("--switch-s", type=float,
+                    help="plan-ahead: the switch onto prepared workers (default: the restart, see switch_s_basis)")
     ap.add_argument("--emulated-json", default=str(MEASURED_PHASES),
                     help="spot_replay_emulated.py's JSON line: its measured detect and restart medians "
                          "(default: the committed run in benchmarks/measured/)")
@@ -160,8 +169,15 @@ def phase_model(args, cluster):
                               f"({nic * 8 / GB:g} Gb/s per node); reads from the node's own RAM store are faster")
     if args.switch_s is not None:
         phases, basis["switch_s"] = replace(phases, switch_s=args.switch_s), f"given: --switch-s {args.switch_s}"
+    else:                                 # set after --restart-s below
+        basis["switch_s"] = ("= restart_s: the switch onto workers started ahead still rebuilds the process groups "
+                             "over every rank, every process already running, as a recovery that keeps the "
+                             "survivors' processes does; no measurement at ~1000 ranks separates the two, so the "
+                             "restart stays the stated assumption (ours_goodput_by_switch_s: 30, 10, 3 s)")
     if args.restart_s is not None:
         phases, basis["restart_s"] = replace(phases, restart_s=args.restart_s), f"given: --restart-s {args.restart_s}"
+    if args.switch_s is None:
+        phases = replace(phases, switch_s=phases.restart_s)
     if args.local_gbps:
         phases = replace(phases, local_Bps=args.local_gbps * GB / 8)
         basis["local_Bps"] = f"given: --local-gbps {args.local_gbps}"
@@ -232,24 +248,34 @@ def main(argv=None) -> int:
         plans.load(args.plans_in, meta)
         say(f"reusing {len(plans.plans)} planned states from {args.plans_in}")
     phases = phase_model(args, cluster)
-    config = ReplayConfig(global_batch=args.global_batch, phases=phases, plan_cache=args.plan_cache,
-                          notice_s=args.notice_s, checkpoint_every_s=args.checkpoint_every_min * 60,
-                          snapshot_overhead=args.snapshot_overhead, join_policy=args.join_policy,
-                          plan_ahead=args.plan_ahead, snapshot_every_steps=args.snapshot_every)
     try:
-        out = run_systems(timeline, plans, config)
+        for state in timeline.distinct_states():
+            plans.get(state)
+        with_snapshot_bytes(plans, cluster, names, model, say)
     finally:                               # planning is the slow part: keep what was planned, even on Ctrl-C
         if args.plans_out:
             plans.save(args.plans_out, meta)
+    per_plan = args.snapshot_overhead is None and all(
+        p.snapshot_bytes_per_gpu is not None for p in plans.plans.values() if p.samples_per_s > 0)
+    config = ReplayConfig(global_batch=args.global_batch, phases=phases, plan_cache=args.plan_cache,
+                          notice_s=args.notice_s, checkpoint_every_s=args.checkpoint_every_min * 60,
+                          snapshot_overhead=SNAPSHOT_OVERHEAD if args.snapshot_overhead is None else args.snapshot_overhead,
+                          snapshot_overhead_per_gb_s=H200_OVERHEAD_PER_GB_S if per_plan else None,
+                          join_policy=args.join_policy, plan_ahead=args.plan_ahead,
+                          snapshot_every_steps=args.snapshot_every)
+    out = run_systems(timeline, plans, config)
     report = build_report(args, cluster, model, timeline, pools, plans, config, out)
     gpn = tuple(next(n.count for n in cluster.nodes if n.device == p) for p in names)
     report["phases"] = "emulated (--emulated-phases)" if args.emulated_phases else "assumed (stated, ~1000 ranks)"
-    report["snapshot_overhead_basis"] = (SNAPSHOT_OVERHEAD_BASIS if args.snapshot_overhead == SNAPSHOT_OVERHEAD
-                                         else f"given: --snapshot-overhead {args.snapshot_overhead}")
+    report["snapshot_overhead_basis"] = (
+        f"per plan: {RUNTIME_RATE_BASIS}; priced x(1 + {H200_OVERHEAD_PER_GB_S:.4f} per GB/s), the H200's x1.198 at "
+        f"2.538 GB/s scaled linearly (an extrapolation from one measurement: {H200_FILE})" if per_plan else
+        SNAPSHOT_OVERHEAD_BASIS + " (these plans were saved without their structure: a fixed factor)"
+        if args.snapshot_overhead is None else f"given: --snapshot-overhead {args.snapshot_overhead}")
     report.update(costed_figures(timeline, plans, config, emulated=phases_from_emulated_replay(args.emulated_json),
                                  gpus_per_node=gpn, spot_pools=tuple(p.trace is not None for p in pools),
                                  prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"],
-                                 planning_cap_s=args.time_limit))
+                                 planning_cap_s=args.time_limit, join_cost=join_cost(args.join_cost_json)))
     series = ideal_series(timeline, plans)
     series["achieved"] = {n: ledger.intervals for n, ledger in out["ledgers"].items()}
     series["on_demand"] = {p.pool for p in pools if p.trace is None}
@@ -260,6 +286,32 @@ def main(argv=None) -> int:
     print_table(report)
     print(json.dumps(report))
     return 0
+
+
+def with_snapshot_bytes(plans, cluster, pools, model, say) -> None:
+    """Each planned state saved with its plan gets the bytes its busiest GPU snapshots per step (computed with
+    the runtime's own writer assignment: spot_replay_snapshot.py)."""
+    todo = [p for p in plans.plans.values() if p.plan is not None and p.snapshot_bytes_per_gpu is None]
+    if not todo:
+        return
+    from spot_replay_snapshot import snapshot_bytes  # lazy: torch and the runtime, only for new plans
+    start = time.perf_counter()
+    for planned in todo:
+        plan = plan_from_dict(planned.plan)
+        node_gpu = {n.name: n.device for n in sub_cluster(cluster, pools, planned.state).nodes}
+        busiest = snapshot_bytes(plan, model, node_gpu).busiest
+        plans.plans[planned.state] = replace(planned, snapshot_bytes_per_gpu=float(busiest))
+    say(f"snapshot bytes of {len(todo)} plans in {time.perf_counter() - start:.1f} s")
+
+
+def join_cost(path: str | None) -> dict | None:
+    """The emulated join's medians with and without plan-ahead (spot_replay_join_cost.py), labelled."""
+    if not path or not pathlib.Path(path).exists():
+        return None
+    line = last_json_line(path)
+    return {"label": "emulated (3 nodes on one host, tiny-gpt), not ~1000 ranks: "
+                     "the job's down time at a join's switch and its parts, medians", "file": path,
+            "command": line.get("command"), **line["medians"]}
 
 
 def build_report(args, cluster, model, timeline, pools, plans, config, out) -> dict:

@@ -109,6 +109,7 @@ class Joining:
     key: str
     actors: dict
     started: list = field(default_factory=list)
+    node_ids: dict = field(default_factory=dict)
     since: float = field(default_factory=time.perf_counter)
 
     def plan(self, cache: dict[str, dict]) -> dict | None:

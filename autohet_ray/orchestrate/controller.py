@@ -25,7 +25,7 @@ import ray
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
 from autohet_ray.elastic.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
-from autohet_ray.elastic.keeper import stop_keeper
+from autohet_ray.elastic.keeper import start_keeper, stop_keeper
 from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy, store_only_nodes
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
@@ -382,11 +382,17 @@ class Controller(LiveJob):
         per_node = {n.name: n for n in found.nodes if n.name in joined}
         actors = {name: [worker_actor(n.node_id, 0) for _ in range(n.num_gpus)] for name, n in per_node.items()}
         started = [a.where.remote() for node_actors in actors.values() for a in node_actors]   # process + imports
-        return Joining(joined=joined, key=state_key(found.cluster), actors=actors, started=started)
+        started += [start_keeper(self.job_id, n.node_id, label=f"keeper-{name}").directory.remote()
+                    for name, n in per_node.items() if name not in self.keeper_specs]      # its node store
+        return Joining(joined=joined, key=state_key(found.cluster), actors=actors, started=started,
+                       node_ids={name: n.node_id for name, n in per_node.items()})
 
     def _drop_joining(self) -> None:
         if self.joining is not None:
             kill_actors([a for actors in self.joining.actors.values() for a in actors])
+            for name, node_id in self.joining.node_ids.items():
+                if name not in self.keeper_specs:
+                    stop_keeper(self.job_id, node_id)
             self.joining = None
 
     def mark_fault(self) -> None:
