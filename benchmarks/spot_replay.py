@@ -17,20 +17,20 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
   exists. The emulated replay's medians (benchmarks/measured/emulated_replay.json: 0.27 s, 7.44 s on one host)
   are reported beside them (`emulated_phases`), or used with --emulated-phases. Each phase's basis is in the
   JSON line (`phase_basis`), with the restart that would still give 0.90.
-- Ours pays the measured per-step snapshot overhead, x1.20 on one H200 (autohet_ray/replay/figures.py,
-  `snapshot_overhead_basis`);
-  `snapshot_overhead_sweep` shows goodput at factors 1.0, 1.05, 1.10 and 1.20.
-- Checkpoint-restart: by default a join does not restart it (--join-policy; `checkpoint_restart_by_join_policy`
-  has every policy, `restart_unsaved` being the replay's behaviour before issue 34).
+- Ours pays a per-step snapshot overhead per plan: the bytes its busiest GPU snapshots (the runtime's writer
+  assignment: one writer per unique chunk and node-store copy, spot_replay_snapshot.py) per second of step, priced
+  by the one H200 measurement scaled linearly (an extrapolation; `snapshot_overhead_sweep`, `snapshot_rate_runtime`).
+- Checkpoint-restart: by default a join does not restart it (--join-policy; `checkpoint_restart_by_join_policy`).
 - Cost: USD per million tokens for ours, checkpoint-restart and the same job on on-demand GPUs only
   (jobs/clusters/prices.yaml); every alive node of the fleet is billed to the systems replayed on it.
-- --plan-ahead (labelled option, `plan_ahead` in the JSON line): a join's plan and workers are built while the
-  current plan trains, so the join costs a switch (PhaseModel.switch_s, assumed) instead of planning + restart.
+- --plan-ahead (`plan_ahead_option`): what the controller builds: a join's plan and workers are made while the
+  current plan trains (the switch pays the assumed restart, no planning), single-node losses are planned ahead
+  per pool; the emulated join with and without it (spot_replay_join_cost.py) is reported beside.
 
 Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
 
     .venv/bin/python benchmarks/spot_replay.py [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
-    .venv/bin/python benchmarks/spot_replay.py --plans-in benchmarks/measured/spot_replay_plans_2026-12-04.json \
+    .venv/bin/python benchmarks/spot_replay.py --plans-in benchmarks/measured/spot_replay_plans_2026-12-05.json \
         [--emulated-phases] [--snapshot-overhead 0.05] [--join-policy save_then_restart] [--plan-ahead]
 """
 from __future__ import annotations
@@ -48,18 +48,17 @@ from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
-from autohet_ray.replay.phases import (DEFAULT_PHASES, GB, last_json_line, phases_from_emulated_replay,
-                                       phases_from_recovery_bench)
-from autohet_ray.plan.schema import plan_from_dict
+from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
 from autohet_ray.replay.figures import (H200_FILE, H200_OVERHEAD_PER_GB_S, RUNTIME_RATE_BASIS, SNAPSHOT_OVERHEAD,
                                         SNAPSHOT_OVERHEAD_BASIS, costed_figures)
-from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner, sub_cluster
+from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
 from autohet_ray.replay.prices import fleet_cost_usd, load_prices
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
                                     young_daly_period_s)
 from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, ReplayConfig
 from autohet_ray.replay.timeline import build_timeline
 from autohet_ray.replay.traces import PoolTrace, load_trace
+from spot_replay_join_cost import join_cost_medians
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
@@ -251,7 +250,9 @@ def main(argv=None) -> int:
     try:
         for state in timeline.distinct_states():
             plans.get(state)
-        with_snapshot_bytes(plans, cluster, names, model, say)
+        if any(p.plan is not None and p.snapshot_bytes_per_gpu is None for p in plans.plans.values()):
+            from spot_replay_snapshot import with_snapshot_bytes  # lazy: torch and the runtime, for new plans only
+            with_snapshot_bytes(plans, cluster, names, model, say)
     finally:                               # planning is the slow part: keep what was planned, even on Ctrl-C
         if args.plans_out:
             plans.save(args.plans_out, meta)
@@ -275,7 +276,7 @@ def main(argv=None) -> int:
     report.update(costed_figures(timeline, plans, config, emulated=phases_from_emulated_replay(args.emulated_json),
                                  gpus_per_node=gpn, spot_pools=tuple(p.trace is not None for p in pools),
                                  prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"],
-                                 planning_cap_s=args.time_limit, join_cost=join_cost(args.join_cost_json)))
+                                 planning_cap_s=args.time_limit, join_cost=join_cost_medians(args.join_cost_json)))
     series = ideal_series(timeline, plans)
     series["achieved"] = {n: ledger.intervals for n, ledger in out["ledgers"].items()}
     series["on_demand"] = {p.pool for p in pools if p.trace is None}
@@ -286,32 +287,6 @@ def main(argv=None) -> int:
     print_table(report)
     print(json.dumps(report))
     return 0
-
-
-def with_snapshot_bytes(plans, cluster, pools, model, say) -> None:
-    """Each planned state saved with its plan gets the bytes its busiest GPU snapshots per step (computed with
-    the runtime's own writer assignment: spot_replay_snapshot.py)."""
-    todo = [p for p in plans.plans.values() if p.plan is not None and p.snapshot_bytes_per_gpu is None]
-    if not todo:
-        return
-    from spot_replay_snapshot import snapshot_bytes  # lazy: torch and the runtime, only for new plans
-    start = time.perf_counter()
-    for planned in todo:
-        plan = plan_from_dict(planned.plan)
-        node_gpu = {n.name: n.device for n in sub_cluster(cluster, pools, planned.state).nodes}
-        busiest = snapshot_bytes(plan, model, node_gpu).busiest
-        plans.plans[planned.state] = replace(planned, snapshot_bytes_per_gpu=float(busiest))
-    say(f"snapshot bytes of {len(todo)} plans in {time.perf_counter() - start:.1f} s")
-
-
-def join_cost(path: str | None) -> dict | None:
-    """The emulated join's medians with and without plan-ahead (spot_replay_join_cost.py), labelled."""
-    if not path or not pathlib.Path(path).exists():
-        return None
-    line = last_json_line(path)
-    return {"label": "emulated (3 nodes on one host, tiny-gpt), not ~1000 ranks: "
-                     "the job's down time at a join's switch and its parts, medians", "file": path,
-            "command": line.get("command"), **line["medians"]}
 
 
 def build_report(args, cluster, model, timeline, pools, plans, config, out) -> dict:

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+
+from autohet_ray.replay.phases import last_json_line
 
 NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                           {"name": "b", "device": "H800", "count": 1},
@@ -101,6 +104,16 @@ def measure_join(test_cluster, storage_dir: str, *, prepare: bool, iteration_wal
                 **{k: v for k, v in report.items() if k.endswith("_s") and isinstance(v, (int, float))}}
     finally:
         ctl.close()
+
+
+def join_cost_medians(path: str | None) -> dict | None:
+    """The emulated join's medians with and without plan-ahead (spot_replay_join_cost.py), labelled."""
+    if not path or not os.path.exists(path):
+        return None
+    line = last_json_line(path)
+    return {"label": "emulated (3 nodes on one host, tiny-gpt), not ~1000 ranks: "
+                     "the job's down time at a join's switch and its parts, medians", "file": path,
+            "command": line.get("command"), **line["medians"]}
 
 
 def summary(rows: list[dict]) -> dict:

@@ -11,7 +11,8 @@ figure is computed here and stored with each planned state.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import torch
@@ -21,7 +22,8 @@ from autohet_ray.checkpoint.peers import place_copies
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.orchestrate.worker import holdings_of
 from autohet_ray.plan.rankmap import build_rank_map
-from autohet_ray.plan.schema import Plan
+from autohet_ray.plan.schema import Plan, plan_from_dict
+from autohet_ray.replay.planning import sub_cluster
 from autohet_ray.runtime.parallelize import rank_layouts
 
 NUM_PEERS = 1          # TrainJob's default num_peers: 2 node-store copies of every chunk
@@ -72,3 +74,18 @@ def snapshot_bytes(plan: Plan, model: ModelSpec, node_gpu: dict[str, str], *, nu
                          copied_max=max(copied.values()), copied_mean=sum(copied.values()) / len(copied),
                          written_max=max(written.values()), writing_ranks=sum(1 for b in copied.values() if b),
                          ranks=len(holdings), copied=copied)
+
+
+def with_snapshot_bytes(plans, cluster, pools, model, say) -> None:
+    """Each planned state saved with its plan gets the bytes its busiest GPU snapshots per step (computed with
+    the runtime's own writer assignment: spot_replay_snapshot.py)."""
+    todo = [p for p in plans.plans.values() if p.plan is not None and p.snapshot_bytes_per_gpu is None]
+    if not todo:
+        return
+    start = time.perf_counter()
+    for planned in todo:
+        plan = plan_from_dict(planned.plan)
+        node_gpu = {n.name: n.device for n in sub_cluster(cluster, pools, planned.state).nodes}
+        busiest = snapshot_bytes(plan, model, node_gpu).busiest
+        plans.plans[planned.state] = replace(planned, snapshot_bytes_per_gpu=float(busiest))
+    say(f"snapshot bytes of {len(todo)} plans in {time.perf_counter() - start:.1f} s")

@@ -117,6 +117,31 @@ PLAN_AHEAD_LABEL = (
     "Notices: modelled (build during the notice), not built: the controller acts on a notice at once")
 
 
+def scaled_switch_row(config: ReplayConfig, measured: dict | None, switch) -> dict | None:
+    """The switch as the restart times the emulated ratio of a prepared join's restart to an unprepared one's
+    (an extrapolation from 3 emulated nodes on one host to ~1000 ranks, labelled so)."""
+    if not measured:
+        return None
+    ratio = measured["with_plan_ahead"]["restart_s"] / measured["without_plan_ahead"]["restart_s"]
+    switch_s = config.phases.restart_s * ratio
+    return {"ratio": round(ratio, 3), "switch_s": round(switch_s, 2), "ours_goodput": switch(switch_s),
+            "label": "extrapolated: restart_s x (emulated restart with the joined node's workers started ahead / "
+                     "without), medians of spot_replay_join_cost.py; not a measurement at ~1000 ranks"}
+
+
+def restart_for(timeline: Timeline, plans: PlanCache, config: ReplayConfig, target: float) -> float | None:
+    """The restart (and switch) at which ours reaches `target` with `config` (plan-ahead on)."""
+    at = lambda r: goodput_of(Ours, timeline, plans, replace(  # noqa: E731
+        config, phases=replace(config.phases, restart_s=r, switch_s=r)))
+    if at(0.0) < target:
+        return None
+    low, high = 0.0, 600.0
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (mid, high) if at(mid) >= target else (low, mid)
+    return round(low, 2)
+
+
 def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, notice_s: float = 120.0,
                    measured: dict | None = None) -> dict:
     on = replace(config, plan_ahead=True)
@@ -127,6 +152,8 @@ def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, n
             "ours_goodput": round(goodput_of(Ours, timeline, plans, on), 4),
             "ours_goodput_by_switch_s": {f"{s:g}": switch(s) for s in (30.0, 10.0, 3.0)},
             "measured_in_emulation": measured,
+            "switch_scaled_by_emulated_ratio": scaled_switch_row(config, measured, switch),
+            "restart_s_for_goodput_0.90_with_plan_ahead": restart_for(timeline, plans, on, 0.90),
             f"ours_goodput_with_notice_{notice_s:g}s": round(goodput_of(Ours, timeline, plans,
                                                                         replace(on, notice_s=notice_s)), 4),
             f"ours_goodput_with_notice_{notice_s:g}s_without_plan_ahead":
