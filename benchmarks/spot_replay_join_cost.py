@@ -112,7 +112,8 @@ def join_cost_medians(path: str | None) -> dict | None:
         return None
     line = last_json_line(path)
     return {"label": "emulated (3 nodes on one host, tiny-gpt), not ~1000 ranks: "
-                     "the job's down time at a join's switch and its parts, medians", "file": path,
+                     "the job's down time at a join's switch and its parts, medians",
+            "file": os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
             "command": line.get("command"), **line["medians"]}
 
 

@@ -38,7 +38,8 @@ class SnapshotBytes:
     written_max: int          # the busiest rank: bytes it writes to node stores per step (own node + pushes)
     writing_ranks: int        # ranks that copy anything
     ranks: int
-    copied: dict[int, int]    # rank -> bytes it copies off its GPU per step
+    copied: dict[int, int]    # rank -> bytes it copies off its GPU per step (payload, without chunk headers)
+    owned: dict[int, set]     # rank -> the (name, chunk)s it copies
 
     @property
     def busiest(self) -> int:
@@ -63,17 +64,17 @@ def snapshot_bytes(plan: Plan, model: ModelSpec, node_gpu: dict[str, str], *, nu
     tiled = tiling_holdings(holdings, pipeline_of)
     placed = place_copies(tiled, rank_nodes, node_gpu, copies=1 + min(num_peers, len(node_gpu) - 1))
     size = {(name, chunk): nbytes for items in holdings.values() for name, chunk, nbytes in items}
-    copied, written = {}, {}
+    copied, written, owned = {}, {}, {}
     for rank in holdings:
         pushed = [item for items in placed.push[rank].values() for item in items]
-        owned = placed.local[rank] | set(pushed) | placed.upload[rank]
-        copied[rank] = sum(size[i] for i in owned)
+        owned[rank] = placed.local[rank] | set(pushed) | placed.upload[rank]
+        copied[rank] = sum(size[i] for i in owned[rank])
         written[rank] = sum(size[i] for i in placed.local[rank]) + sum(size[i] for i in pushed)
     unique = sum(size[i] for i in {(n, c) for items in tiled.values() for n, c, _ in items})
     return SnapshotBytes(unique=unique, held=sum(b for items in holdings.values() for _, _, b in items),
                          copied_max=max(copied.values()), copied_mean=sum(copied.values()) / len(copied),
                          written_max=max(written.values()), writing_ranks=sum(1 for b in copied.values() if b),
-                         ranks=len(holdings), copied=copied)
+                         ranks=len(holdings), copied=copied, owned=owned)
 
 
 def with_snapshot_bytes(plans, cluster, pools, model, say) -> None:

@@ -132,7 +132,7 @@ def scaled_switch_row(config: ReplayConfig, measured: dict | None, switch) -> di
 def restart_for(timeline: Timeline, plans: PlanCache, config: ReplayConfig, target: float) -> float | None:
     """The restart (and switch) at which ours reaches `target` with `config` (plan-ahead on)."""
     at = lambda r: goodput_of(Ours, timeline, plans, replace(  # noqa: E731
-        config, phases=replace(config.phases, restart_s=r, switch_s=r)))
+        config, phases=replace(config.phases, restart_s=r, switch_s=None)))
     if at(0.0) < target:
         return None
     low, high = 0.0, 600.0
@@ -148,8 +148,10 @@ def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, n
     switch = lambda s: round(goodput_of(Ours, timeline, plans, replace(  # noqa: E731
         on, phases=replace(on.phases, switch_s=s))), 4)
     return {"label": PLAN_AHEAD_LABEL,
-            "switch_s": config.phases.switch_s, "switch_s_basis": config.phases.basis.get("switch_s", ""),
+            "switch_s": config.phases.switch, "switch_s_basis": config.phases.basis.get("switch_s", ""),
             "ours_goodput": round(goodput_of(Ours, timeline, plans, on), 4),
+            "ours_goodput_without_plan_ahead": round(goodput_of(Ours, timeline, plans,
+                                                                replace(config, plan_ahead=False)), 4),
             "ours_goodput_by_switch_s": {f"{s:g}": switch(s) for s in (30.0, 10.0, 3.0)},
             "measured_in_emulation": measured,
             "switch_scaled_by_emulated_ratio": scaled_switch_row(config, measured, switch),
@@ -157,7 +159,7 @@ def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, n
             f"ours_goodput_with_notice_{notice_s:g}s": round(goodput_of(Ours, timeline, plans,
                                                                         replace(on, notice_s=notice_s)), 4),
             f"ours_goodput_with_notice_{notice_s:g}s_without_plan_ahead":
-                round(goodput_of(Ours, timeline, plans, replace(config, notice_s=notice_s)), 4),
+                round(goodput_of(Ours, timeline, plans, replace(config, notice_s=notice_s, plan_ahead=False)), 4),
             "notice_basis": "AWS sends a spot interruption notice 2 minutes ahead (best effort); the traces do not "
                             "record whether one came, so the default replay assumes none"}
 

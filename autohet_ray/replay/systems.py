@@ -139,7 +139,7 @@ class System:
                                            bytes_per_node=target.bytes_per_node if restore else 0.0,
                                            tier=self.tier, iteration_s=target.iteration_time_s, restart=not prepared)
         if prepared:
-            phases["switch_s"] = self.config.phases.switch_s
+            phases["switch_s"] = self.config.phases.switch
             phases["total_s"] += phases["switch_s"]
         self.end_wait(t)
         self.hold(t, target.nodes_used)
