@@ -253,9 +253,10 @@ def main(argv=None) -> int:
             plans.save(args.plans_out, meta)
     per_plan = args.snapshot_overhead is None and all(
         p.snapshot_bytes_per_gpu is not None for p in plans.plans.values() if p.samples_per_s > 0)
+    fixed = SNAPSHOT_OVERHEAD if args.snapshot_overhead is None else args.snapshot_overhead
     config = ReplayConfig(global_batch=args.global_batch, phases=phases, plan_cache=args.plan_cache,
                           notice_s=args.notice_s, checkpoint_every_s=args.checkpoint_every_min * 60,
-                          snapshot_overhead=SNAPSHOT_OVERHEAD if args.snapshot_overhead is None else args.snapshot_overhead,
+                          snapshot_overhead=fixed,
                           snapshot_overhead_per_gb_s=H200_OVERHEAD_PER_GB_S if per_plan else None,
                           join_policy=args.join_policy, plan_ahead=args.plan_ahead,
                           snapshot_every_steps=args.snapshot_every)

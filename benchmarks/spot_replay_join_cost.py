@@ -137,13 +137,15 @@ def main(argv=None) -> int:
     from autohet_ray.cluster.spec import cluster_from_dict
     from autohet_ray.emulate.cluster import emulated_cluster
     rows, wall0 = [], time.perf_counter()
-    with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster, tempfile.TemporaryDirectory() as tmp:
+    cluster = emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS)
+    with cluster as test_cluster, tempfile.TemporaryDirectory() as tmp:
         for i in range(args.joins):
             for prepare in (False, True):
                 rows.append(measure_join(test_cluster, f"{tmp}/{i}-{prepare}", prepare=prepare,
                                          iteration_wall_s=args.iteration_wall_s))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print(json.dumps({"emulated": True, "command": " ".join(["benchmarks/spot_replay_join_cost.py", *(argv or sys.argv[1:])]),
+    command = " ".join(["benchmarks/spot_replay_join_cost.py", *(argv or sys.argv[1:])])
+    print(json.dumps({"emulated": True, "command": command,
                       "measured_on": time.strftime("%Y-%m-%d", time.gmtime()), "cluster": NODES,
                       "iteration_wall_s": args.iteration_wall_s, "joins": rows, "medians": summary(rows),
                       "wall_s": round(time.perf_counter() - wall0, 1)}))

@@ -107,6 +107,7 @@ class Joining:
     planned in the background) and the workers started on them (node name -> handles, and their first calls)."""
     joined: list[str]
     key: str
+    base: str                  # the state it was prepared from: a loss meanwhile makes it stale
     actors: dict
     started: list = field(default_factory=list)
     node_ids: dict = field(default_factory=dict)

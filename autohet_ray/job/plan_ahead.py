@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from autohet_ray.cluster.live import Discovered, without_nodes
+from autohet_ray.cluster.live import Discovered
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.job.config import TrainJob
 from autohet_ray.job.foresight import cached_entry, one_loss_states

@@ -355,8 +355,9 @@ class Controller(LiveJob):
         grow = self.recovery.on_joins({n.name for n in self.found.nodes},
                                       set(self.recovery.dead_nodes(self.base_cluster)),
                                       [n.name for n in self.base_cluster.nodes])
-        if grow is None or (self.joining is not None and self.joining.joined != grow.joined):
-            self._drop_joining()                  # the nodes being prepared left, or others joined too
+        if self.joining is not None and (grow is None or self.joining.joined != grow.joined
+                                         or self.joining.base != state_key(self.found.cluster)):
+            self._drop_joining()                  # the nodes being prepared left, others joined, or one was lost
         if grow is None:
             return None
         prepared = {}
@@ -364,7 +365,8 @@ class Controller(LiveJob):
             if self.joining is None:
                 self.joining = self._prepare_join(grow.joined)
             plan, started = self.joining.plan(self.plan_cache), self.joining.started
-            if plan is None or len(ray.wait(started, num_returns=len(started), timeout=0)[0]) < len(started):
+            up = ray.wait(started, num_returns=len(started), timeout=0)[0] if started else []
+            if plan is None or len(up) < len(started):
                 return None                       # train on; switch at a later step boundary
             prepared, self.joining = self.joining.report(), None
             prepared["plan_source"] = "planned ahead"
@@ -384,8 +386,8 @@ class Controller(LiveJob):
         started = [a.where.remote() for node_actors in actors.values() for a in node_actors]   # process + imports
         started += [start_keeper(self.job_id, n.node_id, label=f"keeper-{name}").directory.remote()
                     for name, n in per_node.items() if name not in self.keeper_specs]      # its node store
-        return Joining(joined=joined, key=state_key(found.cluster), actors=actors, started=started,
-                       node_ids={name: n.node_id for name, n in per_node.items()})
+        return Joining(joined=joined, key=state_key(found.cluster), base=state_key(self.found.cluster),
+                       actors=actors, started=started, node_ids={name: n.node_id for name, n in per_node.items()})
 
     def _drop_joining(self) -> None:
         if self.joining is not None:

@@ -177,12 +177,14 @@ class WorkerGroup:
 
 @functools.cache
 def _worker_class():
-    return ray.remote(num_cpus=0, num_gpus=1, max_restarts=0, max_concurrency=3, concurrency_groups={"control": 2})(Worker)
+    return ray.remote(num_cpus=0, num_gpus=1, max_restarts=0, max_concurrency=3,
+                      concurrency_groups={"control": 2})(Worker)
 
 
 def worker_actor(node_id: str, rank: int):
     """A new worker process on that node (one GPU), as `rank` until a setup gives it another."""
-    return _worker_class().options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote(rank)
+    pinned = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    return _worker_class().options(scheduling_strategy=pinned).remote(rank)
 
 
 def kill_actors(actors: list, wait_s: float = 0.0) -> None:
