@@ -355,15 +355,14 @@ class Controller(LiveJob):
         grow = self.recovery.on_joins({n.name for n in self.found.nodes},
                                       set(self.recovery.dead_nodes(self.base_cluster)),
                                       [n.name for n in self.base_cluster.nodes])
-        if self.joining is not None and (grow is None or self.joining.joined != grow.joined
-                                         or self.joining.base != state_key(self.found.cluster)):
-            self._drop_joining()                  # the nodes being prepared left, others joined, or one was lost
+        if self.joining is not None and (grow is None or self.joining.base != state_key(self.found.cluster)):
+            self._drop_joining()                  # the nodes being prepared left, or a node was lost meanwhile
         if grow is None:
             return None
         prepared = {}
         if self.prepare_joins and plan is None:
-            if self.joining is None:
-                self.joining = self._prepare_join(grow.joined)
+            if self.joining is None or self.joining.joined != grow.joined:     # more joined (or fewer): extend
+                self.joining = self._prepare_join(grow.joined, self.joining)
             plan, started = self.joining.plan(self.plan_cache), self.joining.started
             up = ray.wait(started, num_returns=len(started), timeout=0)[0] if started else []
             if plan is None or len(up) < len(started):
@@ -373,8 +372,12 @@ class Controller(LiveJob):
         report = self.replan(reason=f"node(s) {grow.joined} joined", plan=plan, extra=prepared.pop("actors", None))
         return {"joined": grow.joined, **report, **prepared}
 
-    def _prepare_join(self, joined: list[str]) -> Joining:
-        """Plan the state with the joined nodes first (then the other foreseen ones) and start their workers."""
+    def _prepare_join(self, joined: list[str], earlier: Joining | None) -> Joining:
+        """Plan the state with the joined nodes first (then the other foreseen ones) and start their workers
+        (those an `earlier` preparation started on nodes still joined are kept)."""
+        kept = {n: a for n, a in earlier.actors.items() if n in joined} if earlier is not None else {}
+        if earlier is not None:
+            kill_actors([a for n, actors in earlier.actors.items() if n not in joined for a in actors])
         found = self.discover()
         if self.planning_ahead is not None:
             self.planning_ahead.stop()
@@ -382,7 +385,8 @@ class Controller(LiveJob):
             self.job, found=found, profile=self.profile, priced_model=self.priced_model, seq_len=self.priced_seq_len,
             cache=self.plan_cache, states=foreseen_states(self.found.cluster, joined=found.cluster))
         per_node = {n.name: n for n in found.nodes if n.name in joined}
-        actors = {name: [worker_actor(n.node_id, 0) for _ in range(n.num_gpus)] for name, n in per_node.items()}
+        actors = {name: kept.get(name) or [worker_actor(n.node_id, 0) for _ in range(n.num_gpus)]
+                  for name, n in per_node.items()}
         started = [a.where.remote() for node_actors in actors.values() for a in node_actors]   # process + imports
         started += [start_keeper(self.job_id, n.node_id, label=f"keeper-{name}").directory.remote()
                     for name, n in per_node.items() if name not in self.keeper_specs]      # its node store
