@@ -9,14 +9,58 @@ all-gather of the new weights in the compute dtype after the update, on the step
 from __future__ import annotations
 
 from autohet_ray.cost.terms import plan_tables
+from autohet_ray.model.costs import layer_params
+from autohet_ray.model.spec import ModelSpec, model_from_dict
 from autohet_ray.plan.schema import Plan
 from autohet_ray.profile.precision import Precision
 
 
-def shard_ways(plan: Plan, k: int, j: int) -> int:
-    """Holders stage j of pipeline k shards its optimizer state across (1: replicated)."""
-    flagged = plan.pipelines[k].stages[j].shard_optimizer
-    return len(plan.pipelines) if flagged and len(plan.pipelines) > 1 else 1
+def sharded_units(plan: Plan, model: ModelSpec | None = None) -> frozenset:
+    """Units (layer index, "embedding", "head") whose state the runtime shards (runtime/shard_sync.py): those
+    held by any stage with `shard_optimizer`, with tied embeddings both or neither; none with one pipeline."""
+    if len(plan.pipelines) < 2:
+        return frozenset()
+    units: set = set()
+    for pipeline in plan.pipelines:
+        for j, stage in enumerate(pipeline.stages):
+            if stage.shard_optimizer:
+                units.update(stage_units(stage, j, len(pipeline.stages)))
+    if _spec(plan, model).tie_embeddings and units & {"embedding", "head"}:
+        units |= {"embedding", "head"}
+    return frozenset(units)
+
+
+def stage_units(stage, j: int, num_stages: int) -> list:
+    """The units stage j of a pipeline of `num_stages` holds."""
+    return [*range(*stage.layers)] + (["embedding"] if j == 0 else []) + (["head"] if j == num_stages - 1 else [])
+
+
+def _spec(plan: Plan, model: ModelSpec | None) -> ModelSpec:
+    assert model is not None or plan.model_spec, "a plan without model_spec needs its model"
+    return model if model is not None else model_from_dict(plan.model_spec)
+
+
+def shard_ways(plan: Plan, k: int, j: int, model: ModelSpec | None = None) -> float:
+    """Holders stage j of pipeline k shards its optimizer state across, on average per parameter (1:
+    replicated): the pipelines for the parameters of its sharded units (`sharded_units`), 1 for the rest; a
+    stage that does not ask may still hold units another holder shards. `model`: the plan's (default: its
+    model_spec)."""
+    flags = [s.shard_optimizer for p in plan.pipelines for s in p.stages]
+    if len(plan.pipelines) < 2 or not any(flags):
+        return 1
+    ways = len(plan.pipelines)
+    if all(flags):
+        return ways
+    spec = _spec(plan, model)
+    units = sharded_units(plan, spec)
+    size = {"layer": layer_params(spec, "layer"), "embedding": layer_params(spec, "embedding"),
+            "head": layer_params(spec, "head")}
+    held = stage_units(plan.pipelines[k].stages[j], j, len(plan.pipelines[k].stages))
+    params = lambda us: sum(size[u if isinstance(u, str) else "layer"] for u in us)  # noqa: E731
+    share = params([u for u in held if u in units]) / params(held)
+    if share in (0.0, 1.0):
+        return ways if share else 1
+    return 1 / (1 - share * (1 - 1 / ways))        # resident and updated: (1 - share) + share / ways
 
 
 def sharded_buckets(plan: Plan, buckets: dict, precision: Precision) -> tuple[dict, dict[tuple[int, int], float]]:
@@ -44,7 +88,7 @@ def saved_bytes(plan: Plan, cluster, model, profile) -> dict[tuple[int, int], fl
     out = {}
     for k, pipeline in enumerate(plan.pipelines):
         for j, stage in enumerate(pipeline.stages):
-            ways, p = shard_ways(plan, k, j), len(pipeline.stages)
+            ways, p = shard_ways(plan, k, j, model), len(pipeline.stages)
             whole = tables[k].get(stage.device_type, stage.tp, stage.recompute, 1)
             sharded = tables[k].get(stage.device_type, stage.tp, stage.recompute, ways)
             params = whole.stage_params(stage.num_layers, j == 0, j == p - 1)

@@ -23,6 +23,7 @@ from typing import Callable
 
 from autohet_ray import ConfigError
 from autohet_ray.cost.evaluate import best_schedule
+from autohet_ray.cost.sharding import sharded_units, stage_units
 from autohet_ray.planner.result import PlanResult
 from autohet_ray.plan.schema import SHARDING_MODES, check_sharding  # noqa: F401  (re-exported)
 
@@ -74,7 +75,9 @@ def sharding_flags(plan) -> list[list[bool]]:
 
 
 def drop_unneeded_sharding(plan, evaluation, cluster, model, profile, schedules):
-    """Turn sharding off stage by stage wherever the plan still fits and is no slower without it."""
+    """Turn sharding off stage by stage wherever the plan still fits and is no slower without it; then every
+    stage asks to shard exactly when all the units it holds are sharded (a unit is sharded when any of its
+    holders asks, cost/sharding.py), which changes nothing the runtime does but names the stages that shard."""
     flags = sharding_flags(plan)
     for stage_flags in flags:
         for j, on in enumerate(stage_flags):
@@ -87,4 +90,13 @@ def drop_unneeded_sharding(plan, evaluation, cluster, model, profile, schedules)
                 plan, evaluation = candidate, ev
             else:
                 stage_flags[j] = True
-    return plan, evaluation
+    return _named(plan, model), evaluation
+
+
+def _named(plan, model):
+    units = sharded_units(plan, model)
+    flags = [[bool(units) and all(u in units for u in stage_units(s, j, len(p.stages)))
+              for j, s in enumerate(p.stages)] for p in plan.pipelines]
+    named = plan.with_optimizer_sharding(flags)
+    assert sharded_units(named, model) == units
+    return named
