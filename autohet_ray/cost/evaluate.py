@@ -120,7 +120,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
             if slot.kind == ("W" if split else "B") and slot.microbatch == m - 1:
                 last_grad[(k, slot.stage)] = slot
     buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
-    buckets, gather_s = sharded_buckets(plan, buckets, profile_precision(profile))
+    buckets, gather_s = sharded_buckets(plan, buckets, profile)
     for key, seconds in gather_s.items():                 # the new weights' all-gather follows the update
         opt_s[key] += seconds
         opt_time = max(opt_time, opt_s[key])

@@ -180,3 +180,18 @@ def test_plan_table_shows_per_stage_sharding_and_the_memory_it_saves():
         assert saved == pytest.approx(params * 12 / 2, abs=2)        # bf16: 12 B of master + moments, halved
         kind = "sharded" if stage.shard_optimizer else "partly sharded (by co-holders)"
         assert row.endswith(f"{kind} 2-way, saves {saved / 1e9:.1f} GB")
+
+
+def test_reduce_scatter_is_half_the_ring_on_gpus_and_a_whole_all_reduce_on_gloo():
+    """gloo runs reduce_scatter_tensor as an all-reduce (pytorch/pytorch#118911); a profile measured on a CPU
+    (runtime ranks on gloo) prices the sharded bucket's reduce-scatter so, an analytic (GPU) one as half."""
+    from autohet_ray.cost.sharding import reduce_scatter_share
+    cluster = _cluster()
+    gpu = analytic_profile(SMALL, cluster, 64)
+    cpu = replace(gpu, kind="measured", meta={"source": "measured on cpu (x86_64), torch.float32, one TP rank's shard"})
+    cuda = replace(cpu, meta={"source": "measured on cuda (NVIDIA H200), torch.bfloat16"})
+    assert [reduce_scatter_share(p) for p in (gpu, cpu, cuda)] == [0.5, 1.0, 0.5]
+    for profile, share in ((gpu, 0.5), (cpu, 1.0)):
+        plain = evaluate_plan(_two_pipelines(False), cluster, SMALL, profile)
+        sharded = evaluate_plan(_two_pipelines(True), cluster, SMALL, profile)
+        assert sharded.sync_time_s == pytest.approx(plain.sync_time_s * share)
