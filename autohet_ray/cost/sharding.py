@@ -3,9 +3,9 @@
 A unit's optimizer state is sharded when any stage holding it asks (Stage.shard_optimizer); its holders are
 one TP group per pipeline, so a sharding stage keeps (master + moments) / pipelines per parameter and updates
 only that slice (terms.GroupCost.shard_ways). Its gradient bucket is reduce-scattered instead of all-reduced:
-the first half of the ring (on gloo the whole all-reduce: reduce_scatter_share), overlapped with the backward
-as the all-reduce was; the second half is an all-gather of the new weights in the compute dtype after the
-update, on the step's critical path.
+the first half of the ring (gloo takes longer: collective_shares), overlapped with the backward as the
+all-reduce was; the second half is an all-gather of the new weights in the compute dtype after the update, on
+the step's critical path.
 """
 from __future__ import annotations
 
@@ -64,32 +64,40 @@ def shard_ways(plan: Plan, k: int, j: int, model: ModelSpec | None = None) -> fl
     return 1 / (1 - share * (1 - 1 / ways))        # resident and updated: (1 - share) + share / ways
 
 
-def reduce_scatter_share(profile) -> float:
-    """What a sharded bucket's reduce-scatter costs, as a share of its all-reduce. NCCL (GPU ranks) runs a ring
-    reduce-scatter: the all-reduce's first half. gloo (CPU ranks: the runtime picks it without CUDA,
-    runtime/device.py) runs reduce_scatter_tensor as an all-reduce and keeps its chunk (pytorch/pytorch#118911:
-    twice a real reduce-scatter's traffic), so the whole all-reduce; a profile measured on a CPU says so."""
+# (reduce-scatter, all-gather) of a bucket as shares of its all-reduce. A ring (NCCL, GPU ranks) runs each as half
+# of the all-reduce. gloo (CPU ranks: the runtime picks it without CUDA, runtime/device.py) runs
+# reduce_scatter_tensor as an all-reduce and keeps its chunk (pytorch/pytorch#118911), and its all-gather takes
+# about an all-reduce's time: on a 2-core host, 2 ranks, 4 and 28 MB of fp32, all-gather 0.95-1.1 times the
+# all-reduce, reduce-scatter alone 1.5-1.8 times, but inside the runtime's steps the sharded buckets' sync waited
+# as long as DP2's all-reduce (benchmarks/cost_model_accuracy.py prints the shares each run).
+RING_SHARES = (0.5, 0.5)
+GLOO_SHARES = (1.0, 1.0)
+
+
+def collective_shares(profile) -> tuple[float, float]:
+    """(reduce-scatter, all-gather) shares of the all-reduce for the backend `profile`'s ranks run on: gloo for
+    a profile measured on a CPU, else a ring."""
     on_cpu = profile.kind == "measured" and profile.meta.get("source", "").startswith("measured on cpu")
-    return 1.0 if on_cpu else 0.5
+    return GLOO_SHARES if on_cpu else RING_SHARES
 
 
 def sharded_buckets(plan: Plan, buckets: dict, profile) -> tuple[dict, dict[tuple[int, int], float]]:
     """(`buckets` with each sharded one's duration that of its reduce-scatter, per stage the seconds of its
-    all-gathers after the update: the all-reduce's second half, in the compute dtype). A bucket is sharded
-    when any of its holder stages shards."""
+    all-gathers after the update, in the compute dtype; collective_shares). A bucket is sharded when any of
+    its holder stages shards."""
     flagged = {(k, j) for k, p in enumerate(plan.pipelines) for j, s in enumerate(p.stages) if s.shard_optimizer}
     if not flagged or len(plan.pipelines) < 2:
         return buckets, {}
     precision = profile_precision(profile)
-    gather_share = precision.activation_bytes / precision.grad_sync_bytes     # compute dtype over fp32 gradients
-    scatter_share = reduce_scatter_share(profile)
+    dtype_share = precision.activation_bytes / precision.grad_sync_bytes     # compute dtype over fp32 gradients
+    scatter_share, gather_share = collective_shares(profile)
     out, gather = {}, {}
     for key, items in buckets.items():
         out[key] = []
         for holders, seconds, unit in items:
             if any(h in flagged for h in holders):
                 out[key].append((holders, seconds * scatter_share, unit))
-                gather[key] = gather.get(key, 0.0) + seconds / 2 * gather_share
+                gather[key] = gather.get(key, 0.0) + seconds * gather_share * dtype_share
             else:
                 out[key].append((holders, seconds, unit))
     return out, gather

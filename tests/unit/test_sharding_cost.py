@@ -182,16 +182,18 @@ def test_plan_table_shows_per_stage_sharding_and_the_memory_it_saves():
         assert row.endswith(f"{kind} 2-way, saves {saved / 1e9:.1f} GB")
 
 
-def test_reduce_scatter_is_half_the_ring_on_gpus_and_a_whole_all_reduce_on_gloo():
+def test_reduce_scatter_and_all_gather_are_ring_halves_on_gpus_and_gloo_priced_on_a_cpu_profile():
     """gloo runs reduce_scatter_tensor as an all-reduce (pytorch/pytorch#118911); a profile measured on a CPU
-    (runtime ranks on gloo) prices the sharded bucket's reduce-scatter so, an analytic (GPU) one as half."""
-    from autohet_ray.cost.sharding import reduce_scatter_share
+    (runtime ranks on gloo) prices the sharded bucket's collectives at gloo's shares, an analytic (GPU) or CUDA
+    one at a ring's halves."""
+    from autohet_ray.cost.sharding import GLOO_SHARES, RING_SHARES, collective_shares
     cluster = _cluster()
     gpu = analytic_profile(SMALL, cluster, 64)
     cpu = replace(gpu, kind="measured", meta={"source": "measured on cpu (x86_64), torch.float32, one TP rank's shard"})
     cuda = replace(cpu, meta={"source": "measured on cuda (NVIDIA H200), torch.bfloat16"})
-    assert [reduce_scatter_share(p) for p in (gpu, cpu, cuda)] == [0.5, 1.0, 0.5]
-    for profile, share in ((gpu, 0.5), (cpu, 1.0)):
+    assert [collective_shares(p) for p in (gpu, cpu, cuda)] == [RING_SHARES, GLOO_SHARES, RING_SHARES]
+    assert RING_SHARES == (0.5, 0.5) and GLOO_SHARES[0] >= 1.0
+    for profile, (scatter, _) in ((gpu, RING_SHARES), (cpu, GLOO_SHARES)):
         plain = evaluate_plan(_two_pipelines(False), cluster, SMALL, profile)
         sharded = evaluate_plan(_two_pipelines(True), cluster, SMALL, profile)
-        assert sharded.sync_time_s == pytest.approx(plain.sync_time_s * share)
+        assert sharded.sync_time_s == pytest.approx(plain.sync_time_s * scatter)
