@@ -67,8 +67,8 @@ def shard_ways(plan: Plan, k: int, j: int, model: ModelSpec | None = None) -> fl
 # (reduce-scatter, all-gather) of a bucket as shares of its all-reduce. A ring (NCCL, GPU ranks) runs each as half
 # of the all-reduce. gloo (CPU ranks: the runtime picks it without CUDA, runtime/device.py) runs
 # reduce_scatter_tensor as an all-reduce and keeps its chunk (pytorch/pytorch#118911), and its all-gather takes
-# about an all-reduce's time: on a 2-core host, 2 ranks, 4 and 28 MB of fp32, all-gather 0.76-1.1 times the
-# all-reduce, reduce-scatter alone 1.5-1.8 times, but inside the runtime's steps the sharded buckets' sync waited
+# about an all-reduce's time: on a 2-core host, 2 ranks, 4 and 28 MB of fp32, all-gather 0.76-1.34 times the
+# all-reduce, reduce-scatter alone 1.25-1.8 times, but inside the runtime's steps the sharded buckets' sync waited
 # as long as DP2's all-reduce (benchmarks/cost_model_accuracy.py prints the shares each run).
 RING_SHARES = (0.5, 0.5)
 GLOO_SHARES = (1.0, 1.0)
