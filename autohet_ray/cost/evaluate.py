@@ -96,7 +96,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
         p, m, table = len(pipeline.stages), pipeline.num_microbatches, tables[k]
         parts = []                     # per stage: (forward, backward, weight-gradient) seconds per micro-batch
         for j, stage in enumerate(pipeline.stages):
-            gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j))
+            gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j, model))
             first, last = j == 0, j == p - 1
             parts.append(gc.stage_split(stage.num_layers, first, last, split))
             mem = stage_peak_memory(gc, plan.schedule, p, j, m, stage.num_layers)
@@ -120,7 +120,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
             if slot.kind == ("W" if split else "B") and slot.microbatch == m - 1:
                 last_grad[(k, slot.stage)] = slot
     buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
-    buckets, gather_s = sharded_buckets(plan, buckets, profile_precision(profile))
+    buckets, gather_s = sharded_buckets(plan, buckets, profile)
     for key, seconds in gather_s.items():                 # the new weights' all-gather follows the update
         opt_s[key] += seconds
         opt_time = max(opt_time, opt_s[key])

@@ -27,7 +27,7 @@ from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
 from autohet_ray.planner.result import PlanResult
 from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
-from autohet_ray.planner.sharding import check_sharding, plan_auto_sharding, search_ways
+from autohet_ray.planner.sharding import check_sharding, plan_sharded
 from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
 from autohet_ray.planner.space import (LinkCache, TemplateEval, evaluate_template, group_kinds, multisets, orderings,
                                       slow_first, zero_bubble_saving)
@@ -93,27 +93,29 @@ def check_schedules(schedules: tuple[str, ...]) -> None:
 def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                   micro_batch: int | None = None, time_limit_s: float = 60.0,
                   incumbents: tuple[Plan, ...] = (), schedules: tuple[str, ...] = PLAN_SCHEDULES,
-                  recompute: str = "none", optimizer_sharding: str = "none", goal: Goal = THROUGHPUT) -> PlanResult:
+                  recompute: str = "none", optimizer_sharding: str = "none", goal: Goal = THROUGHPUT,
+                  shard_ways: int | None = None) -> PlanResult:
     """The best plan found within the time limit for `goal` (cost/money.py: the fastest, the cheapest per
     token, the fastest within a budget, the cheapest above a throughput floor; all but the first may leave GPUs
     out), each candidate under the fastest of `schedules` that fits. `incumbents` (e.g. the baselines' plans)
     are evaluated as candidates too, so the result is never worse than them. `recompute`
     (planner/recompute.py): "none", "full" (every stage) or "auto" (per stage, where it makes the plan fit or
-    faster); `optimizer_sharding` (planner/sharding.py) likewise."""
+    faster); `optimizer_sharding` (planner/sharding.py) likewise, "dp" and "auto" searching at several
+    numbers of holders (`shard_ways`: one of them only)."""
     check_request(model, profile, global_batch, seq_len, schedules)
     check_recompute(recompute)
     check_sharding(optimizer_sharding)
     check_goal_cluster(goal, cluster)
     key = lambda r: goal.key(r.plan, cluster, r.evaluation.iteration_time_s)  # noqa: E731
-    if optimizer_sharding == "auto":
-        return plan_auto_sharding(lambda flag, limit, seeds: plan_training(
+    if optimizer_sharding != "none" and shard_ways is None:      # sharded searches at 2, 4, ... holders
+        return plan_sharded(lambda ways, limit, seeds: plan_training(
             cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
             micro_batch=micro_batch, time_limit_s=limit, incumbents=incumbents + seeds, schedules=schedules,
-            recompute=recompute, optimizer_sharding="dp" if flag else "none", goal=goal),
-            time_limit_s, cluster, model, profile, schedules, key)
+            recompute=recompute, optimizer_sharding="dp" if ways > 1 else "none", goal=goal, shard_ways=ways),
+            optimizer_sharding, time_limit_s, cluster, global_batch, model, profile, schedules, key)
     request = dict(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
                    micro_batch=micro_batch, incumbents=incumbents, schedules=schedules,
-                   shard=optimizer_sharding == "dp", goal=goal)
+                   shard=shard_ways if optimizer_sharding == "dp" else 1, goal=goal)
     if recompute != "auto":
         return _plan_training(**request, time_limit_s=time_limit_s, recompute=recompute == "full")
     small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
@@ -132,12 +134,13 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
 def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                    micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
                    schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False,
-                   shard: bool = False, goal: Goal = THROUGHPUT) -> PlanResult:
+                   shard: int = 1, goal: Goal = THROUGHPUT) -> PlanResult:
     """One planning pass with recomputation on every stage or none. `mixed_recompute` (small clusters under
     recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
-    that recomputes on one pipeline only is ranked as such."""
+    that recomputes on one pipeline only is ranked as such. `shard`: the holders its sharded optimizer state
+    is priced across while searching (1: unsharded)."""
     clock = _Deadline(time.perf_counter(), time_limit_s)
-    incumbents = tuple(plan.with_recompute(recompute).with_optimizer_sharding(shard) for plan in incumbents)
+    incumbents = tuple(plan.with_recompute(recompute).with_optimizer_sharding(shard > 1) for plan in incumbents)
     best, per_size = _Best(goal=goal, cluster=cluster), []
     for plan in incumbents:
         best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
@@ -147,7 +150,7 @@ def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, gl
         if clock.over() and (best.plan is not None or per_size):      # past the limit: keep what was found
             break
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=mb, seq_len=seq_len,
-                               recompute=recompute, shard_ways=search_ways(shard))
+                               recompute=recompute, shard_ways=shard)
         local = _Best(keep=REFINED_CANDIDATES if small else 1, goal=goal, cluster=cluster)
         _plan_for_micro_batch(table, cluster, global_batch, clock, local, schedules)
         best.templates += local.templates
@@ -173,7 +176,7 @@ def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, gl
         raise ConfigError(_no_fit_message(cluster, model, profile, seq_len) + hint)
     if all(best.plan is not plan for plan, _ in per_size):       # an incumbent
         table = GroupCostTable(model=model, cluster=cluster, profile=profile, micro_batch=best.plan.micro_batch,
-                               seq_len=seq_len, recompute=recompute, shard_ways=search_ways(shard))
+                               seq_len=seq_len, recompute=recompute, shard_ways=shard)
         best.plan, best.evaluation = polish(best.plan, best.evaluation, table, cluster,
                                             exhaustive=cluster.num_gpus <= SMALL_CLUSTER_GPUS, schedules=schedules)
     if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
