@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from autohet_ray.layout import to_local
 from autohet_ray.runtime.grad_sync import GradSync, SyncOp, unit_holders
-from autohet_ray.runtime.shard_layout import Piece, owned_pieces, slice_bounds
+from autohet_ray.runtime.shard_layout import Piece, owned_pieces, slice_bounds, stored_copies
 
 
 def sharded_units(plan, rank_map, num_layers: int, *, tied: bool, mode: str | None = None) -> frozenset:
@@ -42,7 +42,8 @@ class ShardSync(GradSync):
     def __init__(self, *, weights: dict[str, torch.nn.Parameter], shard_weights: dict[int, float] | None = None,
                  **kwargs):
         super().__init__(**kwargs)
-        self.weights = weights
+        self.weights, self.tied = weights, kwargs.get("tied")
+        stored = stored_copies(kwargs["ops"])
         self.layouts: dict[int, tuple[tuple[int, ...], int, tuple[Piece, ...]]] = {}
         for i, op in enumerate(self.ops):
             if op.sharded:
@@ -51,6 +52,9 @@ class ShardSync(GradSync):
                 k = op.ranks.index(self.me)
                 self.layouts[i] = (bounds, k, owned_pieces(op, bounds[k], bounds[k + 1]))
         self._index = {id(op): i for i, op in enumerate(self.ops)}
+        # sharded op index -> whether its segments' slices are the checkpoint's copy (per segment)
+        self.stores = {i: tuple(stored[(s.name, s.region)] == self.ops[i].ranks for s in self.ops[i].segments)
+                       for i in self.layouts}
         self.reduced: dict[int, torch.Tensor] = {}      # sharded op index -> this rank's summed slice (flat)
 
     def sharded_names(self) -> set[str]:
