@@ -81,11 +81,13 @@ def run_pairs(rank: int, world_size: int, cases: list[ShardCase]) -> dict:
 
 
 def train_then_state(rank: int, world_size: int, case: ShardCase, steps: int, sharding: str | None) -> dict:
-    """`steps` steps of `case`'s plan from scratch: losses and the (gathered) state dict to checkpoint."""
+    """`steps` steps of `case`'s plan from scratch: losses and what a snapshot stores (copies of
+    snapshot_state: a sharded rank's own slices) with its holdings."""
     engine = _engine(case, rank, sharding)
     losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in range(steps)]
-    return {"losses": losses, "state": engine.state_dict(), "pipeline": engine.info.pipeline,
-            "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
+    saved = {key: (t.detach().cpu().clone(), shape, c) for key, (t, shape, c) in engine.snapshot_state().items()}
+    return {"losses": losses, "state": saved, "holdings": engine.snapshot_holdings(),
+            "pipeline": engine.info.pipeline, "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
 
 
 def restore_then_train(rank: int, world_size: int, case: ShardCase, root: str, steps: range,
