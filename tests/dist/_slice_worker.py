@@ -8,8 +8,9 @@ import os
 import torch.distributed as dist
 
 from _harness import make_batch
-from _sharded_worker import ShardCase, _engine
-from autohet_ray.checkpoint import AsyncSnapshotter, LocalDirTier, MemoryTier, SnapshotPolicy, place_copies
+from _sharded_worker import ShardCase, _engine, train_then_state
+from autohet_ray.checkpoint import (AsyncSnapshotter, LocalDirTier, MemoryTier, SnapshotPolicy, assign_writers,
+                                    commit_step, place_copies)
 from autohet_ray.checkpoint.holdings import tiling_holdings
 
 NODE_GPU = {"a": "A100", "b": "L40S", "c": "V100"}
@@ -87,3 +88,23 @@ def restore_from_stores(rank: int, world_size: int, case: ShardCase, root: str, 
     losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in steps]
     return {"step": step, "losses": losses, "bytes_by_tier": report.bytes_by_tier(),
             "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
+
+
+def write_checkpoint(ranks: list[dict], tier, step: int) -> None:
+    """Write what each rank's snapshot stores (train_then_state's "state" and "holdings") into `tier` with the
+    real snapshotter, one writer per chunk of one tiling per tensor (checkpoint/holdings.py, as the elastic job
+    picks them), and commit the step."""
+    holdings = {rank: r["holdings"] for rank, r in enumerate(ranks)}
+    owned = assign_writers(tiling_holdings(holdings, {rank: r["pipeline"] for rank, r in enumerate(ranks)}))
+    records = []
+    for rank, r in enumerate(ranks):
+        snap = AsyncSnapshotter(local=tier)
+        records += snap.snapshot(step, r["state"], owned=owned[rank]).fast_result().records
+        snap.close()
+    commit_step(step, records, tiers=[tier])
+
+
+def train_both(rank: int, world_size: int, case: ShardCase, steps: int) -> dict:
+    """`steps` steps of `case` unsharded, then sharded (train_then_state each)."""
+    return {mode: train_then_state(rank, world_size, case, steps, sharding)
+            for mode, sharding in (("none", "none"), ("sharded", None))}
