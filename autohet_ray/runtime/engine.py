@@ -77,6 +77,8 @@ class Engine:
         """Called right before the optimizer changes parameters and moments in place (a background snapshot
         copy of the previous step waits there)."""
         self._build_executor(schedule)
+        if self.sharded is not None:
+            self._settle_gathers_before_forward()
         self.step = 0
 
     def _place(self, rank: int, device, dtype) -> None:
@@ -145,6 +147,21 @@ class Engine:
         m = self.plan.pipelines[self.info.pipeline].num_microbatches
         self.actions = SCHEDULES[schedule](len(self.stages), self.info.stage, m)
         self.sample_offset = self.plan.sample_offset(self.info.pipeline)
+
+    def _settle_gathers_before_forward(self) -> None:
+        """Each unit's forward first waits for the all-gathers of the new weights it reads (posted after the
+        last update: shard_sync.ShardSync.post_gathers)."""
+        units = [("embedding", self.model.embedding), ("head", self.model.head),
+                 *((f"layers.{i}", block) for i, block in self.model.layers.items())]
+        for prefix, module in units:
+            if module is not None:
+                names = frozenset(n for n in self.params if n.startswith(prefix + "."))
+                module.register_forward_pre_hook(lambda *_, names=names: self.grad_sync.settle_gathers(names))
+
+    def _settled(self) -> None:
+        """Every posted all-gather in the weights (before they are read or overwritten outside a forward)."""
+        if self.sharded is not None:
+            self.grad_sync.settle_gathers()
 
     def _defer_weight_grads(self) -> tuple[WeightGradStore, dict[torch.nn.Parameter, str]]:
         """Attach one store to every TP linear; their weights, by parameter -> name."""
@@ -263,6 +280,7 @@ class Engine:
     def state_dict(self) -> StateDict:
         """name -> (CPU copy of this rank's chunk, global shape, Chunk); parameters (the masters) and AdamW state.
         Under sharded optimizer state a collective: each bucket's ranks gather their slices into whole chunks."""
+        self._settled()
         out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.local_masters.items()}
         if self.optimizer is not None:
             out.update(optimizer_state(self.optimizer, self.local_masters, self.layout))
@@ -283,6 +301,7 @@ class Engine:
         sharded parameters' weights where the compute dtype is the master dtype."""
         if self.sharded is None:
             return live_views(self.optimizer, self.masters, self.layout)
+        self._settled()
         if gather:
             return self.state_dict()
         out = live_views(self.optimizer, self.local_masters, self.layout) if self.optimizer is not None else {}
@@ -323,6 +342,7 @@ class Engine:
 
     def load_state_dict(self, state: StateDict) -> None:
         """Load this rank's chunks (same format as state_dict; resharding is the caller's job)."""
+        self._settled()
         with torch.no_grad():
             for name, p in self.masters.items():
                 if name not in state:

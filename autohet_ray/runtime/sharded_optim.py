@@ -73,7 +73,7 @@ class ShardedAdamW:
         if self.optimizer is not None:
             set_lr(self.optimizer, lr)
             self.optimizer.step()
-        self.sync.publish({i: self._flat(i, lambda m: m.detach()) for i in self.masters}, compute_dtype)
+        self.sync.post_gathers({i: self._flat(i, lambda m: m.detach()) for i in self.masters}, compute_dtype)
 
     def gathered(self, chunk_shapes: dict[str, tuple[int, ...]], pick, *, moments: bool) -> dict:
         """Full-chunk tensors of every sharded name from every rank's pieces: key -> (tensor, name), `pick(m)`

@@ -69,6 +69,7 @@ def _run(case: ShardCase, rank: int, sharding: str | None) -> dict:
         out["norms"].append(result["grad_norm"])
         if step == 0:
             out["grads"] = engine.grads()
+    out["pending_gathers"] = len(getattr(engine.grad_sync, "gathers", {}))    # posted, awaiting a forward
     out["optimizer_bytes"] = optimizer_bytes(engine)
     out["sharded_ops"] = sum(op.sharded for op in engine.grad_sync.ops)
     out["state"] = engine.state_dict()
