@@ -298,15 +298,16 @@ class Engine:
         """The state_dict's entries as views of the live tensors (no copy): valid until the next update. Under
         sharded optimizer state, gathered copies (a collective, like state_dict); with `gather=False` (no
         collective: survivors after a loss) only what this rank holds whole: its unsharded tensors, and the
-        sharded parameters' weights where the compute dtype is the master dtype."""
+        sharded parameters' weights where the compute dtype is the master dtype and their all-gather is done."""
         if self.sharded is None:
             return live_views(self.optimizer, self.masters, self.layout)
-        self._settled()
         if gather:
             return self.state_dict()
+        in_flight = self.grad_sync.settle_finished_gathers()     # a lost peer may never send its slice
         out = live_views(self.optimizer, self.local_masters, self.layout) if self.optimizer is not None else {}
         if self.mixed is None:
-            out.update({n: (self.params[n].detach(), *self.layout[n]) for n in self.grad_sync.sharded_names()})
+            out.update({n: (self.params[n].detach(), *self.layout[n])
+                        for n in self.grad_sync.sharded_names() - in_flight})
         return out
 
     def snapshot_state(self) -> dict:

@@ -148,10 +148,18 @@ class ShardSync(GradSync):
         if not self.overlap_gathers:
             self.settle_gathers()
 
-    def settle_gathers(self, names: frozenset[str] | None = None) -> None:
+    def settle_finished_gathers(self) -> set[str]:
+        """Write the all-gathers that have finished into the weights, waiting for none (after a loss a peer may
+        never send); the names whose weights are still in flight."""
+        self.settle_gathers(only_finished=True)
+        return {n for i in self.gathers for n in self._needs[i]}
+
+    def settle_gathers(self, names: frozenset[str] | None = None, *, only_finished: bool = False) -> None:
         """Wait for the posted all-gathers of the ops covering any of `names` (None: all) and write them into
-        the weights."""
+        the weights (`only_finished`: those that need no wait)."""
         for i in [i for i in self.gathers if names is None or self._needs[i] & names]:
+            if only_finished and self.gathers[i][0] is not None and not self.gathers[i][0].is_completed():
+                continue
             work, recv = self.gathers.pop(i)
             if work is not None:
                 start = time.perf_counter()

@@ -69,6 +69,8 @@ def train_with_snapshots(rank: int, world_size: int, case: ShardCase, root: str,
             out["records"][engine.step] = handle.fast_result().records + handle.storage_result().records
     snap.close()
     out["holdings"] = engine.snapshot_holdings()
+    live = engine.live_state(gather=False)              # no collective, no wait for the last all-gathers
+    out["live"] = {name: (t.clone(), shape, chunk) for name, (t, shape, chunk) in live.items()}
     out["slices"] = {key: (t.clone(), shape, chunk) for key, (t, shape, chunk) in engine.snapshot_state().items()}
     out["state"] = engine.state_dict()
     return out

@@ -88,3 +88,13 @@ def test_lost_node_recovers_from_node_stores_with_the_uninterrupted_losses(run):
         assert r["bytes_by_tier"]["node-c"] > 0               # b's slices came from their second node
         assert all(abs(a - b) <= TOL * b for a, b in zip(r["losses"], uninterrupted[LOST_IN_STEP - 1:])), \
             (r["losses"], uninterrupted)
+
+
+def test_live_state_without_a_collective_holds_only_settled_weights(run):
+    """A survivor's view after a loss: the sharded weights it returns (their all-gathers done) are the step's."""
+    _, ranks = run
+    assert any(r["live"] for r in ranks)
+    for r in ranks:
+        for name, (tensor, _, chunk) in r["live"].items():
+            held, saved = r["state"][name][2], r["state"][name][0]
+            assert chunk == held and torch.equal(tensor, saved), name
