@@ -143,7 +143,7 @@ class ShardSync(GradSync):
         lands in the weights at `settle_gathers`. Every bucket is posted before any is waited for, on every
         rank, so no rank waits on a gather another has not posted."""
         self.settle_gathers()
-        for i in self.layouts:
+        for i in reversed(list(self.layouts)):       # in forward order: the first units' weights land first
             self.gathers[i] = self._post_gather(i, slices[i].to(dtype))
         if not self.overlap_gathers:
             self.settle_gathers()
