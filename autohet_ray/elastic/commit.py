@@ -18,11 +18,11 @@ from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, 
 from autohet_ray.checkpoint.copy_check import report_refused
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
-from autohet_ray.elastic.dropped import DroppedKeepers
-from autohet_ray.elastic.keeper import get_keeper, keeper_name
+from autohet_ray.elastic.keeper import get_keeper, keeper_name, stop_dropped_keeper
 from autohet_ray.elastic.liveness import settled_ok
-from autohet_ray.elastic.report import one_line, report_failure
 from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.recovery.dropped import DroppedKeepers
+from autohet_ray.recovery.report import one_line, report_failure
 
 
 class Committer:
@@ -40,7 +40,7 @@ class Committer:
         self.copies: list = []                          # refs of re-replications after a loss (background)
         self._gc_pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-gc")
         self._gc: Future | None = None
-        self.dropped = DroppedKeepers()
+        self.dropped = DroppedKeepers(stop=stop_dropped_keeper)
 
     def add_keeper(self, node: str, spec: dict) -> None:
         self.dropped.rejoined(spec["node_id"])

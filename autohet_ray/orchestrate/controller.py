@@ -6,9 +6,10 @@ a Python program):
 or step by step: `ctl.start()` (discover, profile once, plan, node stores, workers), `ctl.step()` (a lost node
 inside it is recovered), `ctl.close()`.
 
-The controller is a state machine: State, and TRANSITIONS, the only moves it makes. Recovery decides what a
-failure, a spot notice or a joined node calls for (elastic/recovery.py, decisions as plain data); the controller
-carries each decision out, through the live job's workers and stores (orchestrate/live_job.py). `close()` is the
+The controller is a state machine: State, and TRANSITIONS, the only moves it makes (recovery/states.py).
+Recovery decides what a failure, a spot notice or a joined node calls for (recovery/policy.py, decisions as
+plain data); the controller carries each decision out, through the live job's workers and stores
+(orchestrate/live_job.py). `close()` is the
 exit path of every ending: a normal end, SIGINT/SIGTERM, an exception; it never removes a node store before the
 newest committed step is safe in the storage.
 """
@@ -18,16 +19,14 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from enum import Enum
 
 import ray
 
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
-from autohet_ray.elastic.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
 from autohet_ray.elastic.keeper import stop_keeper
 from autohet_ray.elastic.liveness import detect_failure
-from autohet_ray.elastic.recovery import healthy, store_only_nodes
+from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
 from autohet_ray.job.record import refuse_existing_job
@@ -35,34 +34,15 @@ from autohet_ray.metrics.step import run_figures
 from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
-from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
+from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
 from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
+from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
+from autohet_ray.recovery.policy import store_only_nodes
+from autohet_ray.recovery.states import State, transition
 from autohet_ray.storage import job_files
 from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
-
-
-class State(str, Enum):
-    NEW = "new"
-    RUNNING = "running"
-    RECOVERING = "recovering"      # a step failed: detect what was lost, salvage the survivors
-    REPLANNING = "replanning"      # rediscover, plan, restart, restore (after a loss, a notice or a join)
-    CLOSED = "closed"
-
-
-TRANSITIONS = {                    # every move the controller makes; any other is a bug
-    State.NEW: {State.RUNNING, State.CLOSED},
-    State.RUNNING: {State.RECOVERING, State.REPLANNING, State.CLOSED},
-    State.RECOVERING: {State.REPLANNING, State.CLOSED},
-    State.REPLANNING: {State.RUNNING, State.RECOVERING, State.CLOSED},   # a loss while relaunching: next round
-    State.CLOSED: set(),
-}
-
-
-def transition(current: State, to: State) -> State:
-    assert to in TRANSITIONS[current], f"no transition {current.value} -> {to.value}"
-    return to
 
 
 class Controller(LiveJob):
@@ -205,7 +185,7 @@ class Controller(LiveJob):
             outcome["in_storage"] = outcome["completed"] in {0, *self.committer.cloud_committed}
         self._release()
         if outcome.get("in_storage") is False:
-            print(not_in_storage_message(self, outcome), file=sys.stderr, flush=True)
+            print(not_in_storage(self, outcome), file=sys.stderr, flush=True)
         if "error" not in outcome:               # else kept: the message above says where and how to resume
             dropped = self.committer.dropped.remaining() if self.committer else []
             for spec in [*self.keeper_specs.values(), *dropped]:
@@ -245,7 +225,8 @@ class Controller(LiveJob):
         stop = self.recovery.on_failure(failure, completed=self.step_index)
         while stop is None:
             self.state = transition(self.state, State.RECOVERING)
-            node_ids, stores = self.found.node_ids, store_only_nodes(self.committer, self.group.slots)
+            node_ids = self.found.node_ids
+            stores = store_only_nodes(self.committer.keepers if self.committer else (), self.group.slots)
             decision = self.recovery.diagnose(
                 failure, node_ids=node_ids, keeps_checkpoints=self.committer is not None,
                 healthy=lambda: healthy(self.group, node_ids, stores),

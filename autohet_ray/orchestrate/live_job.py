@@ -17,8 +17,7 @@ import ray
 from autohet_ray.cluster.live import describe, without_nodes
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.elastic.keeper import keeper_specs
-from autohet_ray.elastic.recovery import Recovery
-from autohet_ray.elastic.report import report_failure
+from autohet_ray.elastic.recovery import LiveRecovery
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.emulate.pacer import rank_pacers
@@ -30,6 +29,7 @@ from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.discovery import confirm_nodes, discover
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.plan.schema import plan_summary
+from autohet_ray.recovery.report import report_failure
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import location
 from autohet_ray.storage.sweep import StorageSweeper
@@ -48,7 +48,7 @@ class LiveJob:
         self.data = self.dataset_hold = self.metrics_log = self.tensorboard_log = None
         self.baselines: dict[str, float] = {}
         self.keeper_specs: dict[str, dict] = {}
-        self.recovery = Recovery(max_recoveries=job.max_recoveries, window_steps=job.recovery_window_steps)
+        self.recovery = LiveRecovery(max_recoveries=job.max_recoveries, window_steps=job.recovery_window_steps)
         self.step_index = 0                  # completed optimizer steps of the live group
         self.history: list[dict] = []
         self.snapped: set[int] = set()       # steps the live group snapshotted

@@ -1,4 +1,4 @@
-"""The controller's state machine (orchestrate/controller.py): the moves TRANSITIONS allows, and that any other
+"""The controller's state machine (recovery/states.py, orchestrate/controller.py): the moves TRANSITIONS allows, and that any other
 move, or a call made in the wrong state, fails. No Ray: a controller that was never started."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from autohet_ray.job.config import TrainJob
 from autohet_ray.model.spec import load_model
-from autohet_ray.orchestrate.controller import Controller, State, transition
+from autohet_ray.orchestrate.controller import Controller
+from autohet_ray.recovery.states import State, transition
 
 CLUSTER = {"name": "one", "nodes": [{"name": "a", "device": "H800", "count": 1}]}
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from autohet_ray.cli.signals import Stopped, as_raised, exit_status, stop_signals, stopped_by
-from autohet_ray.elastic.budget import RecoveryBudget, RecoveryExhausted
-from autohet_ray.elastic.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE, report_failure
+from autohet_ray.recovery.budget import RecoveryBudget, RecoveryExhausted
+from autohet_ray.recovery.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE, report_failure
 from autohet_ray.job.config import TrainJob
 from autohet_ray import ConfigError
 

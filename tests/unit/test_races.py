@@ -9,7 +9,7 @@ import threading
 import torch
 
 from autohet_ray.checkpoint.snapshot import SnapshotHandle
-from autohet_ray.elastic.spot import Notices
+from autohet_ray.recovery.notice_board import Notices
 from autohet_ray.orchestrate.worker import Worker
 
 WAIT_S = 10.0
