@@ -73,7 +73,7 @@ class Controller(LiveJob):
             sweep_or_warn(self.sweeper.at_start, self.job.storage, "start")
             if self.job.elastic:
                 self.start_keepers()
-            self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
+            self.committer = Committer(keeper_specs=self.keeper_specs, storage=self.job.storage,
                                        extra={"job_id": self.job_id}, gc_every=self.job.gc_every,
                                        control_timeout_s=self.job.control_timeout_s)
             self.committer.step_extra = self.data.state
@@ -130,7 +130,7 @@ class Controller(LiveJob):
         return {"job_id": self.job_id, "launch": launch, "events": events, "secured": secured, "failure": failure,
                 "steps": [{k: m[k] for k in ("step", "loss", "lr", "wall_s")} for m in self.history],
                 "committed": self.committer.committed[-1:] if self.committer else [],
-                "cloud_committed": self.committer.cloud_committed[-1:] if self.committer else [],
+                "storage_committed": self.committer.storage_committed[-1:] if self.committer else [],
                 **run_figures(self.history, self.job.paced, self.job.global_batch)}
 
     def _between_steps(self, on_event) -> list[dict]:
@@ -182,7 +182,7 @@ class Controller(LiveJob):
             outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
         if self.committer is not None:
             outcome["completed"] = max(self.step_index, *self.committer.committed, 0)
-            outcome["in_storage"] = outcome["completed"] in {0, *self.committer.cloud_committed}
+            outcome["in_storage"] = outcome["completed"] in {0, *self.committer.storage_committed}
         self._release()
         if outcome.get("in_storage") is False:
             print(not_in_storage(self, outcome), file=sys.stderr, flush=True)
@@ -336,9 +336,11 @@ class Controller(LiveJob):
         """Tests and benchmarks note when they inject a failure (detection is timed from here)."""
         self.recovery.mark_fault()
 
-    def set_cloud_every(self, steps: int) -> None:
+    def set_storage_every(self, steps: int) -> None:
         """Change the storage cadence between steps (0: node stores only); the last step is flushed first."""
         assert self.state is State.RUNNING, self.state
         self.flush()
         self.job = replace(self.job, checkpoint_every=steps)
         self.configure_snapshots()
+
+    set_cloud_every = set_storage_every      # deprecated name (benchmarks/recovery_bench.py calls it)

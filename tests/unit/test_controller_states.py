@@ -50,7 +50,7 @@ def test_a_controller_that_never_started_refuses_to_step_or_replan_and_closes_on
     with pytest.raises(AssertionError):
         ctl.check_joins()
     with pytest.raises(AssertionError):
-        ctl.set_cloud_every(2)
+        ctl.set_storage_every(2)
     assert ctl.close() == {"step": None, "where": None}
     assert ctl.state is State.CLOSED and ctl.state == "closed"
     assert ctl.close() == {}                 # every exit path closes; only the first does anything
