@@ -176,7 +176,7 @@ def test_promote_uploads_only_chunks_that_pass_their_hash(cluster, tmp_path, cap
         capfd.readouterr()
         committer.promote(6)
         refused = [line for line in capfd.readouterr().err.splitlines() if "copy refused" in line]
-        assert refused and all("step 6" in line and "keeper-b -> cloud: hash mismatch" in line for line in refused)
+        assert refused and all("step 6" in line and "keeper-b -> storage: hash mismatch" in line for line in refused)
         stored = find_manifest([committer.storage], 6)
         assert sum("keeper-b" not in r.replicas for r in stored.records) == len(refused)
         state, _ = restore(stored, helpers.needs_of([whole])[0], [committer.storage])

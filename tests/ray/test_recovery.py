@@ -177,7 +177,7 @@ def test_resume_skips_a_corrupt_step_and_names_the_chunk(cluster, tmp_path, caps
     assert tiers["storage"]["object"] == str(victim) and "corrupt" in tiers["storage"]["reason"]      # the storage
     assert all(t["reason"] == "missing" for name, t in tiers.items() if name != "storage")
     assert re.search(rf"autohet: step 4: tensor {re.escape(skipped['tensor'])} chunk {re.escape(key)} skipped on "
-                     rf"restore \[tier [^\]]*cloud\]: .*cloud: .*corrupt", captured.err), captured.err  # printed then
+                     rf"restore \[tier [^\]]*storage\]: .*storage: .*corrupt", captured.err), captured.err  # printed then
     assert [s["loss"] for s in out["steps"]] == pytest.approx(reference_losses(5)[2:], rel=1e-6)
 
 
