@@ -24,18 +24,21 @@ import ray
 
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
-from autohet_ray.elastic.keeper import stop_keeper
+from autohet_ray.elastic.keeper import start_keeper, stop_keeper
 from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
+from autohet_ray.job.foresight import Joining, foreseen_states
+from autohet_ray.job.plan_ahead import start_planning_ahead
+from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
 from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
-from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
+from autohet_ray.orchestrate.worker_group import GroupFailure, kill_actors, rescue_orphans, worker_actor
 from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
 from autohet_ray.recovery.policy import store_only_nodes
 from autohet_ray.recovery.states import State, transition
@@ -52,6 +55,8 @@ class Controller(LiveJob):
         self.state = State.NEW
         self.board = None                    # the job's spot-notice board, once watch_spot started watchers
         self.target_steps: int | None = None   # the step the caller trains to (named in the resume command)
+        self.prepare_joins = True            # plan-ahead: a join's plan and workers are made while this plan trains
+        self.joining: Joining | None = None
 
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start node stores, plan, place and (with restore='cloud_only' or
@@ -174,6 +179,7 @@ class Controller(LiveJob):
             return {}
         if self.planning_ahead is not None:      # no new planning competes with securing the newest step
             self.planning_ahead.stop()
+        self._drop_joining()
         if stopping and self.committer is not None and self.group is not None:
             secure_nodes_first(self, stopping)
         try:
@@ -280,11 +286,13 @@ class Controller(LiveJob):
         self.state = transition(self.state, State.RUNNING)
         return report
 
-    def replan(self, *, reason: str = "requested", plan: dict | None = None) -> dict:
-        """A planned re-plan on the live nodes: flush, keep the workers' processes, relaunch from the flushed
-        step."""
+    def replan(self, *, reason: str = "requested", plan: dict | None = None, extra: dict | None = None) -> dict:
+        """A planned re-plan on the live nodes: flush, keep the workers' processes (and take `extra`'s: node
+        name -> workers started ahead), relaunch from the flushed step."""
         self.flush()
         reuse, completed = self.group.salvage([], set()), self.step_index
+        for node, actors in (extra or {}).items():
+            reuse.setdefault(node, []).extend(actors)
         nothing_committed = self.committer is not None and not self.committer.committed
         relaunch = self.recovery.relaunch(reason, reuse, nothing_committed=nothing_committed, plan=plan,
                                           planned=True)
@@ -328,9 +336,51 @@ class Controller(LiveJob):
         grow = self.recovery.on_joins({n.name for n in self.found.nodes},
                                       set(self.recovery.dead_nodes(self.base_cluster)),
                                       [n.name for n in self.base_cluster.nodes])
+        if self.joining is not None and (grow is None or self.joining.base != state_key(self.found.cluster)):
+            self._drop_joining()                  # the nodes being prepared left, or a node was lost meanwhile
         if grow is None:
             return None
-        return {"joined": grow.joined, **self.replan(reason=f"node(s) {grow.joined} joined", plan=plan)}
+        prepared = {}
+        if self.prepare_joins and plan is None:
+            if self.joining is None or self.joining.joined != grow.joined:     # more joined (or fewer): extend
+                self.joining = self._prepare_join(grow.joined, self.joining)
+            plan, started = self.joining.plan(self.plan_cache), self.joining.started
+            up = ray.wait(started, num_returns=len(started), timeout=0)[0] if started else []
+            if plan is None or len(up) < len(started):
+                return None                       # train on; switch at a later step boundary
+            prepared, self.joining = self.joining.report(), None
+            prepared["plan_source"] = "planned ahead"
+        report = self.replan(reason=f"node(s) {grow.joined} joined", plan=plan, extra=prepared.pop("actors", None))
+        return {"joined": grow.joined, **report, **prepared}
+
+    def _prepare_join(self, joined: list[str], earlier: Joining | None) -> Joining:
+        """Plan the state with the joined nodes first (then the other foreseen ones) and start their workers
+        (those an `earlier` preparation started on nodes still joined are kept)."""
+        kept = {n: a for n, a in earlier.actors.items() if n in joined} if earlier is not None else {}
+        if earlier is not None:
+            kill_actors([a for n, actors in earlier.actors.items() if n not in joined for a in actors])
+        found = self.discover()
+        if self.planning_ahead is not None:
+            self.planning_ahead.stop()
+        self.planning_ahead = start_planning_ahead(
+            self.job, found=found, profile=self.profile, priced_model=self.priced_model, seq_len=self.priced_seq_len,
+            cache=self.plan_cache, states=foreseen_states(self.found.cluster, joined=found.cluster))
+        per_node = {n.name: n for n in found.nodes if n.name in joined}
+        actors = {name: kept.get(name) or [worker_actor(n.node_id, 0) for _ in range(n.num_gpus)]
+                  for name, n in per_node.items()}
+        started = [a.where.remote() for node_actors in actors.values() for a in node_actors]   # process + imports
+        started += [start_keeper(self.job_id, n.node_id, label=f"keeper-{name}").directory.remote()
+                    for name, n in per_node.items() if name not in self.keeper_specs]      # its node store
+        return Joining(joined=joined, key=state_key(found.cluster), base=state_key(self.found.cluster),
+                       actors=actors, started=started, node_ids={name: n.node_id for name, n in per_node.items()})
+
+    def _drop_joining(self) -> None:
+        if self.joining is not None:
+            kill_actors([a for actors in self.joining.actors.values() for a in actors])
+            for name, node_id in self.joining.node_ids.items():
+                if name not in self.keeper_specs:
+                    stop_keeper(self.job_id, node_id)
+            self.joining = None
 
     def mark_fault(self) -> None:
         """Tests and benchmarks note when they inject a failure (detection is timed from here)."""
