@@ -6,9 +6,10 @@ a Python program):
 or step by step: `ctl.start()` (discover, profile once, plan, node stores, workers), `ctl.step()` (a lost node
 inside it is recovered), `ctl.close()`.
 
-The controller is a state machine: State, and TRANSITIONS, the only moves it makes. Recovery decides what a
-failure, a spot notice or a joined node calls for (elastic/recovery.py, decisions as plain data); the controller
-carries each decision out, through the live job's workers and stores (orchestrate/live_job.py). `close()` is the
+The controller is a state machine: State, and TRANSITIONS, the only moves it makes (recovery/states.py).
+Recovery decides what a failure, a spot notice or a joined node calls for (recovery/policy.py, decisions as
+plain data); the controller carries each decision out, through the live job's workers and stores
+(orchestrate/live_job.py). `close()` is the
 exit path of every ending: a normal end, SIGINT/SIGTERM, an exception; it never removes a node store before the
 newest committed step is safe in the storage.
 """
@@ -18,54 +19,33 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from enum import Enum
 
 import ray
 
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
-from autohet_ray.elastic.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
 from autohet_ray.elastic.keeper import start_keeper, stop_keeper
 from autohet_ray.elastic.liveness import detect_failure
-from autohet_ray.elastic.recovery import healthy, store_only_nodes
+from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
+from autohet_ray.job.foresight import Joining, foreseen_states
+from autohet_ray.job.plan_ahead import start_planning_ahead
+from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
 from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
-from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
-from autohet_ray.job.foresight import Joining, foreseen_states
-from autohet_ray.job.plan_ahead import start_planning_ahead
-from autohet_ray.job.plan_choice import state_key
+from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
 from autohet_ray.orchestrate.worker_group import GroupFailure, kill_actors, rescue_orphans, worker_actor
+from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
+from autohet_ray.recovery.policy import store_only_nodes
+from autohet_ray.recovery.states import State, transition
 from autohet_ray.storage import job_files
 from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
-
-
-class State(str, Enum):
-    NEW = "new"
-    RUNNING = "running"
-    RECOVERING = "recovering"      # a step failed: detect what was lost, salvage the survivors
-    REPLANNING = "replanning"      # rediscover, plan, restart, restore (after a loss, a notice or a join)
-    CLOSED = "closed"
-
-
-TRANSITIONS = {                    # every move the controller makes; any other is a bug
-    State.NEW: {State.RUNNING, State.CLOSED},
-    State.RUNNING: {State.RECOVERING, State.REPLANNING, State.CLOSED},
-    State.RECOVERING: {State.REPLANNING, State.CLOSED},
-    State.REPLANNING: {State.RUNNING, State.RECOVERING, State.CLOSED},   # a loss while relaunching: next round
-    State.CLOSED: set(),
-}
-
-
-def transition(current: State, to: State) -> State:
-    assert to in TRANSITIONS[current], f"no transition {current.value} -> {to.value}"
-    return to
 
 
 class Controller(LiveJob):
@@ -98,7 +78,7 @@ class Controller(LiveJob):
             sweep_or_warn(self.sweeper.at_start, self.job.storage, "start")
             if self.job.elastic:
                 self.start_keepers()
-            self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
+            self.committer = Committer(keeper_specs=self.keeper_specs, storage=self.job.storage,
                                        extra={"job_id": self.job_id}, gc_every=self.job.gc_every,
                                        control_timeout_s=self.job.control_timeout_s)
             self.committer.step_extra = self.data.state
@@ -155,7 +135,7 @@ class Controller(LiveJob):
         return {"job_id": self.job_id, "launch": launch, "events": events, "secured": secured, "failure": failure,
                 "steps": [{k: m[k] for k in ("step", "loss", "lr", "wall_s")} for m in self.history],
                 "committed": self.committer.committed[-1:] if self.committer else [],
-                "cloud_committed": self.committer.cloud_committed[-1:] if self.committer else [],
+                "storage_committed": self.committer.storage_committed[-1:] if self.committer else [],
                 **run_figures(self.history, self.job.paced, self.job.global_batch)}
 
     def _between_steps(self, on_event) -> list[dict]:
@@ -208,10 +188,10 @@ class Controller(LiveJob):
             outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
         if self.committer is not None:
             outcome["completed"] = max(self.step_index, *self.committer.committed, 0)
-            outcome["in_storage"] = outcome["completed"] in {0, *self.committer.cloud_committed}
+            outcome["in_storage"] = outcome["completed"] in {0, *self.committer.storage_committed}
         self._release()
         if outcome.get("in_storage") is False:
-            print(not_in_storage_message(self, outcome), file=sys.stderr, flush=True)
+            print(not_in_storage(self, outcome), file=sys.stderr, flush=True)
         if "error" not in outcome:               # else kept: the message above says where and how to resume
             dropped = self.committer.dropped.remaining() if self.committer else []
             for spec in [*self.keeper_specs.values(), *dropped]:
@@ -251,7 +231,8 @@ class Controller(LiveJob):
         stop = self.recovery.on_failure(failure, completed=self.step_index)
         while stop is None:
             self.state = transition(self.state, State.RECOVERING)
-            node_ids, stores = self.found.node_ids, store_only_nodes(self.committer, self.group.slots)
+            node_ids = self.found.node_ids
+            stores = store_only_nodes(self.committer.keepers if self.committer else (), self.group.slots)
             decision = self.recovery.diagnose(
                 failure, node_ids=node_ids, keeps_checkpoints=self.committer is not None,
                 healthy=lambda: healthy(self.group, node_ids, stores),
@@ -405,9 +386,11 @@ class Controller(LiveJob):
         """Tests and benchmarks note when they inject a failure (detection is timed from here)."""
         self.recovery.mark_fault()
 
-    def set_cloud_every(self, steps: int) -> None:
+    def set_storage_every(self, steps: int) -> None:
         """Change the storage cadence between steps (0: node stores only); the last step is flushed first."""
         assert self.state is State.RUNNING, self.state
         self.flush()
         self.job = replace(self.job, checkpoint_every=steps)
         self.configure_snapshots()
+
+    set_cloud_every = set_storage_every      # deprecated name (benchmarks/recovery_bench.py calls it)

@@ -143,7 +143,7 @@ class Worker:
                                                            routes=self.routes, background_copy=background_copy))
 
     def keep_snapshot(self, step: int, handle) -> None:
-        """Remember a step's snapshot handle (fast_records and cloud_records read it from other threads)."""
+        """Remember a step's snapshot handle (fast_records and storage_records read it from other threads)."""
         with self._handles_lock:
             self.handles[step] = handle
 
@@ -190,7 +190,7 @@ class Worker:
         except Exception as err:
             raise self._as_text(err, f"snapshot of step {step}") from None
 
-    def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
+    def storage_records(self, step: int, timeout_s: float = 600.0) -> list | None:
         try:
             result = self._snapshot_of(step).storage_result(timeout_s)     # waits outside the lock
         except Exception as err:
