@@ -1,6 +1,6 @@
 """What each GPU snapshots per step under a plan, computed with the runtime's own code: the ranks' layouts
 (runtime/parallelize.rank_layouts, as each Engine builds them), what each rank holds (orchestrate/worker.py
-holdings_of: fp32 master weights + two AdamW moments), and where an elastic job's snapshot routes put each
+holdings_of_layout: fp32 master weights + two AdamW moments), and where an elastic job's snapshot routes put each
 unique chunk (checkpoint/holdings.py: tiling_holdings + place_copies with 1 + num_peers node-store copies, as
 snapshot_routes does). A rank copies off its GPU only the chunks it writes somewhere (`owned`, the union of its
 routes); data-parallel and TP-replicated copies are written once per chosen node store, not by every holder.
@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 
 import torch
 
 from autohet_ray.checkpoint.holdings import tiling_holdings
 from autohet_ray.checkpoint.peers import place_copies
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.orchestrate.worker import holdings_of
 from autohet_ray.plan.rankmap import build_rank_map
 from autohet_ray.plan.schema import Plan, plan_from_dict
 from autohet_ray.replay.planning import sub_cluster
+from autohet_ray.runtime.optim import holdings_of_layout
 from autohet_ray.runtime.parallelize import rank_layouts
 
 NUM_PEERS = 1          # TrainJob's default num_peers: 2 node-store copies of every chunk
@@ -52,7 +51,7 @@ def plan_holdings(plan: Plan, model: ModelSpec, master_dtype=torch.float32) -> t
     rank -> pipeline, rank -> node."""
     rank_map = build_rank_map(plan, model.num_layers)
     layouts = rank_layouts(plan, model)
-    holdings = {r: holdings_of(SimpleNamespace(layout=layout, master_dtype=master_dtype))
+    holdings = {r: holdings_of_layout(layout, master_dtype)
                 for r, layout in enumerate(layouts)}
     return (holdings, {i.rank: i.pipeline for i in rank_map.ranks}, {i.rank: i.node for i in rank_map.ranks})
 

@@ -22,8 +22,8 @@ from autohet_ray.layout import Chunk
 from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync, unit_of
 from autohet_ray.runtime.groups import create_groups
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import (STEP_KEY, StateDict, build_adamw, clip_, live_views, load_optimizer_state,
-                                      needs_of_layout, optimizer_state, resolve_config, set_lr, squared_norm)
+from autohet_ray.runtime.optim import (STEP_KEY, StateDict, build_adamw, clip_, holdings_of_layout, live_views,
+                                      load_optimizer_state, optimizer_state, resolve_config, set_lr, squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
 from autohet_ray.runtime.precision import MasterGradStore, MasterWeights
 from autohet_ray.runtime.shard_sync import ShardSync, sharded_units
@@ -326,10 +326,7 @@ class Engine:
         """(name, chunk, bytes) of everything `snapshot_state` stores once the optimizer has stepped (for
         checkpoint.peers.place_copies): the master weights (fp32 under bf16 compute), their AdamW moments and
         the step counter; slices only for sharded optimizer state."""
-        item = torch.empty((), dtype=self.master_dtype).element_size()
-        whole = needs_of_layout({n: self.layout[n] for n in self.local_masters})
-        out = [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
-               for name, (_, chunk) in whole.items()]
+        out = holdings_of_layout({n: self.layout[n] for n in self.local_masters}, self.master_dtype)
         return out + (self.sharded.stored_holdings() if self.sharded is not None else [])
 
     def grads(self) -> StateDict:
