@@ -49,6 +49,7 @@ import yaml
 
 from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.cost import allreduce_time, evaluate_plan
+from autohet_ray.cost.sharding import GLOO_SHARES
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile, profile_from_dict
@@ -132,6 +133,28 @@ def all_reduce_seconds(numel: int) -> tuple[float, float, float]:
     collective."""
     times = sorted(run_world(_all_reduces, 2, numel, 100)[0])
     return times[0], times[len(times) // 2], sum(times) / len(times)
+
+
+def _shard_collectives(rank: int, world_size: int, numel: int, reps: int) -> dict:
+    """Seconds of an all-reduce, a reduce-scatter of the same input and the all-gather back, each rep."""
+    full, half, out = torch.randn(numel), torch.empty(numel // 2), torch.empty(numel)
+    times = {"all_reduce": [], "reduce_scatter": [], "all_gather": []}
+    for _ in range(reps):
+        for name, run in (("all_reduce", lambda: dist.all_reduce(full)),
+                          ("reduce_scatter", lambda: dist.reduce_scatter_tensor(half, full)),
+                          ("all_gather", lambda: dist.all_gather_into_tensor(out, half))):
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def shard_collective_shares(numel: int = 7 << 20, reps: int = 7) -> dict:
+    """gloo's reduce-scatter and all-gather (2 ranks, `numel` fp32 elements) as shares of the all-reduce of the
+    same bucket, medians: what cost/sharding.GLOO_SHARES prices (a ring would take 0.5 each)."""
+    times = {k: sorted(v)[len(v) // 2] for k, v in run_world(_shard_collectives, 2, numel, reps)[0].items()}
+    return {k: round(times[k] / times["all_reduce"], 2) for k in ("reduce_scatter", "all_gather")}
 
 
 def measure_link() -> LinkProfile:
@@ -328,6 +351,9 @@ def main() -> None:
         for name, plan in shapes.items():
             runs[name].append(run_plan(name, plan, args.steps, cluster, model, profile))
     tp_us = print_tp_diagnostics(profile)
+    shares = shard_collective_shares()
+    print(f"gloo reduce-scatter / all-gather of a 28 MB bucket as shares of its all-reduce: {shares} "
+          f"(priced: {dict(zip(('reduce_scatter', 'all_gather'), GLOO_SHARES))})", flush=True)
     plans = {name: plan_errors(r) for name, r in runs.items()}
     for name, figures in plans.items():
         print(f"{name:<36} predicted {figures['predicted_s']} s  measured {figures['measured_s']} s  "
@@ -340,7 +366,7 @@ def main() -> None:
                       "method": "each run paired step by step with the profiler's in-situ reps",
                       "compute": profile.meta.get("compute", {}),
                       "tp_collectives": profile.meta.get("tp_collectives", {}), "steps": args.steps,
-                      "passes": args.passes, "tp_all_reduce_us": tp_us, "nice": os.nice(0), "load_average": load,
+                      "passes": args.passes, "tp_all_reduce_us": tp_us, "gloo_shard_collective_shares": shares, "nice": os.nice(0), "load_average": load,
                       "plans": plans}))
 
 if __name__ == "__main__":

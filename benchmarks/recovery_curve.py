@@ -149,6 +149,11 @@ def headline(points: list[dict], target_mib_s: float = TARGET_MIB_S) -> dict:
             "at_target_modelled": modelled(points, target_mib_s), "target": describe_rate(target_mib_s)}
 
 
+def storage_bytes(bytes_by_tier: dict) -> int:
+    """Bytes read from the storage tier; runs before 2026-12-05 named that tier "cloud"."""
+    return bytes_by_tier.get("storage", 0) + bytes_by_tier.get("cloud", 0)
+
+
 def ranks_of(summary: dict) -> int:
     """The ranks of a recovery: its report's num_ranks, else counted from its plan ('node:GPUxTP[a,b)')."""
     if "num_ranks" in summary:
@@ -160,7 +165,7 @@ def curve_report(pairs: list[tuple[float, dict, dict]], steady_s: float) -> dict
     """The curve from the measured pairs [(MiB/s per rank, local-first summary, cloud-only summary)] (summaries:
     {"phases", "bytes_by_tier", "plan", ...}): each point, the model checked against them, the curve without
     this host's S3 ceiling, where local-first stops paying, and the headline with its pair's sensitivity."""
-    points = [curve_point(mib_s, local["phases"], cloud["phases"], cloud_bytes=cloud["bytes_by_tier"]["cloud"],
+    points = [curve_point(mib_s, local["phases"], cloud["phases"], cloud_bytes=storage_bytes(cloud["bytes_by_tier"]),
                           ranks=ranks_of(cloud), steady_s=steady_s) for mib_s, local, cloud in pairs]
     # the first step does the same work in both modes: the run's median first step in both (modelled) takes
     # out the noise of one step on this shared host
@@ -178,7 +183,7 @@ def curve_report(pairs: list[tuple[float, dict, dict]], steady_s: float) -> dict
             "speedup": next(p["speedup"] for p in points if p["cloud_link"] == head["cloud_link"]),
             "local_first": local, "cloud_reload": cloud, "steady_step_s": round(steady_s, 3),
             "lost_steps_max": max(r["lost_steps"] for _, lf, cr in pairs for r in (lf, cr)),
-            "cloud_bytes_after_single_node_loss": max(lf["bytes_by_tier"].get("cloud", 0) for _, lf, _ in pairs)}
+            "cloud_bytes_after_single_node_loss": max(storage_bytes(lf["bytes_by_tier"]) for _, lf, _ in pairs)}
 
 
 def pairs_from_saved(saved: dict) -> list[tuple[float, dict, dict]]:

@@ -2,11 +2,14 @@
 `auto` (recomputation "auto" both ways, so each plan recomputes only where it must), on issue 33's fleets and
 two where no gain is expected.
 
-Predictions of the cost model with the analytic profile (bf16), not measurements. The `auto` search gets twice
-the time limit: it runs the unsharded search (half its time, as long as `none`'s) and the sharded one, so the
-deterministic unsharded half finds what `none` finds. Ends with one JSON line.
+Predictions of the cost model with the analytic profile (bf16), not measurements. `auto` runs the very search
+`none` runs, with the same time limit, then the sharded searches (planner/sharding.py), each with that limit
+too; so where no search of a row hits its limit (the `hit` column; the search is deterministic then) auto is
+never slower than none. Beside each row: the planner's proven upper bound on samples/s (planner/bound.py) with
+sharding "none" and "auto", pipelines, recomputing and sharded stages, and each mode's planning wall seconds.
+Ends with one JSON line.
 
-    python benchmarks/sharding_gains.py [--time-limit 30] [--global-batch N] [--fleets N]
+    python benchmarks/sharding_gains.py [--time-limit 300] [--global-batch N] [--rows 0,2]
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import time
 
 from autohet_ray.cluster import load_cluster
 from autohet_ray.model import PRESETS
+from autohet_ray.planner.bound import lower_bound_iteration_s
 from autohet_ray.planner.search import plan_training, token_cap_sizes
 from autohet_ray.profile import analytic_profile
 from autohet_ray.profile.analytic import with_micro_batches
@@ -53,31 +57,42 @@ def _plan(model, cluster, profile, batch, seq, mode, limit):
 
 def _cell(x: dict) -> str:
     if not x["feasible"]:
-        return f"{'infeasible':>26}"
-    return (f"{x['samples_per_s']:8.2f} s/s rc {x['recompute_stages']:>2}/{x['stages']:<2} "
-            f"sh {x['sharded_stages']:>2}")
+        return f"{'infeasible':>40}"
+    return (f"{x['samples_per_s']:8.2f} pp {x['pipelines']:>2} rc {x['recompute_stages']:>2}/{x['stages']:<2} "
+            f"sh {x['sharded_stages']:>2} {x['wall_s']:5.0f}s{'*' if x['hit_time_limit'] else ' '}")
+
+
+def _bound(model, cluster, profile, batch, seq, mode) -> float:
+    """The planner's proven upper bound on samples/s (recomputation allowed, sharding `mode`)."""
+    t = lower_bound_iteration_s(cluster=cluster, model=model, profile=profile, global_batch=batch, seq_len=seq,
+                                recompute="auto", optimizer_sharding=mode)
+    return batch / t
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per search (none: one; auto: several)")
     ap.add_argument("--global-batch", type=int, help="every fleet at this global batch (default: each its own)")
-    ap.add_argument("--fleets", type=int, default=len(FLEETS), help="only the first N fleets")
+    ap.add_argument("--rows", help="comma-separated row indices to run (default: all)")
     args = ap.parse_args()
+    picked = [FLEETS[int(i)] for i in args.rows.split(",")] if args.rows else FLEETS
     rows = []
-    print(f"{'model':<11} {'fleet':<20} {'none':>26}   {'auto':>26}   gain")
-    for name, fleet, batch, seq, why in FLEETS[:args.fleets]:
+    print(f"{'model':<11} {'fleet':<18} {'none s/s':>8} {'':>31}   {'auto s/s':>8} {'':>31}   gain    "
+          f"bound none/auto   (pp pipelines, rc recomputing/stages, sh sharded stages, planning wall, * hit limit)")
+    for name, fleet, batch, seq, why in picked:
         batch = args.global_batch or batch
         model, cluster = PRESETS[name], load_cluster(str(CLUSTERS / f"{fleet}.yaml"))
         profile = analytic_profile(model, cluster, seq, with_micro_batches(*token_cap_sizes(seq)))
         none = _plan(model, cluster, profile, batch, seq, "none", args.time_limit)
-        auto = _plan(model, cluster, profile, batch, seq, "auto", 2 * args.time_limit)
+        auto = _plan(model, cluster, profile, batch, seq, "auto", args.time_limit)
+        bound = {m: _bound(model, cluster, profile, batch, seq, m) for m in ("none", "auto")}
         gain = (auto["samples_per_s"] / none["samples_per_s"] if none["feasible"] and auto["feasible"]
                 else ("newly feasible" if auto["feasible"] else None))
         rows.append({"model": name, "fleet": fleet, "global_batch": batch, "seq_len": seq, "why": why,
-                     "none": none, "auto": auto, "gain": gain})
+                     "none": none, "auto": auto, "gain": gain, "bound_samples_per_s": bound})
         shown = f"{gain:.3f}x" if isinstance(gain, float) else str(gain)
-        print(f"{name:<11} {fleet:<20} {_cell(none)}   {_cell(auto)}   {shown}", flush=True)
+        print(f"{name:<11} {fleet:<18} {_cell(none)}   {_cell(auto)}   {shown:<7} "
+              f"{bound['none']:8.2f}/{bound['auto']:.2f}", flush=True)
     print(json.dumps({"bench": "sharding_gains", "time_limit_s": args.time_limit, "load_average": os.getloadavg(),
                       "rows": rows}))
 

@@ -17,21 +17,21 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
   exists. The emulated replay's medians (benchmarks/measured/emulated_replay.json: 0.27 s, 7.44 s on one host)
   are reported beside them (`emulated_phases`), or used with --emulated-phases. Each phase's basis is in the
   JSON line (`phase_basis`), with the restart that would still give 0.90.
-- Ours pays the measured per-step snapshot overhead, x1.20 on one H200 (autohet_ray/replay/figures.py,
-  `snapshot_overhead_basis`);
-  `snapshot_overhead_sweep` shows goodput at factors 1.0, 1.05, 1.10 and 1.20.
-- Checkpoint-restart: by default a join does not restart it (--join-policy; `checkpoint_restart_by_join_policy`
-  has every policy, `restart_unsaved` being the replay's behaviour before issue 34).
+- Ours pays a per-step snapshot overhead per plan: the bytes its busiest GPU snapshots (the runtime's writer
+  assignment: one writer per unique chunk and node-store copy, spot_replay_snapshot.py) per second of step, priced
+  by the one H200 measurement scaled linearly (an extrapolation; `snapshot_overhead_sweep`, `snapshot_rate_runtime`).
+- Checkpoint-restart: by default a join does not restart it (--join-policy; `checkpoint_restart_by_join_policy`).
 - Cost: USD per million tokens for ours, checkpoint-restart and the same job on on-demand GPUs only
   (jobs/clusters/prices.yaml); every alive node of the fleet is billed to the systems replayed on it.
-- --plan-ahead (labelled option, `plan_ahead` in the JSON line): a join's plan and workers are built while the
-  current plan trains, so the join costs a switch (PhaseModel.switch_s, assumed) instead of planning + restart.
+- Plan-ahead, on by default as in the controller (--no-plan-ahead; `plan_ahead_option`): a join's plan and
+  workers are made while the current plan trains (the switch pays the assumed restart, no planning), single-node
+  losses are planned ahead per pool; the emulated join with and without it (spot_replay_join_cost.py) beside.
 
 Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
 
     .venv/bin/python benchmarks/spot_replay.py [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
-    .venv/bin/python benchmarks/spot_replay.py --plans-in benchmarks/measured/spot_replay_plans_2026-12-04.json \
-        [--emulated-phases] [--snapshot-overhead 0.05] [--join-policy save_then_restart] [--plan-ahead]
+    .venv/bin/python benchmarks/spot_replay.py --plans-in benchmarks/measured/spot_replay_plans_2026-12-05.json \
+        [--emulated-phases] [--snapshot-overhead 0.05] [--join-policy save_then_restart] [--no-plan-ahead]
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
 from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
-from autohet_ray.replay.figures import SNAPSHOT_OVERHEAD, SNAPSHOT_OVERHEAD_BASIS, costed_figures
+from autohet_ray.replay.figures import (H200_FILE, H200_OVERHEAD_PER_GB_S, RUNTIME_RATE_BASIS, SNAPSHOT_OVERHEAD,
+                                        SNAPSHOT_OVERHEAD_BASIS, costed_figures)
 from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
 from autohet_ray.replay.prices import fleet_cost_usd, load_prices
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
@@ -57,10 +58,13 @@ from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_good
 from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, ReplayConfig
 from autohet_ray.replay.timeline import build_timeline
 from autohet_ray.replay.traces import PoolTrace, load_trace
+from spot_replay_join_cost import join_cost_medians
+from spot_replay_plot import plot
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 MEASURED_PHASES = ROOT / "benchmarks" / "measured" / "emulated_replay.json"
+JOIN_COST = ROOT / "benchmarks" / "measured" / "spot_replay_join_cost_2026-12-05.json"
 DEFAULT_POOLS = ["A100-80GB=aws-g4dn-us-east-1c", "H800=aws-g4dn-us-east-1d", "H100=aws-p2-us-east-1e"]
 BAMBOO_OVER_CHECKPOINTING = 3.7
 
@@ -85,16 +89,22 @@ def parse_args(argv=None):
                     help="plan every re-plan anew (the controller reuses a state's plan when it recurs)")
     ap.add_argument("--notice-s", type=float, default=0.0, help="spot notice before each removal (ours)")
     ap.add_argument("--checkpoint-every-min", type=float, default=30.0, help="checkpoint-restart's period")
-    ap.add_argument("--snapshot-overhead", type=float, default=SNAPSHOT_OVERHEAD,
-                    help="ours: step time the per-step node-store snapshot adds (fraction; default: measured)")
+    ap.add_argument("--snapshot-overhead", type=float, default=None,
+                    help="ours: a fixed step time the per-step node-store snapshot adds (fraction); default: each "
+                         "plan's own snapshot rate priced by the H200 measurement (plans saved with their structure), "
+                         f"else {SNAPSHOT_OVERHEAD}")
+    ap.add_argument("--join-cost-json", default=str(JOIN_COST),
+                    help="spot_replay_join_cost.py's JSON line: the emulated join with and without plan-ahead")
     ap.add_argument("--join-policy", choices=sorted(JOIN_POLICIES), default="ignore",
                     help="what a join does to checkpoint-restart: " +
                          "; ".join(f"{k}: {v}" for k, v in JOIN_POLICIES.items()))
-    ap.add_argument("--plan-ahead", action="store_true",
-                    help="ours: build a join's plan and workers while the current plan trains (labelled option)")
+    ap.add_argument("--no-plan-ahead", dest="plan_ahead", action="store_false",
+                    help="ours without plan-ahead (the controller plans ahead by default: a join's plan and "
+                         "workers are made while the current plan trains; single-node losses are planned ahead)")
     ap.add_argument("--snapshot-every", type=int, default=1,
                     help="ours: snapshot every N steps (modelled; the runtime snapshots every step)")
-    ap.add_argument("--switch-s", type=float, help="plan-ahead: the switch onto prepared workers (default 3 s)")
+    ap.add_argument("--switch-s", type=float,
+                    help="plan-ahead: the switch onto prepared workers (default: the restart, see switch_s_basis)")
     ap.add_argument("--emulated-json", default=str(MEASURED_PHASES),
                     help="spot_replay_emulated.py's JSON line: its measured detect and restart medians "
                          "(default: the committed run in benchmarks/measured/)")
@@ -160,6 +170,7 @@ def phase_model(args, cluster):
                               f"({nic * 8 / GB:g} Gb/s per node); reads from the node's own RAM store are faster")
     if args.switch_s is not None:
         phases, basis["switch_s"] = replace(phases, switch_s=args.switch_s), f"given: --switch-s {args.switch_s}"
+
     if args.restart_s is not None:
         phases, basis["restart_s"] = replace(phases, restart_s=args.restart_s), f"given: --restart-s {args.restart_s}"
     if args.local_gbps:
@@ -169,40 +180,6 @@ def phase_model(args, cluster):
         phases = replace(phases, cloud_Bps=args.cloud_gbps * GB / 8, cloud_upload_Bps=args.cloud_gbps * GB / 8)
         basis["cloud_Bps"] = basis["cloud_upload_Bps"] = f"given: --cloud-gbps {args.cloud_gbps}"
     return replace(phases, basis=basis)
-
-
-def plot(path: str, timeline, series: dict, gpus_per_node) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
-    hours = lambda ts: [t / 3600 for t in ts]  # noqa: E731
-    segs = timeline.segments()
-    starts = hours([a for a, _, _ in segs]) + [timeline.window_s / 3600]
-    for i, pool in enumerate(timeline.pools):
-        gpus = [s[i] * gpus_per_node[i] for _, _, s in segs]
-        on_demand = pool in series["on_demand"]
-        top.step(starts, gpus + gpus[-1:], where="post", ls="--" if on_demand else "-", lw=2 if on_demand else 1,
-                 label=f"{pool} ({'on demand' if on_demand else series['traces'][pool]})")
-    top.set_ylabel("GPUs alive")
-    top.legend(loc="lower left", ncol=2, fontsize=8)
-    ideal = series["ideal"]
-    bottom.step(starts, ideal + ideal[-1:], where="post", color="black", label="ideal (best plan for what is alive)")
-    labels = {"ours": "ours (running)", "checkpoint_restart": "checkpoint-restart (running; work since its "
-              "newest checkpoint is lost at each restart)", "no_replan": "no re-planning (running)"}
-    for name, style in (("checkpoint_restart", "tab:red"), ("no_replan", "tab:gray"), ("ours", "tab:green")):
-        xs, ys = [], []
-        for a, b, r in series["achieved"][name]:
-            xs += [a / 3600, a / 3600, b / 3600, b / 3600]
-            ys += [0, r, r, 0]
-        bottom.plot(xs, ys, color=style, lw=0.8, label=labels[name])
-    bottom.set_ylabel("samples/s (cost model)")
-    bottom.set_xlabel("hours")
-    bottom.legend(loc="lower left", fontsize=8)
-    fig.suptitle("Simulated spot replay (analytic profile: cost-model predictions)")
-    fig.tight_layout()
-    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
@@ -232,24 +209,37 @@ def main(argv=None) -> int:
         plans.load(args.plans_in, meta)
         say(f"reusing {len(plans.plans)} planned states from {args.plans_in}")
     phases = phase_model(args, cluster)
-    config = ReplayConfig(global_batch=args.global_batch, phases=phases, plan_cache=args.plan_cache,
-                          notice_s=args.notice_s, checkpoint_every_s=args.checkpoint_every_min * 60,
-                          snapshot_overhead=args.snapshot_overhead, join_policy=args.join_policy,
-                          plan_ahead=args.plan_ahead, snapshot_every_steps=args.snapshot_every)
     try:
-        out = run_systems(timeline, plans, config)
+        for state in timeline.distinct_states():
+            plans.get(state)
+        if any(p.plan is not None and p.snapshot_bytes_per_gpu is None for p in plans.plans.values()):
+            from spot_replay_snapshot import with_snapshot_bytes  # lazy: torch and the runtime, for new plans only
+            with_snapshot_bytes(plans, cluster, names, model, say)
     finally:                               # planning is the slow part: keep what was planned, even on Ctrl-C
         if args.plans_out:
             plans.save(args.plans_out, meta)
+    per_plan = args.snapshot_overhead is None and all(
+        p.snapshot_bytes_per_gpu is not None for p in plans.plans.values() if p.samples_per_s > 0)
+    fixed = SNAPSHOT_OVERHEAD if args.snapshot_overhead is None else args.snapshot_overhead
+    config = ReplayConfig(global_batch=args.global_batch, phases=phases, plan_cache=args.plan_cache,
+                          notice_s=args.notice_s, checkpoint_every_s=args.checkpoint_every_min * 60,
+                          snapshot_overhead=fixed,
+                          snapshot_overhead_per_gb_s=H200_OVERHEAD_PER_GB_S if per_plan else None,
+                          join_policy=args.join_policy, plan_ahead=args.plan_ahead,
+                          snapshot_every_steps=args.snapshot_every)
+    out = run_systems(timeline, plans, config)
     report = build_report(args, cluster, model, timeline, pools, plans, config, out)
     gpn = tuple(next(n.count for n in cluster.nodes if n.device == p) for p in names)
     report["phases"] = "emulated (--emulated-phases)" if args.emulated_phases else "assumed (stated, ~1000 ranks)"
-    report["snapshot_overhead_basis"] = (SNAPSHOT_OVERHEAD_BASIS if args.snapshot_overhead == SNAPSHOT_OVERHEAD
-                                         else f"given: --snapshot-overhead {args.snapshot_overhead}")
+    report["snapshot_overhead_basis"] = (
+        f"per plan: {RUNTIME_RATE_BASIS}; priced x(1 + {H200_OVERHEAD_PER_GB_S:.4f} per GB/s), the H200's x1.198 at "
+        f"2.538 GB/s scaled linearly (an extrapolation from one measurement: {H200_FILE})" if per_plan else
+        SNAPSHOT_OVERHEAD_BASIS + " (these plans were saved without their structure: a fixed factor)"
+        if args.snapshot_overhead is None else f"given: --snapshot-overhead {args.snapshot_overhead}")
     report.update(costed_figures(timeline, plans, config, emulated=phases_from_emulated_replay(args.emulated_json),
                                  gpus_per_node=gpn, spot_pools=tuple(p.trace is not None for p in pools),
                                  prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"],
-                                 planning_cap_s=args.time_limit))
+                                 planning_cap_s=args.time_limit, join_cost=join_cost_medians(args.join_cost_json)))
     series = ideal_series(timeline, plans)
     series["achieved"] = {n: ledger.intervals for n, ledger in out["ledgers"].items()}
     series["on_demand"] = {p.pool for p in pools if p.trace is None}
@@ -378,8 +368,9 @@ def print_table(report: dict) -> None:
     print(f"  phases {report['phases']}; snapshot overhead x{report['snapshot_overhead_factor']}; checkpoint-restart "
           f"join policy {report['join_policy']}; USD per million tokens: ours {cost['ours']}, checkpoint-restart "
           f"{cost['checkpoint_restart']}, on demand only {cost['on_demand_only']}")
-    print(f"  bar: ours {report['bar']['ours_goodput']} >= 0.90: {report['bar']['met']}; with plan-ahead "
-          f"{report['plan_ahead_option']['ours_goodput']}; emulated phases {report['emulated_phases']['goodput']}")
+    print(f"  bar: ours {report['bar']['ours_goodput']} >= 0.90: {report['bar']['met']} (plan-ahead "
+          f"{report['plan_ahead']}); without plan-ahead {report['plan_ahead_option']['ours_goodput_without_plan_ahead']}"
+          f", with it {report['plan_ahead_option']['ours_goodput']}; emulated phases {report['emulated_phases']['goodput']}")
     print(f"  ours / checkpoint-restart: {report['ours_over_checkpoint_restart']}x (Bamboo's anchor "
           f"{BAMBOO_OVER_CHECKPOINTING}x over checkpointing); planning per state mean {report['planning_s']['mean']} s, "
           f"max {report['planning_s']['max']} s; wrote {report['png']}")

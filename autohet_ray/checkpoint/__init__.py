@@ -3,7 +3,7 @@ atomic per-step manifests, resharding restore, asynchronous snapshots. torch + b
 
 Typical flow (one coordinator, many ranks):
     snap = AsyncSnapshotter(local=node_tier, peers=[peer_tier], storage=storage_tier, policy=SnapshotPolicy())
-    handle = snap.snapshot(step, engine.state_dict(), owned=writers[rank])      # per rank
+    handle = snap.snapshot(step, engine.snapshot_state(), owned=writers[rank])  # per rank (no collective)
     commit_step(step, [r for h in handles for r in h.fast_result().records], tiers=[node_tier, ...])
     ...
     manifest = find_manifest(tiers, latest_committed_step(tiers))

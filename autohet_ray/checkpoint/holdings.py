@@ -6,20 +6,31 @@ from __future__ import annotations
 from autohet_ray.checkpoint.peers import place_copies
 from autohet_ray.checkpoint.reshard import plan_reads
 from autohet_ray.checkpoint.tier_specs import push_spec
+from autohet_ray.layout import overlap
 
 
 def tiling_holdings(holdings: dict[int, list], rank_pipeline: dict[int, int]) -> dict[int, list]:
-    """Keep, per tensor, only the holdings of one pipeline: pipelines may shard a tensor differently (TP2 in
-    one, whole in another), and a step's chunks must tile each tensor exactly. The pipeline with the most
-    distinct chunks wins (writes spread over more ranks), then the lowest index; other pipelines' ranks keep
-    the chunks identical to its tiles (data-parallel copies, which can be written where they already are)."""
+    """Keep, per tensor, holdings whose chunks tile it exactly once. When the distinct chunks held anywhere
+    are pairwise disjoint, all of them: every pipeline's tiles when all pipelines shard the tensor alike, or
+    the slices of sharded optimizer state, which only together (across pipelines) tile it. Otherwise the
+    pipelines shard it differently (TP2 in one, whole in another): only one pipeline's tiles, the pipeline
+    with the most distinct chunks (writes spread over more ranks), then the lowest index; other pipelines'
+    ranks keep the chunks identical to its tiles (data-parallel copies, written where they already are)."""
     chunks: dict[str, dict[int, set]] = {}
     for rank, items in holdings.items():
         for name, chunk, _ in items:
             chunks.setdefault(name, {}).setdefault(rank_pipeline[rank], set()).add(chunk)
-    chosen = {name: min(by_pipe, key=lambda k: (-len(by_pipe[k]), k)) for name, by_pipe in chunks.items()}
-    tiles = {name: chunks[name][k] for name, k in chosen.items()}
+    tiles = {}
+    for name, by_pipe in chunks.items():
+        distinct = set().union(*by_pipe.values())
+        chosen = min(by_pipe, key=lambda k: (-len(by_pipe[k]), k))
+        tiles[name] = distinct if _disjoint(distinct) else by_pipe[chosen]
     return {rank: [item for item in items if item[1] in tiles[item[0]]] for rank, items in holdings.items()}
+
+
+def _disjoint(chunks: set) -> bool:
+    nonempty = sorted((c for c in chunks if c.numel), key=lambda c: c.offsets)
+    return all(overlap(a, b) is None for i, a in enumerate(nonempty) for b in nonempty[i + 1:])
 
 
 def snapshot_routes(holdings: dict[int, list], slots: list[dict], keeper_specs: dict[str, dict], storage: dict,

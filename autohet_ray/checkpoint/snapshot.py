@@ -85,12 +85,14 @@ class SnapshotHandle:
 
 def encode_shards(state: dict, owned=None, spare: dict | None = None) -> list[_Encoded]:
     """Serialized copies of the (name -> (tensor, global shape, chunk)) entries this rank writes: the one
-    copy of the data a snapshot makes (hashes are computed later, off the compute path). `spare`: buffers
+    copy of the data a snapshot makes (hashes are computed later, off the compute path). A key may also be
+    (name, chunk): a rank holding several chunks of one tensor (slices of sharded optimizer state). `spare`: buffers
     of an earlier snapshot by (name, chunk), reused when the size matches (a fresh buffer costs page faults:
     ~5x the copy itself)."""
     spare = spare if spare is not None else {}
     out = []
-    for name, (tensor, shape, chunk) in state.items():
+    for key, (tensor, shape, chunk) in state.items():
+        name = key if isinstance(key, str) else key[0]
         if owned is not None and (name, chunk) not in owned:
             continue
         if tuple(tensor.shape) != tuple(chunk.sizes):

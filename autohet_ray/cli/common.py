@@ -4,6 +4,7 @@ from __future__ import annotations
 
 AUTO_ITERATION_WALL_S = 10.0      # --emulate, unpaced otherwise: one predicted iteration takes this long
 
+# deprecated spellings: still read, hidden from --help
 TRAIN_ALIASES = {"checkpoint_every": ["--cloud-every"], "recovery_window_steps": ["--recovery-window"]}
 TRAIN_NOTES = {"iteration_wall_s": f"With --emulate and neither this nor --time-scale: {AUTO_ITERATION_WALL_S}.",
                "decay_steps": "A decay with none given ends at --steps."}

@@ -116,8 +116,10 @@ def add_options(parser, cls, *, skip=(), reference: dict | None = None, aliases:
         help_text = " ".join(filter(None, (docs.get(f.name) or f.metadata.get("help"), notes.get(f.name))))
         assert help_text, f"{cls.__name__}.{f.name} has no docstring: it is the flag's help"
         help_text = f"{help_text} (default: {_shown(_default_of(f))})".replace("%", "%%")
-        parser.add_argument(flag_of(f.name), *aliases.get(f.name, ()), dest=prefix + f.name,
-                            default=argparse.SUPPRESS, help=help_text, **_kind(hints[f.name], f, reference))
+        kind = _kind(hints[f.name], f, reference)
+        parser.add_argument(flag_of(f.name), dest=prefix + f.name, default=argparse.SUPPRESS, help=help_text, **kind)
+        for old in aliases.get(f.name, ()):        # a deprecated spelling: still read, not shown in --help
+            parser.add_argument(old, dest=prefix + f.name, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kind)
         dests.append(prefix + f.name)
     return dests
 

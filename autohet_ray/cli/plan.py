@@ -10,7 +10,7 @@ from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.config_io import read_structured
 from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
 from autohet_ray.cost.evaluate import evaluate_plan
-from autohet_ray.cost.sharding import saved_bytes, shard_ways
+from autohet_ray.cost.sharding import saved_bytes
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, plan_from_dict
@@ -58,10 +58,13 @@ def plan_table(plan: Plan, memory: dict[str, int], saved: dict | None = None) ->
 
 
 def _sharding(plan: Plan, k: int, j: int, saved: dict | None) -> str:
-    ways = shard_ways(plan, k, j)
-    if ways == 1:
+    """A stage that does not ask to shard still keeps slices of the units another of their holders shards."""
+    asks, ways = plan.pipelines[k].stages[j].shard_optimizer, len(plan.pipelines)
+    if saved is None:
+        return f"sharded {ways}-way" if asks and ways > 1 else "replicated"
+    if saved[(k, j)] <= 0:
         return "replicated"
-    return f"sharded {ways}-way" + (f", saves {_gb(saved[(k, j)])}" if saved else "")
+    return f"{'sharded' if asks else 'partly sharded (by co-holders)'} {ways}-way, saves {_gb(saved[(k, j)])}"
 
 
 def _savings(plan: Plan, cluster, model, profile) -> dict:

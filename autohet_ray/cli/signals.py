@@ -17,7 +17,7 @@ import contextlib
 import signal
 import sys
 
-from autohet_ray.elastic.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE
+from autohet_ray.recovery.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 

@@ -95,14 +95,14 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
     validate_plan(plan, cluster, model)
     tables = plan_tables(plan, cluster, model, profile, table)
     split = plan.schedule in SPLIT_BACKWARD
-    stages = [_stage_terms(plan, k, tables[k], split) for k in range(len(plan.pipelines))]
+    stages = [_stage_terms(plan, k, tables[k], split, model) for k in range(len(plan.pipelines))]
     links = [_pipeline_links(plan, k, cluster, profile, model) for k in range(len(plan.pipelines))]
     timelines = [_timeline(parts, fwd, back, plan.pipelines[k].num_microbatches, plan.schedule, split)
                  for k, ((parts, _, _, _), (fwd, back)) in enumerate(zip(stages, links))]
     opt_s = {(k, j): terms[1][j] for k, terms in enumerate(stages) for j in range(len(terms[1]))}
     last_grad = {(k, j): slot for k, t in enumerate(timelines) for j, slot in enumerate(t.last_gradient)}
     buckets = sync_buckets(plan, cluster, model, profile) if buckets is None else buckets
-    buckets, gather_s = sharded_buckets(plan, buckets, profile_precision(profile))
+    buckets, gather_s = sharded_buckets(plan, buckets, profile)
     for key, seconds in gather_s.items():                 # the new weights' all-gather follows the update
         opt_s[key] += seconds
     sync = max(gradient_sync_times(plan, cluster, model, profile, buckets).values(), default=0.0)
@@ -113,7 +113,7 @@ def evaluate_plan(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Profi
     return _evaluation(plan, profile, stages, links, timelines, opt_s, synced, last_grad, sync, memory, capacity)
 
 
-def _stage_terms(plan: Plan, k: int, table: GroupCostTable, split: bool) -> tuple[tuple, ...]:
+def _stage_terms(plan: Plan, k: int, table: GroupCostTable, split: bool, model: ModelSpec) -> tuple[tuple, ...]:
     """Pipeline k's per-stage (forward, backward, weight-gradient) seconds of one micro-batch, optimizer
     seconds, peak memory bytes under the plan's schedule, and usable capacity."""
     pipeline = plan.pipelines[k]
@@ -121,7 +121,7 @@ def _stage_terms(plan: Plan, k: int, table: GroupCostTable, split: bool) -> tupl
     parts, opt, peak, capacity = [], [], [], []
     short = min(m, SAME_MEMORY_FROM * p) if plan.schedule in REPEATING_SCHEDULES else m
     for j, stage in enumerate(pipeline.stages):
-        gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j))
+        gc = table.get(stage.device_type, stage.tp, stage.recompute, shard_ways(plan, k, j, model))
         first, last = j == 0, j == p - 1
         parts.append(gc.stage_split(stage.num_layers, first, last, split))
         opt.append(gc.optimizer_s(stage.num_layers, first, last))
@@ -160,7 +160,7 @@ def fits_in_memory(plan: Plan, cluster: Cluster, model: ModelSpec, profile: Prof
     """Whether `evaluate_plan(plan, ...)` would find the plan feasible, without simulating its timeline."""
     tables = plan_tables(plan, cluster, model, profile, table)
     split = plan.schedule in SPLIT_BACKWARD
-    memory, capacity = _device_memory(plan, [_stage_terms(plan, k, tables[k], split)
+    memory, capacity = _device_memory(plan, [_stage_terms(plan, k, tables[k], split, model)
                                              for k in range(len(plan.pipelines))])
     return not any(memory[d] > capacity[d] for d in memory)
 

@@ -3,36 +3,101 @@
 A unit's optimizer state is sharded when any stage holding it asks (Stage.shard_optimizer); its holders are
 one TP group per pipeline, so a sharding stage keeps (master + moments) / pipelines per parameter and updates
 only that slice (terms.GroupCost.shard_ways). Its gradient bucket is reduce-scattered instead of all-reduced:
-the first half of the ring, overlapped with the backward as the all-reduce was; the second half is an
-all-gather of the new weights in the compute dtype after the update, on the step's critical path.
+the first half of the ring (gloo takes longer: collective_shares), overlapped with the backward as the
+all-reduce was; the second half is an all-gather of the new weights in the compute dtype after the update, on
+the step's critical path.
 """
 from __future__ import annotations
 
 from autohet_ray.cost.terms import plan_tables
+from autohet_ray.model.costs import layer_params
+from autohet_ray.model.spec import ModelSpec, model_from_dict
 from autohet_ray.plan.schema import Plan
-from autohet_ray.profile.precision import Precision
+from autohet_ray.profile.precision import profile_precision
 
 
-def shard_ways(plan: Plan, k: int, j: int) -> int:
-    """Holders stage j of pipeline k shards its optimizer state across (1: replicated)."""
-    flagged = plan.pipelines[k].stages[j].shard_optimizer
-    return len(plan.pipelines) if flagged and len(plan.pipelines) > 1 else 1
+def sharded_units(plan: Plan, model: ModelSpec | None = None) -> frozenset:
+    """Units (layer index, "embedding", "head") whose state the runtime shards (runtime/shard_sync.py): those
+    held by any stage with `shard_optimizer`, with tied embeddings both or neither; none with one pipeline."""
+    if len(plan.pipelines) < 2:
+        return frozenset()
+    units: set = set()
+    for pipeline in plan.pipelines:
+        for j, stage in enumerate(pipeline.stages):
+            if stage.shard_optimizer:
+                units.update(stage_units(stage, j, len(pipeline.stages)))
+    if _spec(plan, model).tie_embeddings and units & {"embedding", "head"}:
+        units |= {"embedding", "head"}
+    return frozenset(units)
 
 
-def sharded_buckets(plan: Plan, buckets: dict, precision: Precision) -> tuple[dict, dict[tuple[int, int], float]]:
+def stage_units(stage, j: int, num_stages: int) -> list:
+    """The units stage j of a pipeline of `num_stages` holds."""
+    return [*range(*stage.layers)] + (["embedding"] if j == 0 else []) + (["head"] if j == num_stages - 1 else [])
+
+
+def _spec(plan: Plan, model: ModelSpec | None) -> ModelSpec:
+    assert model is not None or plan.model_spec, "a plan without model_spec needs its model"
+    return model if model is not None else model_from_dict(plan.model_spec)
+
+
+def shard_ways(plan: Plan, k: int, j: int, model: ModelSpec | None = None) -> float:
+    """Holders stage j of pipeline k shards its optimizer state across, on average per parameter (1:
+    replicated): the pipelines for the parameters of its sharded units (`sharded_units`), 1 for the rest; a
+    stage that does not ask may still hold units another holder shards. `model`: the plan's (default: its
+    model_spec)."""
+    flags = [s.shard_optimizer for p in plan.pipelines for s in p.stages]
+    if len(plan.pipelines) < 2 or not any(flags):
+        return 1
+    ways = len(plan.pipelines)
+    if all(flags):
+        return ways
+    spec = _spec(plan, model)
+    units = sharded_units(plan, spec)
+    size = {"layer": layer_params(spec, "layer"), "embedding": layer_params(spec, "embedding"),
+            "head": layer_params(spec, "head")}
+    held = stage_units(plan.pipelines[k].stages[j], j, len(plan.pipelines[k].stages))
+    params = lambda us: sum(size[u if isinstance(u, str) else "layer"] for u in us)  # noqa: E731
+    share = params([u for u in held if u in units]) / params(held)
+    if share in (0.0, 1.0):
+        return ways if share else 1
+    return 1 / (1 - share * (1 - 1 / ways))        # resident and updated: (1 - share) + share / ways
+
+
+# (reduce-scatter, all-gather) of a bucket as shares of its all-reduce. A ring (NCCL, GPU ranks) runs each as half
+# of the all-reduce. gloo (CPU ranks: the runtime picks it without CUDA, runtime/device.py) runs
+# reduce_scatter_tensor as an all-reduce and keeps its chunk (pytorch/pytorch#118911), and its all-gather takes
+# about an all-reduce's time: on a 2-core host, 2 ranks, 4 and 28 MB of fp32, all-gather 0.76-1.34 times the
+# all-reduce, reduce-scatter alone 1.25-1.8 times, but inside the runtime's steps the sharded buckets' sync waited
+# as long as DP2's all-reduce (benchmarks/cost_model_accuracy.py prints the shares each run).
+RING_SHARES = (0.5, 0.5)
+GLOO_SHARES = (1.0, 1.0)
+
+
+def collective_shares(profile) -> tuple[float, float]:
+    """(reduce-scatter, all-gather) shares of the all-reduce for the backend `profile`'s ranks run on: gloo for
+    a profile measured on a CPU, else a ring."""
+    on_cpu = profile.kind == "measured" and profile.meta.get("source", "").startswith("measured on cpu")
+    return GLOO_SHARES if on_cpu else RING_SHARES
+
+
+def sharded_buckets(plan: Plan, buckets: dict, profile) -> tuple[dict, dict[tuple[int, int], float]]:
     """(`buckets` with each sharded one's duration that of its reduce-scatter, per stage the seconds of its
-    all-gathers after the update). A bucket is sharded when any of its holder stages shards."""
+    all-gathers after the update, in the compute dtype; collective_shares). A bucket is sharded when any of
+    its holder stages shards."""
     flagged = {(k, j) for k, p in enumerate(plan.pipelines) for j, s in enumerate(p.stages) if s.shard_optimizer}
     if not flagged or len(plan.pipelines) < 2:
         return buckets, {}
-    gather_share = precision.activation_bytes / precision.grad_sync_bytes     # compute dtype over fp32 gradients
+    precision = profile_precision(profile)
+    dtype_share = precision.activation_bytes / precision.grad_sync_bytes     # compute dtype over fp32 gradients
+    scatter_share, gather_share = collective_shares(profile)
     out, gather = {}, {}
     for key, items in buckets.items():
         out[key] = []
         for holders, seconds, unit in items:
             if any(h in flagged for h in holders):
-                out[key].append((holders, seconds / 2, unit))
-                gather[key] = gather.get(key, 0.0) + seconds / 2 * gather_share
+                out[key].append((holders, seconds * scatter_share, unit))
+                gather[key] = gather.get(key, 0.0) + seconds * gather_share * dtype_share
             else:
                 out[key].append((holders, seconds, unit))
     return out, gather
@@ -44,7 +109,7 @@ def saved_bytes(plan: Plan, cluster, model, profile) -> dict[tuple[int, int], fl
     out = {}
     for k, pipeline in enumerate(plan.pipelines):
         for j, stage in enumerate(pipeline.stages):
-            ways, p = shard_ways(plan, k, j), len(pipeline.stages)
+            ways, p = shard_ways(plan, k, j, model), len(pipeline.stages)
             whole = tables[k].get(stage.device_type, stage.tp, stage.recompute, 1)
             sharded = tables[k].get(stage.device_type, stage.tp, stage.recompute, ways)
             params = whole.stage_params(stage.num_layers, j == 0, j == p - 1)

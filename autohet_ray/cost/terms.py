@@ -52,7 +52,7 @@ class GroupCost:
     recompute: bool = False       # layers recompute their forward in the backward (layer_s includes it)
     recompute_bytes: int = 0      # with `recompute`: one layer's full activations, live while it is rebuilt
     optimizer_s_per_param: float | None = None    # measured (the profile's); None: priced as memory traffic
-    shard_ways: int = 1           # holders the optimizer state is sharded across (1: replicated)
+    shard_ways: float = 1         # holders the optimizer state is sharded across, per parameter on average (1: none)
     optimizer_state_bytes: int = 12   # of state_bytes_per_param, what sharding divides (profile/precision.py)
     sharded_state_bytes: int = 12     # a sharded slice's master and moments per parameter
 

@@ -18,29 +18,29 @@ from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, 
 from autohet_ray.checkpoint.copy_check import report_refused
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
 from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
-from autohet_ray.elastic.dropped import DroppedKeepers
-from autohet_ray.elastic.keeper import get_keeper, keeper_name
+from autohet_ray.elastic.keeper import get_keeper, keeper_name, stop_dropped_keeper
 from autohet_ray.elastic.liveness import settled_ok
-from autohet_ray.elastic.report import one_line, report_failure
 from autohet_ray.elastic.tiers import build_tier
+from autohet_ray.recovery.dropped import DroppedKeepers
+from autohet_ray.recovery.report import one_line, report_failure
 
 
 class Committer:
-    def __init__(self, *, keeper_specs: dict[str, dict], cloud_spec: dict, extra: dict, gc_every: int,
+    def __init__(self, *, keeper_specs: dict[str, dict], storage: dict, extra: dict, gc_every: int,
                  control_timeout_s: float = TrainJob.control_timeout_s):
         self.keeper_specs = keeper_specs                # node name -> keeper spec (shared with the controller)
         self.keepers = {node: build_tier(spec, keeper_timeout_s=10.0) for node, spec in keeper_specs.items()}
-        self.cloud_spec, self.cloud = cloud_spec, build_tier(cloud_spec)
+        self.storage_spec, self.storage = storage, build_tier(storage)
         self.extra, self.gc_every, self.control_timeout_s = extra, gc_every, control_timeout_s
         self.step_extra = lambda step: {}              # what a step's manifest records of it (the data position)
         self.committed: list[int] = []
-        self.cloud_committed: list[int] = []
-        self.pending_cloud: dict[int, list] = {}       # step -> refs of every rank's cloud records
+        self.storage_committed: list[int] = []
+        self.pending_storage: dict[int, list] = {}     # step -> refs of every rank's storage records
         self.skipped: list[str] = []
         self.copies: list = []                          # refs of re-replications after a loss (background)
         self._gc_pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt-gc")
         self._gc: Future | None = None
-        self.dropped = DroppedKeepers()
+        self.dropped = DroppedKeepers(stop=stop_dropped_keeper)
 
     def add_keeper(self, node: str, spec: dict) -> None:
         self.dropped.rejoined(spec["node_id"])
@@ -65,9 +65,9 @@ class Committer:
     def commit_fast(self, step: int, records_per_rank: list[list]) -> None:
         records = [r for rank_records in records_per_rank for r in rank_records]
         if not self.keeper_specs:                       # no node stores: the fast lane wrote to the storage
-            commit_step(step, records, [self.cloud], extra=self.extra | self.step_extra(step))
+            commit_step(step, records, [self.storage], extra=self.extra | self.step_extra(step))
             self.committed.append(step)
-            self.cloud_committed.append(step)
+            self.storage_committed.append(step)
             return
         if not self.keepers:
             raise CheckpointError(f"step {step}: no live keeper to take the manifest")
@@ -88,39 +88,39 @@ class Committer:
     def note_restored(self, step: int) -> None:
         """The group now continues from committed step `step` (restored from some tier)."""
         self.committed = sorted({*self.committed, step})
-        if step in scan_manifests([self.cloud]).steps:
-            self.cloud_committed = sorted({*self.cloud_committed, step})
+        if step in scan_manifests([self.storage]).steps:
+            self.storage_committed = sorted({*self.storage_committed, step})
 
-    def add_cloud(self, step: int, refs: list) -> None:
-        self.pending_cloud[step] = refs
+    def add_storage(self, step: int, refs: list) -> None:
+        self.pending_storage[step] = refs
 
-    def poll_cloud(self, *, wait: bool = False, timeout_s: float = 600.0) -> None:
+    def poll_storage(self, *, wait: bool = False, timeout_s: float = 600.0) -> None:
         """Commit the storage manifest of every step whose uploads all finished (all of them when `wait`)."""
         self.settle_copies()
-        for step in sorted(self.pending_cloud):
-            refs = self.pending_cloud[step]
+        for step in sorted(self.pending_storage):
+            refs = self.pending_storage[step]
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s if wait else 0)
             if len(ready) < len(refs):
                 continue
             try:
                 records = [r for rank_records in ray.get(refs) for r in rank_records]
             except ray.exceptions.RayError as err:     # an upload failed: this step stays off the storage
-                self.skip(step, "storage upload skipped", self.cloud.name, _cause(err))
-                del self.pending_cloud[step]
+                self.skip(step, "storage upload skipped", self.storage.name, _cause(err))
+                del self.pending_storage[step]
                 continue
-            commit_step(step, records, [self.cloud], extra=self.extra | self.step_extra(step))
-            self.cloud_committed.append(step)
-            del self.pending_cloud[step]
+            commit_step(step, records, [self.storage], extra=self.extra | self.step_extra(step))
+            self.storage_committed.append(step)
+            del self.pending_storage[step]
             self.dropped.reap(step, self._gc_pool)
 
     def forget_pending(self) -> None:
         """Uploads of a failed group never commit (their chunks are swept by a later collection)."""
-        self.pending_cloud.clear()
+        self.pending_storage.clear()
 
     def orphans_of_newest(self) -> tuple[int, list]:
         """(newest committed step, its chunk records that no live node store holds: every copy was on a lost
         node); no records when the storage holds the step or no live store has its manifest."""
-        if not self.committed or self.committed[-1] in self.cloud_committed or not self.keepers:
+        if not self.committed or self.committed[-1] in self.storage_committed or not self.keepers:
             return (self.committed[-1] if self.committed else -1), []
         step, reachable = self.committed[-1], self._answering_keepers()
         try:
@@ -148,7 +148,7 @@ class Committer:
         re-plans), so that another loss before the next commit cannot take the step's last copy. A step already
         in the storage needs no copy. `also_held`: key -> nodes whose stores hold that chunk beyond what the
         manifest records (written since, from live state). Returns the number of chunks being copied."""
-        if not self.committed or self.committed[-1] in self.cloud_committed or len(self.keepers) < 2:
+        if not self.committed or self.committed[-1] in self.storage_committed or len(self.keepers) < 2:
             return 0
         manifest = self.newest_manifest()
         copies = second_copies(manifest.records, self.node_of_store(), also_held or {}) if manifest else {}
@@ -206,7 +206,7 @@ class Committer:
                 raise CheckpointError(f"step {step}: chunk {todo[0].key!r} has no live node store with a good "
                                       f"copy to upload it from (held by {list(todo[0].replicas)}; lost: "
                                       f"{sorted(dead)}; refused copies from: {sorted(bad.get(todo[0].key, ()))})")
-            refs = {node: self._keeper(node).upload.remote({r.key: r.digest for r in records}, self.cloud_spec)
+            refs = {node: self._keeper(node).upload.remote({r.key: r.digest for r in records}, self.storage_spec)
                     for node, records in batches.items()}
             todo = []
             for node, ref in refs.items():
@@ -221,10 +221,10 @@ class Committer:
                                           f"{_cause(err)}") from None
                 uploaded += out["bytes"]
                 todo += self._refused_uploads(out["refused"], batches[node], bad)
-        records = [replace(r, replicas=tuple(sorted({*r.replicas, self.cloud.name} - bad.get(r.key, set()))))
+        records = [replace(r, replicas=tuple(sorted({*r.replicas, self.storage.name} - bad.get(r.key, set()))))
                    for r in manifest.records]
-        commit_step(step, records, [self.cloud], extra=manifest.extra)
-        self.cloud_committed.append(step)
+        commit_step(step, records, [self.storage], extra=manifest.extra)
+        self.storage_committed.append(step)
         return uploaded
 
     def _refused_uploads(self, refused: list[dict], batch: list, bad: dict[str, set]) -> list:
@@ -245,17 +245,17 @@ class Committer:
             return
         if self._gc is not None and not self._gc.done():
             return
-        self._gc = self._gc_pool.submit(self._collect, step, list(self.committed), list(self.cloud_committed),
-                                        bool(self.pending_cloud))
+        self._gc = self._gc_pool.submit(self._collect, step, list(self.committed), list(self.storage_committed),
+                                        bool(self.pending_storage))
 
-    def _collect(self, step: int, committed: list[int], cloud_committed: list[int], uploading: bool) -> None:
+    def _collect(self, step: int, committed: list[int], storage_committed: list[int], uploading: bool) -> None:
         for node, tier in list(self.keepers.items()):
             try:
                 collect_garbage(tier, keep_last=2, committed=committed)
             except TierUnavailableError as err:
                 self.skip(step, f"collection of old steps on the keeper of node {node}", tier.name, err)
-        if len(cloud_committed) >= 2 and not uploading:
-            collect_garbage(self.cloud, keep_last=2, committed=cloud_committed)
+        if len(storage_committed) >= 2 and not uploading:
+            collect_garbage(self.storage, keep_last=2, committed=storage_committed)
 
     def close(self) -> None:
         """Wait for a running collection (its errors surface here)."""
@@ -272,7 +272,7 @@ class Committer:
         return get_keeper(self.keeper_specs[node]["job_id"], self.keeper_specs[node]["node_id"])
 
     def manifest_tiers(self, mode: str) -> list:
-        return [self.cloud] if mode == "cloud_only" else [*self.keepers.values(), self.cloud]
+        return [self.storage] if mode == "cloud_only" else [*self.keepers.values(), self.storage]
 
     def committed_steps(self, mode: str) -> list[int]:
         """Committed steps any reachable manifest tier holds, newest first."""

@@ -13,6 +13,7 @@ uint8 numpy view (moved out of band through the object store, zero-copy for the 
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import numpy as np
 import ray
@@ -130,3 +131,12 @@ def stop_keeper(job_id: str, node_id: str) -> bool:
         ray.get(keeper.close.remote(), timeout=10)
     ray.kill(keeper)
     return True
+
+
+def stop_dropped_keeper(spec: dict) -> bool:
+    """Stop the keeper of a node the job dropped (recovery/dropped.py), and say so."""
+    stopped = stop_keeper(spec["job_id"], spec["node_id"])
+    if stopped:
+        print(f"autohet: stopped the keeper of dropped node {spec['name'].removeprefix('keeper-')} and removed "
+              f"its store {spec['dir']} (its chunks are committed elsewhere)", file=sys.stderr)
+    return stopped

@@ -7,7 +7,7 @@ from __future__ import annotations
 from autohet_ray.checkpoint import find_manifest
 from autohet_ray.checkpoint.restore_report import (NothingToRestore, describe_skipped, merge_restores,
                                                    skipped_chunk, tier_order)
-from autohet_ray.elastic.report import report_failure
+from autohet_ray.recovery.report import report_failure
 
 
 def restore_newest(group, committer, keeper_specs: dict[str, dict], storage: dict, mode: str,

@@ -35,6 +35,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from autohet_ray import ConfigError
 from autohet_ray.cloud.notices import METADATA_URL, check_provider, detect_provider, poll_notice
 from autohet_ray.job.config import TrainJob
+from autohet_ray.recovery.notice_board import Notices
 
 CONTROL_TIMEOUT_S = TrainJob.control_timeout_s
 
@@ -65,45 +66,6 @@ def draining_nodes() -> dict[str, int]:
     """Ray's own drain signal: node id -> drain deadline (ms since the epoch; 0: none) of every live node being
     drained (by a spot watcher, the autoscaler, or KubeRay's pod SIGTERM). Private Ray API: see the module doc."""
     return dict(state.get_draining_nodes())
-
-
-class Notices:
-    """One job's spot notices from its watchers, acknowledged by the controller once it flushed a checkpoint.
-    Its methods run in several actor threads at once (a watcher posts while the controller reads): one lock
-    guards both maps, so a notice is never seen without its acknowledgement event."""
-
-    def __init__(self):
-        self.notices: dict[str, dict] = {}
-        self.acked: dict[str, threading.Event] = {}
-        self.watchers: dict = {}             # node id -> the job's SpotWatcher there (holding it keeps it alive)
-        self._lock = threading.Lock()
-
-    def post(self, node_id: str, notice: dict) -> None:
-        with self._lock:
-            self.acked.setdefault(node_id, threading.Event())
-            self.notices[node_id] = notice
-
-    def pending(self) -> dict[str, dict]:
-        with self._lock:
-            return {n: v for n, v in self.notices.items() if not self.acked[n].is_set()}
-
-    def ack(self, node_id: str) -> None:
-        self._event(node_id).set()
-
-    def wait_ack(self, node_id: str, timeout_s: float) -> bool:
-        return self._event(node_id).wait(timeout_s)           # outside the lock: post and ack go on meanwhile
-
-    def _event(self, node_id: str) -> threading.Event:
-        with self._lock:
-            return self.acked.setdefault(node_id, threading.Event())
-
-    def keep(self, watchers: dict) -> None:
-        with self._lock:
-            self.watchers.update(watchers)
-
-    def watcher_handles(self) -> dict:
-        with self._lock:
-            return dict(self.watchers)
 
 
 NoticeBoard = ray.remote(num_cpus=0, max_concurrency=8)(Notices)

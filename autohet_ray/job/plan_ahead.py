@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import threading
 
-from autohet_ray.cluster.live import Discovered, without_nodes
+from autohet_ray.cluster.live import Discovered
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.job.config import TrainJob
+from autohet_ray.job.foresight import cached_entry, one_loss_states
 from autohet_ray.job.plan_choice import PLANNER_LOCK, plan_request, state_key
 from autohet_ray.job.stage_in import warm_up
-
-
-def states_one_loss_away(cluster: Cluster) -> list[Cluster]:
-    """The clusters left after losing any one node (none when a single node is left)."""
-    if len(cluster.nodes) < 2:
-        return []
-    return [without_nodes(cluster, [node.name]) for node in cluster.nodes]
 
 
 class PlanAhead:
@@ -47,7 +41,7 @@ class PlanAhead:
             with PLANNER_LOCK:
                 if self._stop.is_set():
                     return
-                if key in self.cache:
+                if cached_entry(self.cache, key) is not None:     # planned, or an equivalent state was
                     continue
                 try:
                     self.cache[key] = self.plan_for(cluster)
@@ -65,12 +59,13 @@ class PlanAhead:
 
 
 def start_planning_ahead(job: TrainJob, *, found: Discovered, profile, priced_model, seq_len: int,
-                         cache: dict[str, dict]) -> PlanAhead:
-    """A PlanAhead thread planning, into `cache`, every state one node loss away from `found`."""
+                         cache: dict[str, dict], states: list[Cluster] | None = None) -> PlanAhead:
+    """A PlanAhead thread planning, into `cache`, `states` (default: one state per kind of node one loss away
+    from `found`; job/foresight.py)."""
     from autohet_ray.planner import plan_training  # lazy: PySCIPOpt
 
     def plan_for(cluster: Cluster) -> dict:
         request = plan_request(job, cluster, profile=profile, priced_model=priced_model, seq_len=seq_len)
         return {"plan": plan_training(**request).plan.to_dict(), "ahead": True}
-    return PlanAhead(states_one_loss_away(found.cluster), cache=cache, plan_for=plan_for,
+    return PlanAhead(one_loss_states(found.cluster) if states is None else states, cache=cache, plan_for=plan_for,
                      prepare=lambda: warm_up(priced_model))

@@ -11,6 +11,7 @@ from autohet_ray.cluster.live import Discovered
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.job.config import TrainJob
+from autohet_ray.job.foresight import cached_entry
 from autohet_ray.plan.schema import Plan, plan_from_dict
 
 
@@ -43,7 +44,7 @@ def choose_plan(job: TrainJob, *, found: Discovered, profile, priced_model, seq_
         plan, source = job.plan, "job plan"
     if plan is None:
         with PLANNER_LOCK:                    # a state the plan-ahead thread is planning: wait for its plan
-            entry = cache.get(state_key(found.cluster))
+            entry = cached_entry(cache, state_key(found.cluster))   # its own, or an equivalent state's
             if entry is not None:
                 plan, source = entry["plan"], "planned ahead" if entry.pop("ahead", False) else "cached"
             else:

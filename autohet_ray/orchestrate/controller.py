@@ -6,9 +6,10 @@ a Python program):
 or step by step: `ctl.start()` (discover, profile once, plan, node stores, workers), `ctl.step()` (a lost node
 inside it is recovered), `ctl.close()`.
 
-The controller is a state machine: State, and TRANSITIONS, the only moves it makes. Recovery decides what a
-failure, a spot notice or a joined node calls for (elastic/recovery.py, decisions as plain data); the controller
-carries each decision out, through the live job's workers and stores (orchestrate/live_job.py). `close()` is the
+The controller is a state machine: State, and TRANSITIONS, the only moves it makes (recovery/states.py).
+Recovery decides what a failure, a spot notice or a joined node calls for (recovery/policy.py, decisions as
+plain data); the controller carries each decision out, through the live job's workers and stores
+(orchestrate/live_job.py). `close()` is the
 exit path of every ending: a normal end, SIGINT/SIGTERM, an exception; it never removes a node store before the
 newest committed step is safe in the storage.
 """
@@ -18,51 +19,33 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from enum import Enum
 
 import ray
 
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
-from autohet_ray.elastic.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
-from autohet_ray.elastic.keeper import stop_keeper
+from autohet_ray.elastic.keeper import start_keeper, stop_keeper
 from autohet_ray.elastic.liveness import detect_failure
-from autohet_ray.elastic.recovery import healthy, store_only_nodes
+from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
+from autohet_ray.job.foresight import Joining, foreseen_states
+from autohet_ray.job.plan_ahead import start_planning_ahead
+from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
 from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
-from autohet_ray.orchestrate.stopping import not_in_storage_message, secure_nodes_first
-from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
+from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
+from autohet_ray.orchestrate.worker_group import GroupFailure, kill_actors, rescue_orphans, worker_actor
+from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
+from autohet_ray.recovery.policy import store_only_nodes
+from autohet_ray.recovery.states import State, transition
 from autohet_ray.storage import job_files
 from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
-
-
-class State(str, Enum):
-    NEW = "new"
-    RUNNING = "running"
-    RECOVERING = "recovering"      # a step failed: detect what was lost, salvage the survivors
-    REPLANNING = "replanning"      # rediscover, plan, restart, restore (after a loss, a notice or a join)
-    CLOSED = "closed"
-
-
-TRANSITIONS = {                    # every move the controller makes; any other is a bug
-    State.NEW: {State.RUNNING, State.CLOSED},
-    State.RUNNING: {State.RECOVERING, State.REPLANNING, State.CLOSED},
-    State.RECOVERING: {State.REPLANNING, State.CLOSED},
-    State.REPLANNING: {State.RUNNING, State.RECOVERING, State.CLOSED},   # a loss while relaunching: next round
-    State.CLOSED: set(),
-}
-
-
-def transition(current: State, to: State) -> State:
-    assert to in TRANSITIONS[current], f"no transition {current.value} -> {to.value}"
-    return to
 
 
 class Controller(LiveJob):
@@ -72,6 +55,8 @@ class Controller(LiveJob):
         self.state = State.NEW
         self.board = None                    # the job's spot-notice board, once watch_spot started watchers
         self.target_steps: int | None = None   # the step the caller trains to (named in the resume command)
+        self.prepare_joins = True            # plan-ahead: a join's plan and workers are made while this plan trains
+        self.joining: Joining | None = None
 
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start node stores, plan, place and (with restore='cloud_only' or
@@ -93,7 +78,7 @@ class Controller(LiveJob):
             sweep_or_warn(self.sweeper.at_start, self.job.storage, "start")
             if self.job.elastic:
                 self.start_keepers()
-            self.committer = Committer(keeper_specs=self.keeper_specs, cloud_spec=self.job.storage,
+            self.committer = Committer(keeper_specs=self.keeper_specs, storage=self.job.storage,
                                        extra={"job_id": self.job_id}, gc_every=self.job.gc_every,
                                        control_timeout_s=self.job.control_timeout_s)
             self.committer.step_extra = self.data.state
@@ -150,7 +135,7 @@ class Controller(LiveJob):
         return {"job_id": self.job_id, "launch": launch, "events": events, "secured": secured, "failure": failure,
                 "steps": [{k: m[k] for k in ("step", "loss", "lr", "wall_s")} for m in self.history],
                 "committed": self.committer.committed[-1:] if self.committer else [],
-                "cloud_committed": self.committer.cloud_committed[-1:] if self.committer else [],
+                "storage_committed": self.committer.storage_committed[-1:] if self.committer else [],
                 **run_figures(self.history, self.job.paced, self.job.global_batch)}
 
     def _between_steps(self, on_event) -> list[dict]:
@@ -194,6 +179,7 @@ class Controller(LiveJob):
             return {}
         if self.planning_ahead is not None:      # no new planning competes with securing the newest step
             self.planning_ahead.stop()
+        self._drop_joining()
         if stopping and self.committer is not None and self.group is not None:
             secure_nodes_first(self, stopping)
         try:
@@ -202,10 +188,10 @@ class Controller(LiveJob):
             outcome = {"step": None, "error": f"{type(err).__name__}: {err}"}
         if self.committer is not None:
             outcome["completed"] = max(self.step_index, *self.committer.committed, 0)
-            outcome["in_storage"] = outcome["completed"] in {0, *self.committer.cloud_committed}
+            outcome["in_storage"] = outcome["completed"] in {0, *self.committer.storage_committed}
         self._release()
         if outcome.get("in_storage") is False:
-            print(not_in_storage_message(self, outcome), file=sys.stderr, flush=True)
+            print(not_in_storage(self, outcome), file=sys.stderr, flush=True)
         if "error" not in outcome:               # else kept: the message above says where and how to resume
             dropped = self.committer.dropped.remaining() if self.committer else []
             for spec in [*self.keeper_specs.values(), *dropped]:
@@ -245,7 +231,8 @@ class Controller(LiveJob):
         stop = self.recovery.on_failure(failure, completed=self.step_index)
         while stop is None:
             self.state = transition(self.state, State.RECOVERING)
-            node_ids, stores = self.found.node_ids, store_only_nodes(self.committer, self.group.slots)
+            node_ids = self.found.node_ids
+            stores = store_only_nodes(self.committer.keepers if self.committer else (), self.group.slots)
             decision = self.recovery.diagnose(
                 failure, node_ids=node_ids, keeps_checkpoints=self.committer is not None,
                 healthy=lambda: healthy(self.group, node_ids, stores),
@@ -299,11 +286,13 @@ class Controller(LiveJob):
         self.state = transition(self.state, State.RUNNING)
         return report
 
-    def replan(self, *, reason: str = "requested", plan: dict | None = None) -> dict:
-        """A planned re-plan on the live nodes: flush, keep the workers' processes, relaunch from the flushed
-        step."""
+    def replan(self, *, reason: str = "requested", plan: dict | None = None, extra: dict | None = None) -> dict:
+        """A planned re-plan on the live nodes: flush, keep the workers' processes (and take `extra`'s: node
+        name -> workers started ahead), relaunch from the flushed step."""
         self.flush()
         reuse, completed = self.group.salvage([], set()), self.step_index
+        for node, actors in (extra or {}).items():
+            reuse.setdefault(node, []).extend(actors)
         nothing_committed = self.committer is not None and not self.committer.committed
         relaunch = self.recovery.relaunch(reason, reuse, nothing_committed=nothing_committed, plan=plan,
                                           planned=True)
@@ -347,17 +336,61 @@ class Controller(LiveJob):
         grow = self.recovery.on_joins({n.name for n in self.found.nodes},
                                       set(self.recovery.dead_nodes(self.base_cluster)),
                                       [n.name for n in self.base_cluster.nodes])
+        if self.joining is not None and (grow is None or self.joining.base != state_key(self.found.cluster)):
+            self._drop_joining()                  # the nodes being prepared left, or a node was lost meanwhile
         if grow is None:
             return None
-        return {"joined": grow.joined, **self.replan(reason=f"node(s) {grow.joined} joined", plan=plan)}
+        prepared = {}
+        if self.prepare_joins and plan is None:
+            if self.joining is None or self.joining.joined != grow.joined:     # more joined (or fewer): extend
+                self.joining = self._prepare_join(grow.joined, self.joining)
+            plan, started = self.joining.plan(self.plan_cache), self.joining.started
+            up = ray.wait(started, num_returns=len(started), timeout=0)[0] if started else []
+            if plan is None or len(up) < len(started):
+                return None                       # train on; switch at a later step boundary
+            prepared, self.joining = self.joining.report(), None
+            prepared["plan_source"] = "planned ahead"
+        report = self.replan(reason=f"node(s) {grow.joined} joined", plan=plan, extra=prepared.pop("actors", None))
+        return {"joined": grow.joined, **report, **prepared}
+
+    def _prepare_join(self, joined: list[str], earlier: Joining | None) -> Joining:
+        """Plan the state with the joined nodes first (then the other foreseen ones) and start their workers
+        (those an `earlier` preparation started on nodes still joined are kept)."""
+        kept = {n: a for n, a in earlier.actors.items() if n in joined} if earlier is not None else {}
+        if earlier is not None:
+            kill_actors([a for n, actors in earlier.actors.items() if n not in joined for a in actors])
+        found = self.discover()
+        if self.planning_ahead is not None:
+            self.planning_ahead.stop()
+        self.planning_ahead = start_planning_ahead(
+            self.job, found=found, profile=self.profile, priced_model=self.priced_model, seq_len=self.priced_seq_len,
+            cache=self.plan_cache, states=foreseen_states(self.found.cluster, joined=found.cluster))
+        per_node = {n.name: n for n in found.nodes if n.name in joined}
+        actors = {name: kept.get(name) or [worker_actor(n.node_id, 0) for _ in range(n.num_gpus)]
+                  for name, n in per_node.items()}
+        started = [a.where.remote() for node_actors in actors.values() for a in node_actors]   # process + imports
+        started += [start_keeper(self.job_id, n.node_id, label=f"keeper-{name}").directory.remote()
+                    for name, n in per_node.items() if name not in self.keeper_specs]      # its node store
+        return Joining(joined=joined, key=state_key(found.cluster), base=state_key(self.found.cluster),
+                       actors=actors, started=started, node_ids={name: n.node_id for name, n in per_node.items()})
+
+    def _drop_joining(self) -> None:
+        if self.joining is not None:
+            kill_actors([a for actors in self.joining.actors.values() for a in actors])
+            for name, node_id in self.joining.node_ids.items():
+                if name not in self.keeper_specs:
+                    stop_keeper(self.job_id, node_id)
+            self.joining = None
 
     def mark_fault(self) -> None:
         """Tests and benchmarks note when they inject a failure (detection is timed from here)."""
         self.recovery.mark_fault()
 
-    def set_cloud_every(self, steps: int) -> None:
+    def set_storage_every(self, steps: int) -> None:
         """Change the storage cadence between steps (0: node stores only); the last step is flushed first."""
         assert self.state is State.RUNNING, self.state
         self.flush()
         self.job = replace(self.job, checkpoint_every=steps)
         self.configure_snapshots()
+
+    set_cloud_every = set_storage_every      # deprecated name (benchmarks/recovery_bench.py calls it)

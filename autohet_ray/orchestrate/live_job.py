@@ -17,8 +17,7 @@ import ray
 from autohet_ray.cluster.live import describe, without_nodes
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.elastic.keeper import keeper_specs
-from autohet_ray.elastic.recovery import Recovery
-from autohet_ray.elastic.report import report_failure
+from autohet_ray.elastic.recovery import LiveRecovery
 from autohet_ray.elastic.restore import restore_newest
 from autohet_ray.elastic.snapshots import configure_snapshots
 from autohet_ray.emulate.pacer import rank_pacers
@@ -30,6 +29,7 @@ from autohet_ray.model.spec import model_from_dict
 from autohet_ray.orchestrate.discovery import confirm_nodes, discover
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup, kill_actors
 from autohet_ray.plan.schema import plan_summary
+from autohet_ray.recovery.report import report_failure
 from autohet_ray.storage import job_files
 from autohet_ray.storage.spec import location
 from autohet_ray.storage.sweep import StorageSweeper
@@ -48,7 +48,7 @@ class LiveJob:
         self.data = self.dataset_hold = self.metrics_log = self.tensorboard_log = None
         self.baselines: dict[str, float] = {}
         self.keeper_specs: dict[str, dict] = {}
-        self.recovery = Recovery(max_recoveries=job.max_recoveries, window_steps=job.recovery_window_steps)
+        self.recovery = LiveRecovery(max_recoveries=job.max_recoveries, window_steps=job.recovery_window_steps)
         self.step_index = 0                  # completed optimizer steps of the live group
         self.history: list[dict] = []
         self.snapped: set[int] = set()       # steps the live group snapshotted
@@ -189,24 +189,24 @@ class LiveJob:
         return sum(losses) / len(losses)
 
     def _snapshot_due(self, step: int) -> bool:
-        return self.snapshots if self.job.elastic else self._is_cloud_step(step)
+        return self.snapshots if self.job.elastic else self._is_storage_step(step)
 
     def _commit_previous(self, step: int) -> None:
         """Commit the snapshot of `step` (taken after it) while the next step computes."""
         if step not in self.snapped or step in self.committer.committed:
             return
         self._commit(step, self.group.call("fast_records", step, timeout_s=120))
-        self.committer.poll_cloud()
+        self.committer.poll_storage()
         self.committer.maybe_collect(step)
 
     def _commit(self, step: int, records: list[list]) -> None:
         """The node-store commit of `step` (plain jobs: the storage commit); an elastic job's storage step also
         starts its uploads."""
         self.committer.commit_fast(step, records)
-        if self.job.elastic and self._is_cloud_step(step):
-            self.committer.add_cloud(step, [a.cloud_records.remote(step) for a in self.group.actors])
+        if self.job.elastic and self._is_storage_step(step):
+            self.committer.add_storage(step, [a.storage_records.remote(step) for a in self.group.actors])
 
-    def _is_cloud_step(self, step: int) -> bool:
+    def _is_storage_step(self, step: int) -> bool:
         return bool(self.job.checkpoint_every) and step % self.job.checkpoint_every == 0
 
     def _metrics(self, outs: list[dict], wall: float) -> dict:
@@ -225,9 +225,9 @@ class LiveJob:
             self.tensorboard_log.append(metrics)
         return metrics
 
-    def flush(self, timeout_s: float = 600.0, *, wait_cloud: bool = True) -> dict:
+    def flush(self, timeout_s: float = 600.0, *, wait_storage: bool = True) -> dict:
         """Commit the newest completed step everywhere (a spot notice, a re-plan, or before stopping): its
-        snapshot (taken now when it had none), the node-store commit, then (`wait_cloud`) every pending
+        snapshot (taken now when it had none), the node-store commit, then (`wait_storage`) every pending
         storage upload."""
         step, committer = self.step_index, self.committer
         if committer is None:
@@ -238,8 +238,8 @@ class LiveJob:
                 self.snapped.add(step)
             if step in self.snapped:
                 self._commit(step, self.group.call("fast_records", step, timeout_s=timeout_s))
-        committer.poll_cloud(wait=wait_cloud, timeout_s=timeout_s)
-        return {"committed": committer.committed[-1:], "cloud_committed": committer.cloud_committed[-1:]}
+        committer.poll_storage(wait=wait_storage, timeout_s=timeout_s)
+        return {"committed": committer.committed[-1:], "storage_committed": committer.storage_committed[-1:]}
 
     def secure(self, timeout_s: float = 600.0) -> dict:
         """Get the newest committed step into the storage: flush what the live group can still commit, then
@@ -253,6 +253,6 @@ class LiveJob:
                 report_failure(self.step_index, "commit of the newest step (the newest committed one is kept)",
                                None, err)
         newest = max(self.committer.committed, default=None)
-        if newest is not None and newest not in self.committer.cloud_committed:
+        if newest is not None and newest not in self.committer.storage_committed:
             self.committer.promote(newest, timeout_s)
         return {"step": newest, "where": location(self.job.storage, "")}

@@ -56,7 +56,7 @@ def save_train_checkpoint(engine, directory: str, *, extra: dict | None = None) 
     step, owned = engine.step, writer_items(engine)
     tier = LocalDirTier(directory, name=TIER_NAME, fsync=False)    # a staging copy: Ray Train uploads it
     records = []
-    for item in encode_shards(engine.live_state(), owned):
+    for item in encode_shards(engine.snapshot_state(), owned):
         tier.put_chunk(chunk_key(step, item.name, item.chunk), item.blob)
         records.append(ChunkRecord(step=step, name=item.name, global_shape=item.shape, chunk=item.chunk,
                                    dtype=item.dtype, digest=digest(item.blob), nbytes=len(item.blob),

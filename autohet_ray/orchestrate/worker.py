@@ -33,15 +33,13 @@ from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.device import default_backend
 from autohet_ray.runtime.engine import Engine
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import STEP_KEY, needs_of_layout
+from autohet_ray.runtime.optim import needs_of_layout
 
 
 def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
-    """(name, chunk, bytes) of everything this rank would save (for place_copies): the master weights (fp32
-    under bf16 compute) and their AdamW moments."""
-    item = torch.empty((), dtype=engine.master_dtype).element_size()
-    return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
-            for name, (_, chunk) in needs_of_layout(engine.layout).items()]
+    """(name, chunk, bytes) of everything this rank's snapshots store (for place_copies): the engine's own
+    list, where sharded optimizer state is this rank's slices only."""
+    return engine.snapshot_holdings()
 
 
 class Worker:
@@ -139,11 +137,11 @@ class Worker:
         """Snapshot the current state as the engine's current step (nothing ran since it completed)."""
         assert self.snapshotter is not None, "configure_snapshots first"
         step = self.engine.step
-        self.keep_snapshot(step, self.snapshotter.snapshot(step, self.engine.live_state(), owned=self.owned,
+        self.keep_snapshot(step, self.snapshotter.snapshot(step, self.engine.snapshot_state(), owned=self.owned,
                                                            routes=self.routes, background_copy=background_copy))
 
     def keep_snapshot(self, step: int, handle) -> None:
-        """Remember a step's snapshot handle (fast_records and cloud_records read it from other threads)."""
+        """Remember a step's snapshot handle (fast_records and storage_records read it from other threads)."""
         with self._handles_lock:
             self.handles[step] = handle
 
@@ -190,7 +188,7 @@ class Worker:
         except Exception as err:
             raise self._as_text(err, f"snapshot of step {step}") from None
 
-    def cloud_records(self, step: int, timeout_s: float = 600.0) -> list | None:
+    def storage_records(self, step: int, timeout_s: float = 600.0) -> list | None:
         try:
             result = self._snapshot_of(step).storage_result(timeout_s)     # waits outside the lock
         except Exception as err:

@@ -3,6 +3,7 @@ fake/real GPU each), a rendezvous through rank 0 (loopback when every rank is on
 real GPUs), lock-step calls, and failures reported with the dead rank's node, pipeline and stage."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -59,8 +60,6 @@ class WorkerGroup:
         addresses = raylet_addresses(node_ids[name] for name in names)
         self.raylets = {name: addresses[node_ids[name]] for name in names}
         self.node_watch = NodeWatch(self.raylets, loss_grace_s, node_ids={name: node_ids[name] for name in names})
-        remote_cls = ray.remote(num_cpus=0, num_gpus=1, max_restarts=0, max_concurrency=3,
-                                concurrency_groups={"control": 2})(Worker)
         reuse = reuse if reuse is not None else {}
         self.actors, self.num_reused = [], 0
         for rank, slot in enumerate(self.slots):
@@ -68,9 +67,7 @@ class WorkerGroup:
                 self.actors.append(reuse[slot["node"]].pop())
                 self.num_reused += 1
                 continue
-            self.actors.append(remote_cls.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_ids[slot["node"]], soft=False),
-            ).remote(rank))
+            self.actors.append(worker_actor(node_ids[slot["node"]], rank))
 
     def describe(self, rank: int) -> str:
         s = self.slots[rank]
@@ -176,6 +173,18 @@ class WorkerGroup:
         run (a snapshot's background writes) outlives the call."""
         kill_actors(self.actors, wait_s)
         self.actors = []
+
+
+@functools.cache
+def _worker_class():
+    return ray.remote(num_cpus=0, num_gpus=1, max_restarts=0, max_concurrency=3,
+                      concurrency_groups={"control": 2})(Worker)
+
+
+def worker_actor(node_id: str, rank: int):
+    """A new worker process on that node (one GPU), as `rank` until a setup gives it another."""
+    pinned = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    return _worker_class().options(scheduling_strategy=pinned).remote(rank)
 
 
 def kill_actors(actors: list, wait_s: float = 0.0) -> None:

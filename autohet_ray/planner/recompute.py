@@ -78,7 +78,7 @@ def _fits_without(plan, cluster, model, profile, schedules) -> list[list[bool]]:
     for k, pipeline in enumerate(plan.pipelines):
         row = []
         for j, stage in enumerate(pipeline.stages):
-            gc = tables[k].get(stage.device_type, stage.tp, False, shard_ways(plan, k, j))
+            gc = tables[k].get(stage.device_type, stage.tp, False, shard_ways(plan, k, j, model))
             row.append(any(stage_peak_memory(gc, s, len(pipeline.stages), j, pipeline.num_microbatches,
                                              stage.num_layers) <= gc.capacity_bytes for s in schedules))
         out.append(row)

@@ -28,7 +28,7 @@ from autohet_ray.planner.polish import polish
 from autohet_ray.planner.rebalance import rebalance_micro_batches
 from autohet_ray.planner.result import PlanResult
 from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
-from autohet_ray.planner.sharding import check_sharding, plan_auto_sharding, search_ways
+from autohet_ray.planner.sharding import check_sharding, plan_sharded
 from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
 from autohet_ray.planner.space import TemplateEval, saving_of_parts, zero_bubble_parts
 from autohet_ray.planner.split import SplitsByCount
@@ -91,27 +91,29 @@ def check_schedules(schedules: tuple[str, ...]) -> None:
 def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                   micro_batch: int | None = None, time_limit_s: float = 60.0,
                   incumbents: tuple[Plan, ...] = (), schedules: tuple[str, ...] = PLAN_SCHEDULES,
-                  recompute: str = "none", optimizer_sharding: str = "none", goal: Goal = THROUGHPUT) -> PlanResult:
+                  recompute: str = "none", optimizer_sharding: str = "none", goal: Goal = THROUGHPUT,
+                  shard_ways: int | None = None) -> PlanResult:
     """The best plan found within the time limit for `goal` (cost/money.py: the fastest, the cheapest per
     token, the fastest within a budget, the cheapest above a throughput floor; all but the first may leave GPUs
     out), each candidate under the fastest of `schedules` that fits. `incumbents` (e.g. the baselines' plans)
     are evaluated as candidates too, so the result is never worse than them. `recompute`
     (planner/recompute.py): "none", "full" (every stage) or "auto" (per stage, where it makes the plan fit or
-    faster); `optimizer_sharding` (planner/sharding.py) likewise."""
+    faster); `optimizer_sharding` (planner/sharding.py) likewise, "dp" and "auto" searching at several
+    numbers of holders (`shard_ways`: one of them only)."""
     check_request(model, profile, global_batch, seq_len, schedules)
     check_recompute(recompute)
     check_sharding(optimizer_sharding)
     check_goal_cluster(goal, cluster)
     key = lambda r: goal.key(r.plan, cluster, r.evaluation.iteration_time_s)  # noqa: E731
-    if optimizer_sharding == "auto":
-        return plan_auto_sharding(lambda flag, limit, seeds: plan_training(
+    if optimizer_sharding != "none" and shard_ways is None:      # sharded searches at 2, 4, ... holders
+        return plan_sharded(lambda ways, limit, seeds: plan_training(
             cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
             micro_batch=micro_batch, time_limit_s=limit, incumbents=incumbents + seeds, schedules=schedules,
-            recompute=recompute, optimizer_sharding="dp" if flag else "none", goal=goal),
-            time_limit_s, cluster, model, profile, schedules, key)
+            recompute=recompute, optimizer_sharding="dp" if ways > 1 else "none", goal=goal, shard_ways=ways),
+            optimizer_sharding, time_limit_s, cluster, global_batch, model, profile, schedules, key)
     request = dict(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
                    micro_batch=micro_batch, incumbents=incumbents, schedules=schedules,
-                   shard=optimizer_sharding == "dp", goal=goal)
+                   shard=shard_ways if optimizer_sharding == "dp" else 1, goal=goal)
     if recompute != "auto":
         return _plan_training(**request, time_limit_s=time_limit_s, recompute=recompute == "full")
     small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
@@ -139,7 +141,7 @@ class _Pass:
     schedules: tuple[str, ...]
     recompute: bool
     mixed_recompute: bool
-    shard: bool
+    shard: int                   # holders of sharded optimizer state while searching (1: unsharded)
     goal: Goal
 
     @property
@@ -148,23 +150,24 @@ class _Pass:
 
     def table(self, micro_batch: int) -> GroupCostTable:
         return GroupCostTable(model=self.model, cluster=self.cluster, profile=self.profile, micro_batch=micro_batch,
-                              seq_len=self.seq_len, recompute=self.recompute, shard_ways=search_ways(self.shard))
+                              seq_len=self.seq_len, recompute=self.recompute, shard_ways=self.shard)
 
 
 def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                    micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
                    schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False,
-                   shard: bool = False, goal: Goal = THROUGHPUT) -> PlanResult:
+                   shard: int = 1, goal: Goal = THROUGHPUT) -> PlanResult:
     """One planning pass with recomputation on every stage or none. `mixed_recompute` (small clusters under
     recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
-    that recomputes on one pipeline only is ranked as such."""
+    that recomputes on one pipeline only is ranked as such. `shard`: the holders its sharded optimizer state
+    is priced across while searching (1: unsharded)."""
     clock = _Deadline(time.perf_counter(), time_limit_s)
     request = _Pass(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
                     micro_batch=micro_batch, schedules=schedules, recompute=recompute,
                     mixed_recompute=mixed_recompute, shard=shard, goal=goal)
     best = _Best(goal=goal, cluster=cluster)
     for plan in incumbents:
-        plan = plan.with_recompute(recompute).with_optimizer_sharding(shard)
+        plan = plan.with_recompute(recompute).with_optimizer_sharding(shard > 1)
         best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
     sizes = micro_batch_candidates(global_batch, profile, micro_batch)
     per_size = _search_sizes(request, sizes, clock, best)

@@ -32,6 +32,8 @@ class PlannedState:
     hit_time_limit: bool = False
     gpus_used: int = 0
     planning_cpu_s: float | None = None   # CPU time of the planner (the wall time above includes waiting for CPU)
+    plan: dict | None = None        # the plan (Plan.to_dict without its prediction), to derive figures from
+    snapshot_bytes_per_gpu: float | None = None   # bytes the busiest rank snapshots per step (see spot_replay)
 
     def fits_in(self, state: State) -> bool:
         """The plan's nodes are all still alive in `state` (same-type nodes are interchangeable)."""
@@ -108,6 +110,11 @@ def plan_bytes_per_node(plan: Plan, model: ModelSpec) -> float:
     return max(per_node.values())
 
 
+def without_prediction(plan: dict) -> dict:
+    """The plan's structure (the replay keeps the prediction's figures in PlannedState)."""
+    return {k: v for k, v in plan.items() if k != "predicted"}
+
+
 def real_planner(*, cluster: Cluster, pools: tuple[str, ...], model: ModelSpec, profile: ProfileDB,
                  global_batch: int, seq_len: int, time_limit_s: float) -> Planner:
     from autohet_ray.planner import plan_training  # lazy: PySCIPOpt; a replay may plan without it
@@ -132,6 +139,6 @@ def real_planner(*, cluster: Cluster, pools: tuple[str, ...], model: ModelSpec, 
             iteration_time_s=result.evaluation.iteration_time_s,
             nodes_used=tuple(sum(1 for n in used if device_of[n] == p) for p in pools),
             bytes_per_node=plan_bytes_per_node(result.plan, model), planning_s=wall, planning_cpu_s=cpu,
-            hit_time_limit=result.hit_time_limit,
+            hit_time_limit=result.hit_time_limit, plan=without_prediction(result.plan.to_dict()),
             gpus_used=sum(s.tp for p in result.plan.pipelines for s in p.stages))
     return plan

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autohet_ray.replay.accounting import Ledger, hits, steps_done
-from autohet_ray.replay.phases import PhaseModel
+from autohet_ray.replay.phases import GB, PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState
 from autohet_ray.replay.timeline import Event, State, Timeline
 
@@ -32,6 +32,9 @@ class ReplayConfig:
     join_policy: str = "ignore"        # checkpoint-restart on a join: see JOIN_POLICIES
     plan_ahead: bool = False           # ours: a join's plan and workers are built while the current plan trains
     snapshot_every_steps: int = 1      # ours: node-store snapshot period (the runtime snapshots every step: 1)
+    # ours, instead of snapshot_overhead: the overhead per GB/s that the busiest GPU snapshots (each plan's
+    # PlannedState.snapshot_bytes_per_gpu / iteration), so each plan pays for its own snapshot rate
+    snapshot_overhead_per_gb_s: float | None = None
 
 
 # What checkpoint-restart does when nodes join while it runs. "ignore" (the default) models the common practice:
@@ -136,7 +139,7 @@ class System:
                                            bytes_per_node=target.bytes_per_node if restore else 0.0,
                                            tier=self.tier, iteration_s=target.iteration_time_s, restart=not prepared)
         if prepared:
-            phases["switch_s"] = self.config.phases.switch_s
+            phases["switch_s"] = self.config.phases.switch
             phases["total_s"] += phases["switch_s"]
         self.end_wait(t)
         self.hold(t, target.nodes_used)
@@ -184,7 +187,38 @@ class Ours(System):
     name = "ours"
 
     def rate(self, plan: PlannedState) -> float:
-        return plan.samples_per_s / (1.0 + self.config.snapshot_overhead / self.config.snapshot_every_steps)
+        return plan.samples_per_s / (1.0 + snapshot_overhead(plan, self.config) / self.config.snapshot_every_steps)
+
+    def recover(self, t: float, **kw) -> None:
+        self.now, self.foreseen_from = t, self.plan      # plan-ahead: the running plan's foreseen states
+        super().recover(t, **kw)
+
+    def charge_planning(self, target: PlannedState) -> float:
+        """With plan-ahead a state one node loss away from the running plan's (one planning per pool: nodes of a
+        pool are interchangeable, job/foresight.py) costs nothing once the background planned it."""
+        before = getattr(self, "foreseen_from", None)
+        if self.config.plan_ahead and before is not None and target.state not in self.planned_states:
+            ready = self.foreseen_ready_at(before)
+            if target.state in ready and ready[target.state] <= self.now:
+                self.planned_states.add(target.state)
+                return 0.0
+        return super().charge_planning(target)
+
+    def foreseen_ready_at(self, before: PlannedState) -> dict:
+        """State -> when the background has planned it: the single-node losses of `before`'s state, pool by
+        pool, one after another from when `before` started (states planned before cost nothing; a state the
+        replay never visits is not planned here: it costs the mean measured planning time)."""
+        known = [p.planning_s for p in self.plans.plans.values()]
+        mean = sum(known) / len(known)
+        ready, at = {}, self.up_at
+        for i, nodes in enumerate(before.state):
+            if nodes == 0:
+                continue
+            state = tuple(n - 1 if j == i else n for j, n in enumerate(before.state))
+            planned = self.plans.plans.get(state)
+            at += 0.0 if state in self.planned_states else planned.planning_s if planned else mean
+            ready[state] = at
+        return ready
 
     def stop(self, t: float, how: str) -> None:
         every = self.config.snapshot_every_steps
@@ -242,6 +276,14 @@ class Ours(System):
             self.stop(at, how="planned")
             self.recover(at, detect=False, event=None, prepared=True)
         super().catch_up(t)
+
+
+def snapshot_overhead(plan: PlannedState, config: ReplayConfig) -> float:
+    """Ours' per-step snapshot overhead under `plan`: fixed, or priced by the plan's own snapshot rate."""
+    if config.snapshot_overhead_per_gb_s is None:
+        return config.snapshot_overhead
+    assert plan.snapshot_bytes_per_gpu is not None, f"state {plan.state}: no snapshot bytes to price"
+    return config.snapshot_overhead_per_gb_s * plan.snapshot_bytes_per_gpu / GB / plan.iteration_time_s
 
 
 class CheckpointRestart(System):

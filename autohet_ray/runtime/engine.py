@@ -22,8 +22,8 @@ from autohet_ray.layout import Chunk
 from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync, unit_of
 from autohet_ray.runtime.groups import create_groups
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import (STEP_KEY, StateDict, build_adamw, clip_, live_views, load_optimizer_state,
-                                      optimizer_state, resolve_config, set_lr, squared_norm)
+from autohet_ray.runtime.optim import (STEP_KEY, StateDict, build_adamw, clip_, holdings_of_layout, live_views,
+                                      load_optimizer_state, optimizer_state, resolve_config, set_lr, squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
 from autohet_ray.runtime.precision import MasterGradStore, MasterWeights
 from autohet_ray.runtime.shard_sync import ShardSync, sharded_units
@@ -57,66 +57,84 @@ class Engine:
                  dtype=None, pacer=None, schedule: str | None = None,
                  sync_bucket_elements: int = SYNC_BUCKET_ELEMENTS, optimizer_sharding: str | None = None,
                  shard_weights: dict[int, float] | None = None):
-        check_plan(plan, model_spec)
-        schedule = schedule or getattr(plan, "schedule", "1f1b")
-        if schedule not in SCHEDULES:
-            raise ConfigError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
-        self.plan, self.spec, self.rank = plan, model_spec, rank
+        schedule = _checked_schedule(plan, model_spec, schedule, optimizer_sharding)
+        self.plan, self.spec, self.rank, self.world_group = plan, model_spec, rank, world_group
         self.optimizer_config = resolve_config(optimizer, lr=lr, weight_decay=weight_decay, clip_grad=max_grad_norm)
-        self.world_group = world_group
-        self.rank_map = build_rank_map(plan, model_spec.num_layers)
-        self._check_world(rank)
-        info = self.rank_map.ranks[rank]
-        self.info = info
-        self.micro_batch = plan.micro_batch_of(info.pipeline)     # this pipeline's samples per micro-batch
-        stages = plan.pipelines[info.pipeline].stages
-        self.first, self.last = info.stage == 0, info.stage == len(stages) - 1
-        self.device = resolve_device(device, world_group)
-        self.dtype = resolve_dtype(dtype, self.device)
-
-        shapes = param_shapes(model_spec)
+        self._place(rank, device, dtype)
         tied = tied_names(model_spec)         # tied embeddings: one tensor on first and last stages
-        if optimizer_sharding not in (None, "none", "dp"):
-            raise ConfigError(f"optimizer_sharding={optimizer_sharding!r}; valid: none, dp (or None: the plan's)")
         units = sharded_units(plan, self.rank_map, model_spec.num_layers, tied=bool(tied), mode=optimizer_sharding)
-        ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in shapes.items()],
+        ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in param_shapes(model_spec).items()],
                              sync_bucket_elements, tied=tied, sharded_units=units)
         groups = create_groups(self.rank_map, ops, me=rank, to_global=self._global)
-        my_stage = self.rank_map.tp_group(rank)
-        self.tp = TPContext(size=len(my_stage), rank=info.tp_rank, group=groups.get(my_stage))
-        self.model, self.layout = build_stage_model(
-            model_spec, layers=stages[info.stage].layers, first=self.first, last=self.last, tp=self.tp,
-            seed=seed, device=self.device, dtype=self.dtype)
-        self.model.recompute = stages[info.stage].recompute     # torch.utils.checkpoint around each block
-        if tied and self.last:
-            init_tied_head(self.model, self.layout, seed=seed, num_layers=model_spec.num_layers)
-        self.params = dict(self.model.named_parameters())
+        self._build_model(groups, seed, tied)
         alias = {tied[1]: "embedding"} if tied else {}
         carriers = {n for n in self.params if alias.get(n, unit_of(n)) in units}      # optimizer state sharded
-        self.mixed = MasterWeights(self.params, carriers) if self.dtype == torch.bfloat16 else None
-        self.masters = self.params if self.mixed is None else self.mixed.masters    # what AdamW updates
-        # Gradients are reduced in fp32 (the masters'), not bf16: a bf16 all-reduce rounds every partial sum to
-        # 8 mantissa bits (NCCL and gloo accumulate in the wire dtype; there is no bf16-in/fp32-accumulate
-        # all-reduce), and the fp32 gradient is already there for the update. The price: 2x the sync bytes.
-        sync_args = dict(ops=ops, me=rank, params=self.masters, chunks={n: c for n, (_, c) in self.layout.items()},
-                         groups=groups, tied=tied)
-        self.grad_sync = (ShardSync(weights=self.params, shard_weights=shard_weights, **sync_args) if carriers
-                          else GradSync(**sync_args))
-        assert not carriers or self.grad_sync.sharded_names() == carriers, (carriers, self.grad_sync.sharded_names())
-        self.local_masters = {n: p for n, p in self.masters.items() if n not in carriers}   # updated here whole
-        # each parameter counted once in the global norm: pipeline 0's copy, TP-replicated ones on TP rank 0
-        self.norm_params = [n for n in self.local_masters
-                            if info.pipeline == 0 and (shard_dim(n) is not None or info.tp_rank == 0)
-                            and not (tied and n == tied[1])]
-        self.optimizer = (build_adamw(self.local_masters, self.optimizer_config,
-                                      tied_embeddings=model_spec.tie_embeddings) if self.local_masters else None)
-        self.sharded = (ShardedAdamW(self.grad_sync, self.optimizer_config, master_dtype=self.master_dtype,
-                                     tied_embeddings=model_spec.tie_embeddings) if carriers else None)
+        self._build_sync(ops, groups, tied, carriers, shard_weights)
+        self._build_optimizers(carriers, tied)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
         self.before_update: Callable[[], None] | None = None
         """Called right before the optimizer changes parameters and moments in place (a background snapshot
         copy of the previous step waits there)."""
+        self._build_executor(schedule)
+        if self.sharded is not None:
+            self._settle_gathers_before_forward()
+        self.step = 0
+
+    def _place(self, rank: int, device, dtype) -> None:
+        """This rank's place in the plan: pipeline, stage, micro-batch size, device and compute dtype."""
+        self.rank_map = build_rank_map(self.plan, self.spec.num_layers)
+        self._check_world(rank)
+        self.info = info = self.rank_map.ranks[rank]
+        self.micro_batch = self.plan.micro_batch_of(info.pipeline)     # this pipeline's samples per micro-batch
+        self.stages = self.plan.pipelines[info.pipeline].stages
+        self.first, self.last = info.stage == 0, info.stage == len(self.stages) - 1
+        self.device = resolve_device(device, self.world_group)
+        self.dtype = resolve_dtype(dtype, self.device)
+
+    def _build_model(self, groups: dict, seed: int, tied: tuple[str, str] | None) -> None:
+        """This stage's modules in its TP shard (the tied head given the embedding's values), and its layout."""
+        my_stage = self.rank_map.tp_group(self.rank)
+        self.tp = TPContext(size=len(my_stage), rank=self.info.tp_rank, group=groups.get(my_stage))
+        stage = self.stages[self.info.stage]
+        self.model, self.layout = build_stage_model(
+            self.spec, layers=stage.layers, first=self.first, last=self.last, tp=self.tp,
+            seed=seed, device=self.device, dtype=self.dtype)
+        self.model.recompute = stage.recompute     # torch.utils.checkpoint around each block
+        if tied and self.last:
+            init_tied_head(self.model, self.layout, seed=seed, num_layers=self.spec.num_layers)
+        self.params = dict(self.model.named_parameters())
+
+    def _build_sync(self, ops, groups: dict, tied, carriers: set[str], shard_weights) -> None:
+        """Masters (fp32 under bf16), the gradient sync (reduce-scatter for `carriers`, the parameters whose
+        optimizer state is sharded) and the parameters updated here whole."""
+        self.mixed = MasterWeights(self.params, carriers) if self.dtype == torch.bfloat16 else None
+        self.masters = self.params if self.mixed is None else self.mixed.masters    # what AdamW updates
+        # Gradients are reduced in fp32 (the masters'), not bf16: a bf16 all-reduce rounds every partial sum to
+        # 8 mantissa bits (NCCL and gloo accumulate in the wire dtype; there is no bf16-in/fp32-accumulate
+        # all-reduce), and the fp32 gradient is already there for the update. The price: 2x the sync bytes.
+        sync_args = dict(ops=ops, me=self.rank, params=self.masters, groups=groups, tied=tied,
+                         chunks={n: c for n, (_, c) in self.layout.items()})
+        self.grad_sync = (ShardSync(weights=self.params, shard_weights=shard_weights, **sync_args) if carriers
+                          else GradSync(**sync_args))
+        assert not carriers or self.grad_sync.sharded_names() == carriers, (carriers, self.grad_sync.sharded_names())
+        self.local_masters = {n: p for n, p in self.masters.items() if n not in carriers}   # updated here whole
+
+    def _build_optimizers(self, carriers: set[str], tied) -> None:
+        """AdamW over the whole local masters and over this rank's slices; which gradients the norm counts."""
+        info = self.info
+        # each parameter counted once in the global norm: pipeline 0's copy, TP-replicated ones on TP rank 0
+        self.norm_params = [n for n in self.local_masters
+                            if info.pipeline == 0 and (shard_dim(n) is not None or info.tp_rank == 0)
+                            and not (tied and n == tied[1])]
+        tie = self.spec.tie_embeddings
+        self.optimizer = (build_adamw(self.local_masters, self.optimizer_config, tied_embeddings=tie)
+                          if self.local_masters else None)
+        self.sharded = (ShardedAdamW(self.grad_sync, self.optimizer_config, master_dtype=self.master_dtype,
+                                     tied_embeddings=tie, shapes=param_shapes(self.spec)) if carriers else None)
+
+    def _build_executor(self, schedule: str) -> None:
+        """The stage executor, gradient hooks (deferred weight gradients under a split backward) and actions."""
         store, deferred = self._defer_weight_grads() if schedule in SPLIT_BACKWARD else (None, {})
         self.executor = StageExecutor(model=self.model, bridge=self.bridge, tp=self.tp, first=self.first,
                                       last=self.last, clock=self.clock, before_last_backward=self.grad_sync.arm,
@@ -126,9 +144,24 @@ class Engine:
         for name, p in self.params.items():
             if p not in deferred:
                 p.register_post_accumulate_grad_hook(lambda _, name=name: self._on_grad(name))
-        self.actions = SCHEDULES[schedule](len(stages), info.stage, plan.pipelines[info.pipeline].num_microbatches)
-        self.sample_offset = plan.sample_offset(info.pipeline)
-        self.step = 0
+        m = self.plan.pipelines[self.info.pipeline].num_microbatches
+        self.actions = SCHEDULES[schedule](len(self.stages), self.info.stage, m)
+        self.sample_offset = self.plan.sample_offset(self.info.pipeline)
+
+    def _settle_gathers_before_forward(self) -> None:
+        """Each unit's forward first waits for the all-gathers of the new weights it reads (posted after the
+        last update: shard_sync.ShardSync.post_gathers)."""
+        units = [("embedding", self.model.embedding), ("head", self.model.head),
+                 *((f"layers.{i}", block) for i, block in self.model.layers.items())]
+        for prefix, module in units:
+            if module is not None:
+                names = frozenset(n for n in self.params if n.startswith(prefix + "."))
+                module.register_forward_pre_hook(lambda *_, names=names: self.grad_sync.settle_gathers(names))
+
+    def _settled(self) -> None:
+        """Every posted all-gather in the weights (before they are read or overwritten outside a forward)."""
+        if self.sharded is not None:
+            self.grad_sync.settle_gathers()
 
     def _defer_weight_grads(self) -> tuple[WeightGradStore, dict[torch.nn.Parameter, str]]:
         """Attach one store to every TP linear; their weights, by parameter -> name."""
@@ -247,6 +280,7 @@ class Engine:
     def state_dict(self) -> StateDict:
         """name -> (CPU copy of this rank's chunk, global shape, Chunk); parameters (the masters) and AdamW state.
         Under sharded optimizer state a collective: each bucket's ranks gather their slices into whole chunks."""
+        self._settled()
         out: StateDict = {n: (p.detach().cpu().clone(), *self.layout[n]) for n, p in self.local_masters.items()}
         if self.optimizer is not None:
             out.update(optimizer_state(self.optimizer, self.local_masters, self.layout))
@@ -264,15 +298,36 @@ class Engine:
         """The state_dict's entries as views of the live tensors (no copy): valid until the next update. Under
         sharded optimizer state, gathered copies (a collective, like state_dict); with `gather=False` (no
         collective: survivors after a loss) only what this rank holds whole: its unsharded tensors, and the
-        sharded parameters' weights where the compute dtype is the master dtype."""
+        sharded parameters' weights where the compute dtype is the master dtype and their all-gather is done."""
         if self.sharded is None:
             return live_views(self.optimizer, self.masters, self.layout)
         if gather:
             return self.state_dict()
+        in_flight = self.grad_sync.settle_finished_gathers()     # a lost peer may never send its slice
         out = live_views(self.optimizer, self.local_masters, self.layout) if self.optimizer is not None else {}
         if self.mixed is None:
-            out.update({n: (self.params[n].detach(), *self.layout[n]) for n in self.grad_sync.sharded_names()})
+            out.update({n: (self.params[n].detach(), *self.layout[n])
+                        for n in self.grad_sync.sharded_names() - in_flight})
         return out
+
+    def snapshot_state(self) -> dict:
+        """What a snapshot of this rank stores, as views of the live tensors (no copy, no collective): valid
+        until the next update. Without sharded optimizer state: live_state(). With it: the whole tensors this
+        rank updates, and its stored slices of the sharded ones (masters and moments) keyed (name, chunk), a
+        rank holding several slices of one tensor. Matches `snapshot_holdings`."""
+        if self.sharded is None:
+            return self.live_state()
+        out: dict = live_views(self.optimizer, self.local_masters, self.layout) if self.optimizer is not None else {}
+        out.update(self.sharded.stored_slices(moments=self.step > 0))
+        out[STEP_KEY] = (torch.tensor(float(self.step), dtype=torch.float64), (), Chunk.whole(()))
+        return out
+
+    def snapshot_holdings(self) -> list[tuple[str, Chunk, int]]:
+        """(name, chunk, bytes) of everything `snapshot_state` stores once the optimizer has stepped (for
+        checkpoint.peers.place_copies): the master weights (fp32 under bf16 compute), their AdamW moments and
+        the step counter; slices only for sharded optimizer state."""
+        out = holdings_of_layout({n: self.layout[n] for n in self.local_masters}, self.master_dtype)
+        return out + (self.sharded.stored_holdings() if self.sharded is not None else [])
 
     def grads(self) -> StateDict:
         """The gradients of the last step (synced and clipped), in the state_dict format (sharded ones gathered:
@@ -285,6 +340,7 @@ class Engine:
 
     def load_state_dict(self, state: StateDict) -> None:
         """Load this rank's chunks (same format as state_dict; resharding is the caller's job)."""
+        self._settled()
         with torch.no_grad():
             for name, p in self.masters.items():
                 if name not in state:
@@ -302,3 +358,14 @@ class Engine:
         if self.sharded is not None:
             self.sharded.load(state, {n: c for n, (_, c) in self.layout.items()})
         self.step = int(float(state["optim.step"][0])) if "optim.step" in state else 0
+
+
+def _checked_schedule(plan: Plan, model_spec: ModelSpec, schedule: str | None, optimizer_sharding) -> str:
+    """The schedule to run (the plan's when None); ConfigError on a bad plan, schedule or sharding mode."""
+    check_plan(plan, model_spec)
+    schedule = schedule or getattr(plan, "schedule", "1f1b")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
+    if optimizer_sharding not in (None, "none", "dp"):
+        raise ConfigError(f"optimizer_sharding={optimizer_sharding!r}; valid: none, dp (or None: the plan's)")
+    return schedule

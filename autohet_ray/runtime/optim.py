@@ -26,6 +26,14 @@ def needs_of_layout(layout: dict) -> dict:
     return needs
 
 
+
+def holdings_of_layout(layout: dict, master_dtype: torch.dtype) -> list[tuple[str, Chunk, int]]:
+    """(name, chunk, bytes) a rank stores for `layout` without sharded optimizer state: the master weights
+    (`master_dtype`: fp32 under bf16 compute), their AdamW moments and the step counter (8 bytes)."""
+    item = torch.empty((), dtype=master_dtype).element_size()
+    return [(name, chunk, max(1, chunk.numel) * (8 if name == STEP_KEY else item))
+            for name, (_, chunk) in needs_of_layout(layout).items()]
+
 def resolve_config(optimizer: OptimizerConfig | None, **overrides) -> OptimizerConfig:
     """`optimizer` (default: OptimizerConfig()) with the fields given in `overrides` (None: not given)."""
     given = {k: v for k, v in overrides.items() if v is not None}

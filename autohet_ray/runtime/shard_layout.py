@@ -76,3 +76,18 @@ def owned_pieces(op: SyncOp, lo: int, hi: int) -> tuple[Piece, ...]:
             out.append(Piece(segment=index, start=a, region=region))
         base += n
     return tuple(out)
+
+
+def stored_copies(ops) -> dict[tuple[str, Chunk], tuple[int, ...]]:
+    """(segment name, region) -> the ranks of the sharded op whose slices of it a checkpoint stores. A
+    TP-replicated tensor held at one TP degree by every pipeline is reduced in one op per TP position, each
+    slicing the same whole tensor its own way; the op with the lowest ranks is its stored copy, so every
+    rank's stored slices together tile each tensor exactly once. `ops`: the plan's ops (every rank's)."""
+    out: dict[tuple[str, Chunk], tuple[int, ...]] = {}
+    for op in ops:
+        if op.sharded:
+            for seg in op.segments:
+                key = (seg.name, seg.region)
+                if key not in out or op.ranks < out[key]:
+                    out[key] = op.ranks
+    return out

@@ -3,14 +3,16 @@
 Each owned piece (shard_layout.Piece: whole rows of one segment) gets its own master tensor (master dtype:
 fp32 under bf16 compute, else the compute dtype) and AdamW moments, so a rank's optimizer state is its slice
 only. Weight decay follows the parameter the piece belongs to (optim.decays); a tied embedding's piece stands
-for both copies. The state dict gathers the slices back into each rank's full chunks (a collective), so a
-sharded run's checkpoints have the same names and chunks as an unsharded run's and restore onto any plan.
+for both copies. `state_dict` gathers the slices back into each rank's full chunks (a collective). Snapshots
+store the slices themselves (`stored_slices`, no collective): each is a box of the global tensor (a Chunk)
+under the tensor's own names, so a step's slices tile every tensor like any plan's chunks do, and
+checkpoint.restore reshards them onto any plan, sharded or not.
 """
 from __future__ import annotations
 
 import torch
 
-from autohet_ray.layout import to_local
+from autohet_ray.layout import Chunk, to_local
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.runtime.optim import ADAM_KEYS, decays, set_lr
 from autohet_ray.runtime.shard_sync import ShardSync
@@ -18,8 +20,8 @@ from autohet_ray.runtime.shard_sync import ShardSync
 
 class ShardedAdamW:
     def __init__(self, sync: ShardSync, config: OptimizerConfig, *, master_dtype: torch.dtype,
-                 tied_embeddings: bool):
-        self.sync, self.master_dtype = sync, master_dtype
+                 tied_embeddings: bool, shapes: dict[str, tuple[int, ...]]):
+        self.sync, self.master_dtype, self.shapes = sync, master_dtype, shapes    # shapes: global, every param
         self.device = next(iter(sync.weights.values())).device
         self.masters: dict[int, list[torch.nn.Parameter]] = {}
         groups: tuple[list, list] = ([], [])
@@ -71,7 +73,7 @@ class ShardedAdamW:
         if self.optimizer is not None:
             set_lr(self.optimizer, lr)
             self.optimizer.step()
-        self.sync.publish({i: self._flat(i, lambda m: m.detach()) for i in self.masters}, compute_dtype)
+        self.sync.post_gathers({i: self._flat(i, lambda m: m.detach()) for i in self.masters}, compute_dtype)
 
     def gathered(self, chunk_shapes: dict[str, tuple[int, ...]], pick, *, moments: bool) -> dict:
         """Full-chunk tensors of every sharded name from every rank's pieces: key -> (tensor, name), `pick(m)`
@@ -105,3 +107,33 @@ class ShardedAdamW:
                         self.optimizer.state[m] = {
                             "step": torch.tensor(step, dtype=torch.float32),
                             **{k: state[f"optim.{name}.{k}"][0][index].to(m.dtype).clone() for k in ADAM_KEYS}}
+
+    def _stored_names(self, i: int, piece) -> tuple[str, ...]:
+        """The tensor names a piece is stored under: none unless its op holds the stored copy; both tied names
+        for a tied embedding's piece (it stands for both tensors)."""
+        if not self.sync.stores[i][piece.segment]:
+            return ()
+        name = self.sync.ops[i].segments[piece.segment].name
+        tied = self.sync.tied
+        return tuple(tied) if tied is not None and name == tied[0] else (name,)
+
+    def stored_slices(self, *, moments: bool) -> dict:
+        """(name, chunk) -> (view of the live tensor, global shape, chunk): this rank's stored slices of the
+        masters and, with `moments`, of AdamW's moments (optim.<name>.<key>). Views: valid until the next step."""
+        out = {}
+        for i, ms in self.masters.items():
+            for m, piece in zip(ms, self.sync.layouts[i][2]):
+                for name in self._stored_names(i, piece):
+                    entry = (self.shapes[name], piece.region)
+                    out[(name, piece.region)] = (m.detach(), *entry)
+                    for key in ADAM_KEYS if moments else ():
+                        out[(f"optim.{name}.{key}", piece.region)] = (self.optimizer.state[m][key].detach(), *entry)
+        return out
+
+    def stored_holdings(self) -> list[tuple[str, Chunk, int]]:
+        """(name, chunk, bytes) of every slice `stored_slices(moments=True)` returns, moments or not yet."""
+        item = torch.empty((), dtype=self.master_dtype).element_size()
+        out = []
+        for name, chunk in self.stored_slices(moments=False):
+            out += [(n, chunk, chunk.numel * item) for n in (name, *(f"optim.{name}.{k}" for k in ADAM_KEYS))]
+        return out

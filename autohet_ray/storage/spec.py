@@ -1,16 +1,19 @@
 """The durable storage (a directory or s3://bucket/prefix) as a tier spec, for the job's checkpoints and files:
 
-    {"kind": "dir", "name": "cloud", "path": "/ckpt/run-7"}
-    {"kind": "s3", "name": "cloud", "bucket": "b", "prefix": "run-7/", "endpoint_url": None}
+    {"kind": "dir", "name": "storage", "path": "/ckpt/run-7"}
+    {"kind": "s3", "name": "storage", "bucket": "b", "prefix": "run-7/", "endpoint_url": None}
 Either may carry "rate_bytes_per_s": the tier is then throttled (a realistic S3 link, elastic/tiers.py).
-The tier keeps the name "cloud": committed manifests list it among each chunk's replicas, and restore reports
-and metrics.jsonl name it (renaming it needs a reader for both names)."""
+The tier's name is what committed manifests list among each chunk's replicas and what restore reports and
+metrics.jsonl count bytes under. Older jobs named it "cloud": their manifests still restore (no reader picks a
+tier by the names a manifest lists; tests/unit/test_checkpoint_restore.py), and a resume names it anew."""
 from __future__ import annotations
 
 import os
 
 from autohet_ray import ConfigError
 from autohet_ray.checkpoint.tier_specs import location  # noqa: F401 (re-exported)
+
+STORAGE_TIER = "storage"           # the storage tier's name in manifests and reports ("cloud" before)
 
 
 def split_s3(url: str) -> tuple[str, str]:
@@ -26,7 +29,7 @@ def as_prefix(key: str) -> str:
     return key if not key or key.endswith("/") else key + "/"
 
 
-def storage_spec(url: str, *, name: str = "cloud", endpoint_url: str | None = None,
+def storage_spec(url: str, *, name: str = STORAGE_TIER, endpoint_url: str | None = None,
                  rate_bytes_per_s: float | None = None) -> dict:
     """The tier spec of a storage URL: `s3://bucket[/prefix]` or a local directory path."""
     if not url:

@@ -46,14 +46,14 @@ def test_the_main_job_trains_a_step(workdir):
     out, job = train_one_step(workdir, "jobs/paper-24.yaml", "--iteration-wall-s", "1")
     assert job["model"]["name"] == "small-gpt" and job["global_batch"] == 48
     assert sum(n["count"] for n in job["cluster"]["nodes"]) == 24 and not job["elastic"]
-    assert out["cloud_committed"] == [1]
+    assert out["storage_committed"] == [1]
 
 
 def test_the_elastic_spot_job_trains_a_step(workdir):
     out, job = train_one_step(workdir, "jobs/paper-24-spot.yaml")
     assert job["elastic"] and job["spot_watch"] and job["spot_provider"] == "aws"   # what `resume` reads
     assert sum(n["count"] for n in job["cluster"]["nodes"]) == 24 and job["optimizer"]["decay"] == "cosine"
-    assert out["committed"] == [1] and out["cloud_committed"] == [1]        # in two nodes' stores and storage
+    assert out["committed"] == [1] and out["storage_committed"] == [1]        # in two nodes' stores and storage
 
 
 def _hf_model_with_tokenizer(path, corpus) -> None:

@@ -69,6 +69,7 @@ def _run(case: ShardCase, rank: int, sharding: str | None) -> dict:
         out["norms"].append(result["grad_norm"])
         if step == 0:
             out["grads"] = engine.grads()
+    out["pending_gathers"] = len(getattr(engine.grad_sync, "gathers", {}))    # posted, awaiting a forward
     out["optimizer_bytes"] = optimizer_bytes(engine)
     out["sharded_ops"] = sum(op.sharded for op in engine.grad_sync.ops)
     out["state"] = engine.state_dict()
@@ -81,11 +82,13 @@ def run_pairs(rank: int, world_size: int, cases: list[ShardCase]) -> dict:
 
 
 def train_then_state(rank: int, world_size: int, case: ShardCase, steps: int, sharding: str | None) -> dict:
-    """`steps` steps of `case`'s plan from scratch: losses and the (gathered) state dict to checkpoint."""
+    """`steps` steps of `case`'s plan from scratch: losses and what a snapshot stores (copies of
+    snapshot_state: a sharded rank's own slices) with its holdings."""
     engine = _engine(case, rank, sharding)
     losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in range(steps)]
-    return {"losses": losses, "state": engine.state_dict(), "pipeline": engine.info.pipeline,
-            "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
+    saved = {key: (t.detach().cpu().clone(), shape, c) for key, (t, shape, c) in engine.snapshot_state().items()}
+    return {"losses": losses, "state": saved, "holdings": engine.snapshot_holdings(),
+            "pipeline": engine.info.pipeline, "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
 
 
 def restore_then_train(rank: int, world_size: int, case: ShardCase, root: str, steps: range,

@@ -2,8 +2,9 @@
 unsharded plan of another shape, and one written unsharded restores onto a sharded plan (uneven slices);
 training continues with the one-process reference's losses (fp64).
 
-Each run's ranks return their state dicts; the test writes them with the real snapshotter (one writer per
-unique chunk, assign_writers) into a local-directory tier and commits the step; the second world restores its
+Each run's ranks return what their snapshots store (a sharded rank: only its own slices of the sharded
+tensors, Engine.snapshot_state); the test writes them with the real snapshotter (one writer per unique chunk,
+assign_writers) into a local-directory tier and commits the step; the second world restores its
 own chunks from that tier (checkpoint.restore reshards) and trains on.
 """
 from __future__ import annotations
@@ -12,8 +13,8 @@ import pytest
 
 from _harness import FAMILY_SPECS, pipeline, reference_run
 from _sharded_worker import ShardCase, restore_then_train, train_then_state
-from autohet_ray.checkpoint import AsyncSnapshotter, LocalDirTier, assign_writers, commit_step
-from autohet_ray.checkpoint.holdings import tiling_holdings
+from _slice_worker import write_checkpoint
+from autohet_ray.checkpoint import LocalDirTier
 from autohet_ray.runtime import run_world
 
 SPEC = FAMILY_SPECS["llama"]
@@ -26,20 +27,6 @@ SHARDED = ShardCase(name="layerwise", spec=SPEC, pipelines=(pipeline(2, (0, 1, 1
 OTHER = ShardCase(name="tp2_and_3stage", spec=SPEC, pipelines=(pipeline(2, (0, 2, 2), (2, 4, 1)),
                                                               pipeline(3, (0, 1, 1), (1, 3, 1), (3, 4, 1))))
 TOL = 1e-6
-
-
-def _write_checkpoint(ranks: list[dict], root) -> None:
-    """One writer per chunk of one tiling per tensor (checkpoint/holdings.py, as the elastic job picks them)."""
-    states = [r["state"] for r in ranks]
-    holdings = {r: [(n, c, t.numel() * t.element_size()) for n, (t, _, c) in s.items()] for r, s in enumerate(states)}
-    owned = assign_writers(tiling_holdings(holdings, {rank: r["pipeline"] for rank, r in enumerate(ranks)}))
-    tier = LocalDirTier(root)
-    records = []
-    for rank, state in enumerate(states):
-        snap = AsyncSnapshotter(local=tier)
-        records += snap.snapshot(SAVED_AT, state, owned=owned[rank]).fast_result().records
-        snap.close()
-    commit_step(SAVED_AT, records, tiers=[tier])
 
 
 def _world_size(case: ShardCase) -> int:
@@ -55,7 +42,9 @@ def test_restore_across_plans_and_sharding(first, second, tmp_path):
     reference = reference_run(ShardCase(name="ref", spec=SPEC, pipelines=SHARDED.pipelines, steps=STEPS))["losses"]
     before = run_world(train_then_state, _world_size(case_a), case_a, SAVED_AT, mode_a)
     assert bool(before[0]["sharded_ops"]) == (mode_a is None)
-    _write_checkpoint(before, tmp_path)
+    sliced = any(not isinstance(key, str) for r in before for key in r["state"])
+    assert sliced == (mode_a is None)                    # a sharded plan stores slices, not gathered chunks
+    write_checkpoint(before, LocalDirTier(tmp_path), SAVED_AT)
     after = run_world(restore_then_train, _world_size(case_b), case_b, str(tmp_path), range(SAVED_AT, STEPS), mode_b)
     assert bool(after[0]["sharded_ops"]) == (mode_b is None)
     for r in before:

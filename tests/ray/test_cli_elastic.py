@@ -32,9 +32,9 @@ def autohet(*args: str, env_extra: dict | None = None) -> dict:
 
 def test_elastic_train_then_resume_matches_an_uninterrupted_run(tmp_path):
     first = autohet(*TRAIN, "--dtype", "float64", "--steps", "4", "--storage", str(tmp_path / "part"))
-    assert first["cloud_committed"] == [4]
+    assert first["storage_committed"] == [4]
     resumed = autohet("resume", "--storage", str(tmp_path / "part"), "--steps", "6")
-    assert resumed["resumed_from"] == 4 and resumed["launch"]["bytes_by_tier"].get("cloud", 0) > 0
+    assert resumed["resumed_from"] == 4 and resumed["launch"]["bytes_by_tier"].get("storage", 0) > 0
     assert first["launch"]["time_scale"] > 0                        # --emulate paces the emulated devices
     target = first["launch"]["predicted_iteration_s"] * first["launch"]["time_scale"]
     assert all(s["wall_s"] >= 0.8 * target for s in first["steps"][1:]), (target, first["steps"])
@@ -59,7 +59,7 @@ def test_elastic_train_and_resume_through_s3(tmp_path, monkeypatch):
         bucket = new_bucket(endpoint)
         url = f"s3://{bucket}/runs/one"
         first = autohet(*TRAIN, "--steps", "3", "--storage", url, "--endpoint-url", endpoint, env_extra=creds)
-        assert first["cloud_committed"] == [3] and first["secured"]["step"] == 3   # no checkpoint step: copied
+        assert first["storage_committed"] == [3] and first["secured"]["step"] == 3   # no checkpoint step: copied
         s3 = boto3.client("s3", endpoint_url=endpoint, **CREDENTIALS)
         parts = s3.list_objects_v2(Bucket=bucket, Prefix="runs/one/metrics.jsonl")["Contents"]
         assert [p["Key"] for p in parts] == ["runs/one/metrics.jsonl.parts/00000000"]   # no whole-log object
@@ -68,5 +68,5 @@ def test_elastic_train_and_resume_through_s3(tmp_path, monkeypatch):
         metrics = read_metrics(storage_spec(url, endpoint_url=endpoint))
         assert [m["step"] for m in metrics] == [1, 2, 3]
         resumed = autohet("resume", "--storage", url, "--endpoint-url", endpoint, "--steps", "4", env_extra=creds)
-    assert resumed["resumed_from"] == 3 and resumed["launch"]["bytes_by_tier"]["cloud"] > 0
+    assert resumed["resumed_from"] == 3 and resumed["launch"]["bytes_by_tier"]["storage"] > 0
     assert [s["step"] for s in resumed["steps"]] == [4]

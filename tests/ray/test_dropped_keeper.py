@@ -60,7 +60,7 @@ def keeper_alive(node_id: str) -> bool:
 def test_a_dropped_keeper_is_stopped_once_a_newer_step_is_committed(cluster, tmp_path):
     specs = {name: keeper_spec(JOB, node_id, name) for name, node_id in cluster.items()}
     dropped_dir = specs["c"]["dir"]
-    committer = Committer(keeper_specs=dict(specs), cloud_spec=storage_spec(str(tmp_path)), extra={}, gc_every=0)
+    committer = Committer(keeper_specs=dict(specs), storage=storage_spec(str(tmp_path)), extra={}, gc_every=0)
     rank = Rank.options(resources={"node_b": 0.01}).remote()
     try:
         full5, full6 = helpers.full_state(5), helpers.full_state(6)

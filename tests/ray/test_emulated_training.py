@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from autohet_ray import ConfigError
-from autohet_ray.elastic.recovery import RecoveryFailed
+from autohet_ray.recovery.decisions import RecoveryFailed
 from autohet_ray.storage.job_files import read_metrics
 from autohet_ray.storage.spec import storage_spec
 from autohet_ray.model.spec import load_model

@@ -47,7 +47,7 @@ def _our_logits(storage: str, step: int, ids: torch.Tensor) -> torch.Tensor:
     from autohet_ray.nn import build_model
     job = json.loads(open(os.path.join(storage, "job.json")).read())["job"]
     spec = model_from_dict(job["model"])
-    tier = LocalDirTier(storage, name="cloud")
+    tier = LocalDirTier(storage, name="storage")
     manifest = find_manifest([tier], step)
     model = build_model(spec).float().eval()
     needs = {n: (tuple(p.shape), Chunk.whole(tuple(p.shape))) for n, p in model.named_parameters()}
@@ -65,7 +65,7 @@ def test_train_from_hf_then_export_loads_in_transformers(tmp_path):
                   "--lr", str(LR), "--plan-time-limit-s", "2", "--setup-timeout-s", "180", "--emulate",
                   "--time-scale", "1")
     # plain `autohet train` commits its final step
-    assert run["secured"]["step"] == STEPS and run["cloud_committed"] == [STEPS]
+    assert run["secured"]["step"] == STEPS and run["storage_committed"] == [STEPS]
     assert run["launch"]["init_from_bytes"] > 0
     exported = autohet("export", "--storage", str(storage), "--out", str(out), "--max-shard-size", "40KB")
     assert exported["step"] == STEPS and len(exported["files"]) > 1

@@ -117,7 +117,7 @@ def test_after_a_loss_chunks_left_with_one_copy_get_a_second_one(cluster, tmp_pa
     job = "rereplicate-test-job"
     where = {"h": cluster_obj.head_node.node_id, "b": node_ids["b"], "c": node_ids["c"]}
     specs = {name: keeper_spec(job, node_id, name) for name, node_id in where.items()}
-    committer = Committer(keeper_specs=specs, cloud_spec=storage_spec(str(tmp_path)), extra={}, gc_every=0)
+    committer = Committer(keeper_specs=specs, storage=storage_spec(str(tmp_path)), extra={}, gc_every=0)
     try:
         full = helpers.full_state(3)
         whole = helpers.rank_states(full, 1)[0]
@@ -161,7 +161,7 @@ def test_promote_uploads_only_chunks_that_pass_their_hash(cluster, tmp_path, cap
     cluster_obj, nodes, node_ids = cluster
     job = "checked-copy-test-job"
     specs = {name: keeper_spec(job, node_ids[name], name) for name in "bc"}
-    committer = Committer(keeper_specs=specs, cloud_spec=storage_spec(str(tmp_path)), extra={}, gc_every=0)
+    committer = Committer(keeper_specs=specs, storage=storage_spec(str(tmp_path)), extra={}, gc_every=0)
     try:
         full = helpers.full_state(3)
         whole = helpers.rank_states(full, 1)[0]
@@ -176,16 +176,16 @@ def test_promote_uploads_only_chunks_that_pass_their_hash(cluster, tmp_path, cap
         capfd.readouterr()
         committer.promote(6)
         refused = [line for line in capfd.readouterr().err.splitlines() if "copy refused" in line]
-        assert refused and all("step 6" in line and "keeper-b -> cloud: hash mismatch" in line for line in refused)
-        stored = find_manifest([committer.cloud], 6)
+        assert refused and all("step 6" in line and "keeper-b -> storage: hash mismatch" in line for line in refused)
+        stored = find_manifest([committer.storage], 6)
         assert sum("keeper-b" not in r.replicas for r in stored.records) == len(refused)
-        state, _ = restore(stored, helpers.needs_of([whole])[0], [committer.cloud])
+        state, _ = restore(stored, helpers.needs_of([whole])[0], [committer.storage])
         helpers.assert_bit_exact(state, full)                            # the storage holds good bytes only
         for name in "bc":
             _corrupt_every_chunk(specs[name]["dir"], 7)
         with pytest.raises(CheckpointError, match="no live node store with a good copy"):
             committer.promote(7)
-        assert list(scan_manifests([committer.cloud]).steps) == [6]     # no manifest over refused bytes
+        assert list(scan_manifests([committer.storage]).steps) == [6]     # no manifest over refused bytes
     finally:
         committer.close()
         for name in "bc":

@@ -69,7 +69,7 @@ def test_node_loss_mid_step_recovers_from_keepers_and_matches_reference(cluster,
     assert rec["lost_nodes"] == ["b"] and "node b" in rec["message"]
     assert all("b:" not in stage for p in rec["plan"] for stage in p), rec["plan"]
     assert rec["plan_source"] == "planned ahead"                      # no planner run inside the recovery
-    assert rec["bytes_by_tier"].get("cloud", 0) == 0                 # peer replicas cover a single-node loss
+    assert rec["bytes_by_tier"].get("storage", 0) == 0                 # peer replicas cover a single-node loss
     assert rec["bytes_by_tier"].get("keeper-a", 0) + rec["bytes_by_tier"].get("keeper-c", 0) > 0
     # what the next plan's ranks lacked on their node was copied there while the workers restarted (staged in)
     assert rec["stage_in_bytes"] > 0 and rec["bytes_from_other_nodes"] == 0, rec
@@ -118,7 +118,7 @@ def test_replacement_node_joins_then_spot_notice_moves_training_off_it(cluster, 
         server.shutdown()
     assert report["nodes"] == ["b"] and report["lost_steps"] == 0
     assert all("b:" not in stage for p in report["plan"] for stage in p), report["plan"]
-    assert report["bytes_by_tier"].get("cloud", 0) == 0
+    assert report["bytes_by_tier"].get("storage", 0) == 0
     assert events == ["notice", "flushed", "drained"]
     assert losses == pytest.approx(reference_losses(len(losses)), rel=1e-6)
 
@@ -138,7 +138,7 @@ def test_resume_cli_restarts_a_stopped_job_from_its_storage(cluster, tmp_path, c
     assert main(["resume", "--storage", storage, "--steps", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["resumed_from"] == 3 and out["launch"]["restored_step"] == 3 and out["skipped_chunks"] == []
-    assert out["launch"]["bytes_by_tier"]["cloud"] > 0
+    assert out["launch"]["bytes_by_tier"]["storage"] > 0
     assert [s["step"] for s in out["steps"]] == [4, 5]
     ref = reference_losses(5)
     assert losses == pytest.approx(ref[:3], rel=1e-6)
@@ -174,10 +174,10 @@ def test_resume_skips_a_corrupt_step_and_names_the_chunk(cluster, tmp_path, caps
     (skipped,) = out["skipped_chunks"]
     assert skipped["step"] == 4 and skipped["chunk"] == key and skipped["tensor"] == key.split("/")[1]
     tiers = {t["tier"]: t for t in skipped["tiers"]}        # the resumed job's (new, empty) node stores, then
-    assert tiers["cloud"]["object"] == str(victim) and "corrupt" in tiers["cloud"]["reason"]      # the storage
-    assert all(t["reason"] == "missing" for name, t in tiers.items() if name != "cloud")
+    assert tiers["storage"]["object"] == str(victim) and "corrupt" in tiers["storage"]["reason"]      # the storage
+    assert all(t["reason"] == "missing" for name, t in tiers.items() if name != "storage")
     assert re.search(rf"autohet: step 4: tensor {re.escape(skipped['tensor'])} chunk {re.escape(key)} skipped on "
-                     rf"restore \[tier [^\]]*cloud\]: .*cloud: .*corrupt", captured.err), captured.err  # printed then
+                     rf"restore \[tier [^\]]*storage\]: .*storage: .*corrupt", captured.err), captured.err  # printed then
     assert [s["loss"] for s in out["steps"]] == pytest.approx(reference_losses(5)[2:], rel=1e-6)
 
 
@@ -198,7 +198,7 @@ def test_dead_stage_actor_on_a_live_node_is_named_and_recovered(cluster, tmp_pat
     rec = first["recovery"]
     assert rec["lost_nodes"] == [] and rec["dead_ranks"] == [0], rec["message"]
     assert "dead worker(s): rank 0 (pipeline 0 stage 0" in rec["message"]
-    assert rec["bytes_by_tier"].get("cloud", 0) == 0 and rec["lost_steps"] <= 1
+    assert rec["bytes_by_tier"].get("storage", 0) == 0 and rec["lost_steps"] <= 1
     ref = reference_losses(4)
     assert losses[:2] == pytest.approx(ref[:2], rel=1e-6)
     restored = rec["restored_step"]
@@ -244,7 +244,7 @@ def test_two_jobs_on_one_cluster_keep_their_own_stores(cluster, tmp_path):
     finally:
         job_a.close(), job_b.close()
     rec = first["recovery"]
-    assert rec["lost_nodes"] == ["b"] and rec["bytes_by_tier"].get("cloud", 0) == 0
+    assert rec["lost_nodes"] == ["b"] and rec["bytes_by_tier"].get("storage", 0) == 0
     assert sum(rec["bytes_by_tier"].values()) > 0 and rec["skipped_chunks"] == []
     ref = reference_losses(4)
     assert losses_a == pytest.approx(ref[:2], rel=1e-6) and losses_b[:3] == pytest.approx(ref[:3], rel=1e-6)
@@ -301,7 +301,7 @@ def test_two_nodes_lost_at_once_chunks_held_only_there_are_rescued_from_a_live_r
     assert {n for r in rounds for n in r["lost_nodes"]} <= {"b", "c"} and rounds[0]["lost_nodes"]
     assert all(stage.startswith("a:") for p in rec["plan"] for stage in p), rec["plan"]
     assert rounds[0]["orphaned_chunks"] > 0 and rounds[0]["rescued_chunks"] == rounds[0]["orphaned_chunks"], rec
-    assert rec["restored_step"] == 3 and rec["bytes_by_tier"].get("cloud", 0) == 0
+    assert rec["restored_step"] == 3 and rec["bytes_by_tier"].get("storage", 0) == 0
     ref = reference_losses(6)
     assert before == pytest.approx(ref[:3], rel=1e-6)
     assert [first["loss"], *after] == pytest.approx(ref[3:6], rel=1e-6)

@@ -17,9 +17,9 @@ from autohet_ray.storage.spec import storage_spec
 
 
 def test_storage_spec_parses_dirs_and_s3_and_rejects_others(tmp_path):
-    assert storage_spec(str(tmp_path)) == {"kind": "dir", "name": "cloud", "path": str(tmp_path)}
+    assert storage_spec(str(tmp_path)) == {"kind": "dir", "name": "storage", "path": str(tmp_path)}
     spec = storage_spec("s3://bucket/run-7", endpoint_url="http://127.0.0.1:9", rate_bytes_per_s=5)
-    assert spec == {"kind": "s3", "name": "cloud", "bucket": "bucket", "prefix": "run-7/",
+    assert spec == {"kind": "s3", "name": "storage", "bucket": "bucket", "prefix": "run-7/",
                     "endpoint_url": "http://127.0.0.1:9", "rate_bytes_per_s": 5.0}
     for bad in ("", "gs://bucket/x", "s3:///x"):
         with pytest.raises(ConfigError):

@@ -55,7 +55,7 @@ def test_node_loss_under_sharded_optimizer_state_loses_nothing(cluster, tmp_path
     finally:
         ctl.close()
     assert rec["lost_nodes"] == ["b"]
-    assert rec["bytes_by_tier"].get("cloud", 0) == 0
+    assert rec["bytes_by_tier"].get("storage", 0) == 0
     assert rec["lost_steps"] == 0 and rec["restored_step"] == 3, rec
     ref = reference_losses(rec["restored_step"] + 3)
     assert before == pytest.approx(ref[:3], rel=1e-6)

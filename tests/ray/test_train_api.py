@@ -147,7 +147,7 @@ def test_checkpoint_of_one_plan_resumes_under_another(recovered_run, tmp_path):
 
 
 def test_assign_roles_by_location_and_mismatch():
-    from autohet_ray.orchestrate.train_api import WorkerPlace, assign_roles
+    from autohet_ray.plan.roles import WorkerPlace, assign_roles
     plan = plan_from_dict(asymmetric_plan())
     places = [WorkerPlace(train_rank=0, node="a", device_type="H800", gpu="0", ip="x"),
               WorkerPlace(train_rank=1, node="b", device_type="H800", gpu="0", ip="x"),

@@ -257,3 +257,22 @@ def test_staged_in_chunks_let_a_node_restore_from_its_own_store(saved_tp2):
     state, report = restore(manifest, needs, [job.keepers["c"]])
     assert_bit_exact(state, full)
     assert stage_in_copies(manifest, {"c": [needs]}, {"keeper-c": "c"}) == {}   # no live holder: left to the restore
+
+
+def test_a_step_written_when_the_storage_tier_was_named_cloud_still_restores(tmp_path):
+    """Jobs written before the storage tier was named "storage" list "cloud" among each chunk's replicas; the
+    storage tier of today's spec (as `autohet resume` builds it) restores their steps, bit-exact."""
+    from autohet_ray.checkpoint.tier_specs import direct_tier
+    from autohet_ray.storage.spec import storage_spec
+    full = full_state(5)
+    old = MiniJob(NODES, ["a", "b"], LocalDirTier(tmp_path, name="cloud"))
+    old.save(5, rank_states(full, 2))
+    old.close()
+    storage = direct_tier(storage_spec(str(tmp_path)))
+    assert storage.name == "storage"
+    manifest = find_manifest([storage], latest_committed_step([storage]))
+    assert manifest.step == 5 and all("cloud" in r.replicas for r in manifest.records)
+    for needs in needs_of(rank_states(full, 3)):
+        state, report = restore(manifest, needs, [storage])
+        assert_bit_exact(state, full)
+        assert report.tiers["storage"].bytes_read > 0 and not report.fallbacks

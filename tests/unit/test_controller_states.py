@@ -1,4 +1,4 @@
-"""The controller's state machine (orchestrate/controller.py): the moves TRANSITIONS allows, and that any other
+"""The controller's state machine (recovery/states.py, orchestrate/controller.py): the moves TRANSITIONS allows, and that any other
 move, or a call made in the wrong state, fails. No Ray: a controller that was never started."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from autohet_ray.job.config import TrainJob
 from autohet_ray.model.spec import load_model
-from autohet_ray.orchestrate.controller import Controller, State, transition
+from autohet_ray.orchestrate.controller import Controller
+from autohet_ray.recovery.states import State, transition
 
 CLUSTER = {"name": "one", "nodes": [{"name": "a", "device": "H800", "count": 1}]}
 
@@ -49,7 +50,7 @@ def test_a_controller_that_never_started_refuses_to_step_or_replan_and_closes_on
     with pytest.raises(AssertionError):
         ctl.check_joins()
     with pytest.raises(AssertionError):
-        ctl.set_cloud_every(2)
+        ctl.set_storage_every(2)
     assert ctl.close() == {"step": None, "where": None}
     assert ctl.state is State.CLOSED and ctl.state == "closed"
     assert ctl.close() == {}                 # every exit path closes; only the first does anything

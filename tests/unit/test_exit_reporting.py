@@ -8,8 +8,8 @@ import time
 import pytest
 
 from autohet_ray.cli.signals import Stopped, as_raised, exit_status, stop_signals, stopped_by
-from autohet_ray.elastic.budget import RecoveryBudget, RecoveryExhausted
-from autohet_ray.elastic.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE, report_failure
+from autohet_ray.recovery.budget import RecoveryBudget, RecoveryExhausted
+from autohet_ray.recovery.report import EXIT_GAVE_UP, EXIT_NOT_IN_STORAGE, report_failure
 from autohet_ray.job.config import TrainJob
 from autohet_ray import ConfigError
 
@@ -21,8 +21,8 @@ class Failure(RuntimeError):
 
 
 def test_a_failure_is_one_line_with_step_what_tier_and_reason(capsys):
-    line = report_failure(4, "storage upload skipped", "cloud", "rank 1: upload failed\nTraceback (most recent)")
-    assert line == "step 4: storage upload skipped [tier cloud]: rank 1: upload failed"
+    line = report_failure(4, "storage upload skipped", "storage", "rank 1: upload failed\nTraceback (most recent)")
+    assert line == "step 4: storage upload skipped [tier storage]: rank 1: upload failed"
     assert capsys.readouterr().err == f"autohet: {line}\n"
 
 

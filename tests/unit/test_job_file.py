@@ -29,7 +29,8 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("command", ["train", "resume"])
 def test_help_shows_a_default_for_every_option(command):
-    options = [a for a in _subparser(command)._actions if a.option_strings and a.dest != "help"]
+    options = [a for a in _subparser(command)._actions
+               if a.option_strings and a.dest != "help" and a.help != argparse.SUPPRESS]    # not the old spellings
     assert len(options) > 20
     missing = [a.option_strings[0] for a in options if "(default: " not in (a.help or "")]
     assert not missing, f"options without a default in --help: {missing}"
@@ -45,6 +46,15 @@ def test_every_field_but_the_structural_ones_is_a_flag():
     for name in ("num_peers", "gc_every", "priced_as", "priced_seq_len", "baselines", "collective_timeout_s",
                  "detect_timeout_s", "spot_watch", "spot_provider"):
         assert name in dests
+
+
+def test_an_old_spelling_is_still_read_but_not_shown():
+    """--cloud-every, the storage cadence's old name, sets checkpoint_every and stays out of --help."""
+    parser = _subparser("train")
+    dests = parser.get_default("job_dests")
+    assert overrides(parser.parse_args(["--cloud-every", "3"]), dests) == {"checkpoint_every": 3}
+    assert overrides(parser.parse_args(["--checkpoint-every", "4"]), dests) == {"checkpoint_every": 4}
+    assert "--cloud-every" not in parser.format_help() and "--checkpoint-every" in parser.format_help()
 
 
 def test_a_new_field_is_a_flag_with_no_second_edit():

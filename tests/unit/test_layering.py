@@ -23,6 +23,7 @@ FLOORS = [
     {"planner", "storage"},                                       # SCIP planner; the job's storage
     {"replay"},                                                   # simulated spot replay (cost model + planner)
     {"metrics"},
+    {"recovery"},                                                 # pure half of recovery and the controller
     {"job"},                                                      # TrainJob, its plan, stage-in
     {"elastic"},                                                  # Ray side of recovery
     {"emulate"},                                                  # device emulation

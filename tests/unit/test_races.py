@@ -1,7 +1,7 @@
 """The two races of issue 31, each forced with events rather than left to luck: a reader pauses in the middle of
 its pass over a shared map while a second thread writes to it. Before the locks, the reader failed every time:
 the notice board's `pending()` saw a notice without its acknowledgement event (KeyError), and the worker's
-`cloud_records` saw its handle map change size mid-iteration (RuntimeError)."""
+`storage_records` saw its handle map change size mid-iteration (RuntimeError)."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +9,7 @@ import threading
 import torch
 
 from autohet_ray.checkpoint.snapshot import SnapshotHandle
-from autohet_ray.elastic.spot import Notices
+from autohet_ray.recovery.notice_board import Notices
 from autohet_ray.orchestrate.worker import Worker
 
 WAIT_S = 10.0
@@ -79,7 +79,7 @@ def test_a_notice_is_never_seen_without_its_acknowledgement_event():
     assert board.pending() == {} and board.wait_ack("node-1", 0.0)
 
 
-def test_cloud_records_prunes_while_a_step_keeps_its_snapshot():
+def test_storage_records_prunes_while_a_step_keeps_its_snapshot():
     threads = torch.get_num_threads()
     try:
         worker = Worker(rank=0)
@@ -87,7 +87,7 @@ def test_cloud_records_prunes_while_a_step_keeps_its_snapshot():
         torch.set_num_threads(threads)
     worker.handles = PausingDict({1: SnapshotHandle(1, 0, 0), 2: SnapshotHandle(2, 0, 0),
                                   3: SnapshotHandle(3, 0, 0)}, pause_in="__iter__")
-    out_records, out_keep = interleave(worker.handles, lambda: worker.cloud_records(3),
+    out_records, out_keep = interleave(worker.handles, lambda: worker.storage_records(3),
                                        lambda: worker.keep_snapshot(4, SnapshotHandle(4, 0, 0)))
     assert "error" not in out_records and "error" not in out_keep, (out_records, out_keep)
     assert out_records["result"] is None               # no storage lane in these snapshots

@@ -1,4 +1,4 @@
-"""Recovery's decisions (elastic/recovery.py), given events and no Ray: what a failed step, a loss while
+"""Recovery's decisions (recovery/policy.py), given events and no Ray: what a failed step, a loss while
 relaunching, a spot notice or a joined node calls for, and the state Recovery keeps between them."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from autohet_ray.elastic.budget import RecoveryExhausted
-from autohet_ray.elastic.decisions import Drain, Grow, Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
-from autohet_ray.elastic.recovery import MAX_RECOVERIES_IN_A_ROW, Recovery
+from autohet_ray.recovery.budget import RecoveryExhausted
+from autohet_ray.recovery.decisions import Drain, Grow, Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
+from autohet_ray.recovery.policy import MAX_RECOVERIES_IN_A_ROW, Recovery
 
 NODE_IDS = {"a": "id-a", "b": "id-b", "c": "id-c"}
 LOST_B = {"lost_nodes": ["b"], "dead_ranks": [1], "message": "lost node(s) ['b']: rank 1 (pipeline 0 stage 1)"}

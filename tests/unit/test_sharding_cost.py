@@ -1,6 +1,7 @@
 """Sharded optimizer state: slice layout, pricing (memory, optimizer step, reduce-scatter and all-gather),
 the plan field, the planner's modes, the baselines and the lower bound."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -152,3 +153,47 @@ def test_sharding_makes_a_plan_fit_that_nothing_replicated_fits():
         result = plan_training(**kw, optimizer_sharding=mode)
         assert result.evaluation.feasible and len(result.plan.pipelines) == 2
         assert all(s.shard_optimizer for p in result.plan.pipelines for s in p.stages)
+
+
+def test_plan_table_shows_per_stage_sharding_and_the_memory_it_saves():
+    """Pipeline 0 cuts at layer 3, pipeline 1 at layer 5; stage 0 of pipeline 0 and stage 1 of pipeline 1 ask
+    to shard. As in the runtime (runtime/shard_sync.sharded_units), a unit is sharded when any holder asks:
+    layers 0-2 and the embedding, layers 5-7 and the head. So every stage keeps half the (master + moments)
+    of the units it holds of those, whether it asked or not."""
+    from autohet_ray.cli.plan import plan_table
+    from autohet_ray.model.costs import layer_params
+    from autohet_ray.model.spec import model_from_dict
+    wide = model_from_dict({"name": "wide8", "family": "gpt", "num_layers": 8, "hidden": 2048, "num_heads": 16,
+                            "num_kv_heads": 16, "ffn_hidden": 8192, "vocab_size": 4096, "max_seq_len": 64})
+    cluster = _cluster(memory_gb=80)
+    profile = analytic_profile(wide, cluster, 64)
+    plain = replace(_two_pipelines(False), model=wide.name, model_spec=wide.to_dict())
+    plan = plain.with_optimizer_sharding([[True, False], [False, True]])
+    ev, whole = evaluate_plan(plan, cluster, wide, profile), evaluate_plan(plain, cluster, wide, profile)
+    rows = plan_table(plan, ev.memory_bytes, saved_bytes(plan, cluster, wide, profile)).splitlines()[1:]
+    layer, embed, head = (layer_params(wide, kind) for kind in ("layer", "embedding", "head"))
+    sharded_params = [3 * layer + embed, 3 * layer + head, 3 * layer + embed, 3 * layer + head]
+    stages = [s for p in plan.pipelines for s in p.stages]
+    assert len(rows) == len(stages) == 4
+    for row, stage, params in zip(rows, stages, sharded_params):
+        saved = whole.memory_bytes[f"n0:{stage.devices[0]}"] - ev.memory_bytes[f"n0:{stage.devices[0]}"]
+        assert saved == pytest.approx(params * 12 / 2, abs=2)        # bf16: 12 B of master + moments, halved
+        kind = "sharded" if stage.shard_optimizer else "partly sharded (by co-holders)"
+        assert row.endswith(f"{kind} 2-way, saves {saved / 1e9:.1f} GB")
+
+
+def test_reduce_scatter_and_all_gather_are_ring_halves_on_gpus_and_gloo_priced_on_a_cpu_profile():
+    """gloo runs reduce_scatter_tensor as an all-reduce (pytorch/pytorch#118911); a profile measured on a CPU
+    (runtime ranks on gloo) prices the sharded bucket's collectives at gloo's shares, an analytic (GPU) or CUDA
+    one at a ring's halves."""
+    from autohet_ray.cost.sharding import GLOO_SHARES, RING_SHARES, collective_shares
+    cluster = _cluster()
+    gpu = analytic_profile(SMALL, cluster, 64)
+    cpu = replace(gpu, kind="measured", meta={"source": "measured on cpu (x86_64), torch.float32, one TP rank's shard"})
+    cuda = replace(cpu, meta={"source": "measured on cuda (NVIDIA H200), torch.bfloat16"})
+    assert [collective_shares(p) for p in (gpu, cpu, cuda)] == [RING_SHARES, GLOO_SHARES, RING_SHARES]
+    assert RING_SHARES == (0.5, 0.5) and GLOO_SHARES[0] >= 1.0
+    for profile, (scatter, _) in ((gpu, RING_SHARES), (cpu, GLOO_SHARES)):
+        plain = evaluate_plan(_two_pipelines(False), cluster, SMALL, profile)
+        sharded = evaluate_plan(_two_pipelines(True), cluster, SMALL, profile)
+        assert sharded.sync_time_s == pytest.approx(plain.sync_time_s * scatter)

@@ -89,8 +89,19 @@ def test_plan_ahead_builds_the_joined_plan_while_the_old_one_trains():
     assert ahead["ledgers"]["ours"].records[-1]["action"] == "prepared switch"
 
 
-def test_plan_ahead_leaves_a_loss_as_it_was():
+def test_plan_ahead_plans_a_single_node_loss_in_the_background():
     rows = [(0, 2), (500.7, 1)]
+    _, _, _, plain = replay(rows)
+    _, _, _, ahead = replay(rows, plan_ahead=True)
+    mine, theirs = ahead["summary"]["ours"], plain["summary"]["ours"]
+    assert mine["committed_samples"] == pytest.approx(theirs["committed_samples"] + SLOW * PLANNING_S, abs=1)
+    assert mine["lost_steps"] == theirs["lost_steps"] == 1
+    assert ahead["ledgers"]["ours"].records[-1]["phases_s"]["replan_s"] == 0.0
+    assert plain["ledgers"]["ours"].records[-1]["phases_s"]["replan_s"] == PLANNING_S
+
+
+def test_a_loss_before_the_background_planned_its_state_pays_the_planning():
+    rows = [(0, 2), (launch_s(FAST) + 1.0, 1)]          # the background needs PLANNING_S (2 s) from the launch
     _, _, _, plain = replay(rows)
     _, _, _, ahead = replay(rows, plan_ahead=True)
     assert ahead["summary"]["ours"] == plain["summary"]["ours"]
@@ -173,3 +184,20 @@ def test_capped_planning_charges_at_most_the_cap():
     row = capped_planning_row(timeline, plans, cfg, cap_s=0.5)
     gained = (PLANNING_S - 0.5) * FAST / out["ideal_samples"]     # the launch plans once, 1.5 s sooner
     assert row["ours_goodput"] == pytest.approx(out["summary"]["ours"]["goodput"] + gained, abs=1e-4)
+
+
+def test_each_plan_pays_the_snapshot_overhead_of_its_own_rate():
+    """Priced per plan: overhead = per_gb_s x the busiest GPU's GB per second of step (here 1 GB per step at
+    0.5 s on two nodes: 2 GB/s, x1.10), the same as that fixed factor; a plan without the bytes is refused."""
+    from autohet_ray.replay.systems import Ours, snapshot_overhead
+    pools = [PoolTrace(pool="H100", nodes=2, trace=trace_from_rows("t", [(0, 2)], requested=2), cycle=False)]
+    timeline = build_timeline(pools, 1000.0)
+    plans = PlanCache(lambda s: replace(fake_planner(s), snapshot_bytes_per_gpu=1e9))
+    per_plan = ReplayConfig(global_batch=BATCH, phases=PHASES, snapshot_overhead_per_gb_s=0.05)
+    fixed = ReplayConfig(global_batch=BATCH, phases=PHASES, snapshot_overhead=0.10)
+    assert snapshot_overhead(plans.get((2,)), per_plan) == pytest.approx(0.10)
+    assert Ours(timeline, plans, per_plan).replay().committed_samples == pytest.approx(
+        Ours(timeline, plans, fixed).replay().committed_samples)
+    assert snapshot_overhead(plans.get((1,)), per_plan) == pytest.approx(0.05)     # 1 GB per 1 s step
+    with pytest.raises(AssertionError, match="no snapshot bytes"):
+        snapshot_overhead(fake_planner((2,)), per_plan)

@@ -5,17 +5,16 @@ else would ever stop them, and their node stores would hold shared memory for go
 A dropped keeper is stopped, and its store removed, once its chunks are safe elsewhere: when a step newer
 than every step it could hold is committed to the live node stores or the storage (older steps are then
 never restored again). The stop runs on the caller's background pool: a keeper on a silent node may take
-its whole timeout to answer."""
+its whole timeout to answer. Stopping one is the caller's `stop(spec)` (elastic/commit.py: through Ray)."""
 from __future__ import annotations
 
-import sys
 from concurrent.futures import Executor, Future, wait
-
-from autohet_ray.elastic.keeper import stop_keeper
+from typing import Callable
 
 
 class DroppedKeepers:
-    def __init__(self):
+    def __init__(self, stop: Callable[[dict], bool]):
+        self.stop = stop                                 # stops a keeper (by its spec); whether one was alive
         self.waiting: dict[str, tuple[dict, int]] = {}   # node id -> (keeper spec, newest committed step then)
         self.stopping: list[Future] = []
 
@@ -31,7 +30,7 @@ class DroppedKeepers:
         for node_id, (spec, newest) in list(self.waiting.items()):
             if committed_step > newest:
                 del self.waiting[node_id]
-                self.stopping.append(pool.submit(_stop, spec))
+                self.stopping.append(pool.submit(self.stop, spec))
 
     def remaining(self) -> list[dict]:
         """Specs of the dropped keepers not stopped yet (their chunks may still be needed)."""
@@ -40,10 +39,3 @@ class DroppedKeepers:
     def wait(self, timeout_s: float) -> None:
         wait(self.stopping, timeout=timeout_s)
 
-
-def _stop(spec: dict) -> bool:
-    stopped = stop_keeper(spec["job_id"], spec["node_id"])
-    if stopped:
-        print(f"autohet: stopped the keeper of dropped node {spec['name'].removeprefix('keeper-')} and removed "
-              f"its store {spec['dir']} (its chunks are committed elsewhere)", file=sys.stderr)
-    return stopped

@@ -1,4 +1,4 @@
-"""What recovery decides (elastic/recovery.py), as plain data the controller carries out, and why a job stops."""
+"""What recovery decides (recovery/policy.py), as plain data the controller carries out, and why a job stops."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -2,8 +2,8 @@
 recovery; this bounds a failure that comes back on every step)."""
 from __future__ import annotations
 
-from autohet_ray.elastic.decisions import RecoveryFailed
-from autohet_ray.elastic.report import report_failure
+from autohet_ray.recovery.decisions import RecoveryFailed
+from autohet_ray.recovery.report import report_failure
 
 
 class RecoveryExhausted(RecoveryFailed):
