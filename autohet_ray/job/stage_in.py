@@ -8,6 +8,7 @@ from autohet_ray import ConfigError
 from autohet_ray.checkpoint.holdings import stage_in_copies
 from autohet_ray.cluster.live import without_nodes
 from autohet_ray.cluster.spec import Cluster
+from autohet_ray.job.foresight import cached_entry
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.nn.model import param_shapes
@@ -26,7 +27,7 @@ def copies_after_loss(cache: dict[str, dict], running: Cluster, lost: list[str],
         left = without_nodes(running, lost)
     except ConfigError:
         return {}
-    entry = cache.get(state_key(left))
+    entry = cached_entry(cache, state_key(left))        # its own plan, or an equivalent state's renamed
     if entry is None:
         return {}
     plan = plan_from_dict(entry["plan"])

@@ -1,6 +1,9 @@
 """Shared data for the Ray tests: a 3-node cluster file and an asymmetric tiny-gpt plan on it."""
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+
 THREE_NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                                 {"name": "b", "device": "H800", "count": 1},
                                                 {"name": "c", "device": "H20", "count": 2}]}
@@ -16,6 +19,36 @@ def asymmetric_plan(global_batch: int = 4) -> dict:
             "pipelines": [{"num_microbatches": global_batch // 2,
                            "stages": [stage((0, 2), 2, "H20", "c", (0, 1)), stage((2, 4), 1, "H800", "a", (0,))]},
                           {"num_microbatches": global_batch // 2, "stages": [stage((0, 4), 1, "H800", "b", (0,))]}]}
+
+def two_stage_plan() -> dict:
+    """One pipeline: H20 TP2 [0,3) -> H800 on node a [3,4); node b unused (as after losing it). No layer has
+    data-parallel holders, so nothing can be sharded."""
+    return {"schema_version": 1, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
+            "pipelines": [{"num_microbatches": 4,
+                           "stages": [stage((0, 3), 2, "H20", "c", (0, 1)), stage((3, 4), 1, "H800", "a", (0,))]}]}
+
+
+def sharded_plan() -> dict:
+    """`asymmetric_plan` with every stage sharding its optimizer state across its layers' holders."""
+    plan = asymmetric_plan()
+    for pipeline in plan["pipelines"]:
+        for s in pipeline["stages"]:
+            s["shard_optimizer"] = True
+    return plan
+
+
+@contextmanager
+def train_cluster_for(test_module: str):
+    """The 3-node emulated cluster for Ray Train tests; `test_module`'s functions are pickled by value (the
+    workers cannot import a test module)."""
+    from ray import cloudpickle
+
+    from autohet_ray.cluster.spec import cluster_from_dict
+    from autohet_ray.emulate.cluster import emulated_cluster
+    cloudpickle.register_pickle_by_value(sys.modules[test_module])
+    with emulated_cluster(cluster_from_dict(THREE_NODES), head_cpus=1, cpus_per_gpu=1) as cluster:
+        yield cluster
+
 
 # Ray declares a silent node dead after 3 missed 1 s health checks (its default takes much longer)
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,

@@ -12,7 +12,7 @@ ray = pytest.importorskip("ray")
 
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, asymmetric_plan, reference_losses  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, reference_losses, sharded_plan  # noqa: E402
 from test_recovery import NODES, elastic_job, node_handle  # noqa: E402
 
 pytestmark = pytest.mark.timeout(420)
@@ -25,12 +25,6 @@ def cluster():
         yield test_cluster
 
 
-def sharded_plan() -> dict:
-    plan = asymmetric_plan()
-    for pipeline in plan["pipelines"]:
-        for stage in pipeline["stages"]:
-            stage["shard_optimizer"] = True
-    return plan
 
 
 def test_node_loss_under_sharded_optimizer_state_loses_nothing(cluster, tmp_path):

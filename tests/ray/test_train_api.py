@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
 from autohet_ray import ConfigError
-from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.model.spec import load_model
 from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.plan.schema import plan_from_dict
-from ray_helpers import THREE_NODES, asymmetric_plan, reference_losses, stage
+from ray_helpers import asymmetric_plan, reference_losses, train_cluster_for, two_stage_plan
 
 pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
@@ -26,20 +24,11 @@ def _batch(step: int) -> dict:
     return synthetic_batch(vocab_size=SPEC.vocab_size, global_batch=4, seq_len=16, seed=0, step=step)
 
 
-def _two_stage_plan() -> dict:
-    """One pipeline: H20 TP2 [0,3) -> H800 on node a [3,4); node b unused (as after losing it)."""
-    return {"schema_version": 1, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
-            "pipelines": [{"num_microbatches": 4,
-                           "stages": [stage((0, 3), 2, "H20", "c", (0, 1)), stage((3, 4), 1, "H800", "a", (0,))]}]}
 
 
 @pytest.fixture(scope="module")
 def train_cluster():
-    from ray import cloudpickle
-
-    from autohet_ray.emulate.cluster import emulated_cluster
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])     # workers cannot import this test module
-    with emulated_cluster(cluster_from_dict(THREE_NODES), head_cpus=1, cpus_per_gpu=1) as cluster:
+    with train_cluster_for(__name__) as cluster:
         yield cluster
 
 
@@ -135,7 +124,7 @@ def test_checkpoint_of_one_plan_resumes_under_another(recovered_run, tmp_path):
     checkpoint plan A reported and trains step 5: the loss equals the reference's."""
     from autohet_ray.orchestrate.train_checkpoint import checkpoint_manifest
     result_a, _ = recovered_run
-    config = {"plan": _two_stage_plan(), "out": str(tmp_path), "steps": 5, "every": 1,
+    config = {"plan": two_stage_plan(), "out": str(tmp_path), "steps": 5, "every": 1,
               "initial": result_a.checkpoint}
     result = _fit(_recovering_loop, config, tmp_path / "ray")
     assert result.error is None

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
-from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.model.spec import load_model
 from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.plan.schema import plan_from_dict
-from ray_helpers import THREE_NODES, asymmetric_plan, reference_losses, stage
+from ray_helpers import reference_losses, sharded_plan, train_cluster_for, two_stage_plan
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(420)
@@ -22,28 +20,13 @@ SPEC = load_model("tiny-gpt")
 STEPS = 3
 
 
-def _sharded_plan() -> dict:
-    plan = asymmetric_plan()
-    for pipeline in plan["pipelines"]:
-        for s in pipeline["stages"]:
-            s["shard_optimizer"] = True
-    return plan
 
 
-def _unsharded_two_stage_plan() -> dict:
-    """One pipeline: H20 TP2 [0,3) -> H800 on node a [3,4) (no data-parallel holders: nothing to shard)."""
-    return {"schema_version": 1, "model": "tiny-gpt", "global_batch": 4, "micro_batch": 1, "seq_len": 16,
-            "pipelines": [{"num_microbatches": 4,
-                           "stages": [stage((0, 3), 2, "H20", "c", (0, 1)), stage((3, 4), 1, "H800", "a", (0,))]}]}
 
 
 @pytest.fixture(scope="module")
 def train_cluster():
-    from ray import cloudpickle
-
-    from autohet_ray.emulate.cluster import emulated_cluster
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])     # workers cannot import this test module
-    with emulated_cluster(cluster_from_dict(THREE_NODES), head_cpus=1, cpus_per_gpu=1) as cluster:
+    with train_cluster_for(__name__) as cluster:
         yield cluster
 
 
@@ -83,7 +66,7 @@ def test_sharded_plan_trains_through_ray_train_and_resumes_unsharded(train_clust
     from autohet_ray.orchestrate.train_checkpoint import checkpoint_manifest
     first, second = tmp_path / "sharded", tmp_path / "unsharded"
     first.mkdir(), second.mkdir()
-    result = _fit({"plan": _sharded_plan(), "out": str(first), "steps": STEPS}, first / "ray")
+    result = _fit({"plan": sharded_plan(), "out": str(first), "steps": STEPS}, first / "ray")
     assert result.error is None
     expected = reference_losses(STEPS + 1)
     log = _log(first)
@@ -92,7 +75,7 @@ def test_sharded_plan_trains_through_ray_train_and_resumes_unsharded(train_clust
     manifest = checkpoint_manifest(result.checkpoint)
     assert manifest.step == STEPS and not manifest.problems()
 
-    resumed = _fit({"plan": _unsharded_two_stage_plan(), "out": str(second), "steps": STEPS + 1,
+    resumed = _fit({"plan": two_stage_plan(), "out": str(second), "steps": STEPS + 1,
                     "initial": result.checkpoint}, second / "ray")
     assert resumed.error is None
     log = _log(second)

@@ -174,7 +174,7 @@ def test_export_refuses_a_manifest_naming_chunks_outside(tmp_path):
         with sentinel:
             done = autohet("export", "--storage", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"))
         line = one_error_line(done, "export")
-        assert line.startswith(f"manifest manifests/step-0000000001.json in tier 'cloud': tensor name {name!r}")
+        assert line.startswith(f"manifest manifests/step-0000000001.json in tier 'storage': tensor name {name!r}")
         assert sentinel.untouched() and not (tmp_path / "hf").exists()
 
 
