@@ -111,6 +111,7 @@ class Joining:
     actors: dict
     started: list = field(default_factory=list)
     node_ids: dict = field(default_factory=dict)
+    standby: object = None     # orchestrate/switch_ahead.Standby: the next plan's groups, built ahead
     since: float = field(default_factory=time.perf_counter)
 
     def plan(self, cache: dict[str, dict]) -> dict | None:
