@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,6 @@ def measure_notice(test_cluster, storage_dir: str, *, prepared: bool, iteration_
                    iteration_wall_s=iteration_wall_s, collective_timeout_s=60, detect_timeout_s=30)
     ctl = Controller(job)
     ctl.prepare_notices = prepared
-    ctl.notice_switch_before_s = math.inf     # switch once prepared (by default 45 s before the deadline): timed alike
     try:
         ctl.start()
         walls = [ctl.step()["wall_s"] for _ in range(3)]

@@ -16,9 +16,6 @@ from autohet_ray.job.plan_choice import state_key
 
 # A prepared switch must start this long before the deadline; nearer, the job acts at once (flush, re-plan).
 NOTICE_MARGIN_S = 30.0
-# A prepared switch waits until this long before the deadline (the noticed nodes train until then), or happens
-# once ready if that is later; 15 s above the margin leave a slow step or two of slack.
-SWITCH_BEFORE_S = 45.0
 
 
 def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids: set[str]) -> float | None:
@@ -28,11 +25,6 @@ def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids
     times += [drains[i] / 1000.0 for i in node_ids if drains.get(i)]
     known = [float(t) for t in times if t]
     return min(known) if known else None
-
-
-def switch_due(deadline_s: float | None, now_s: float, before_s: float = SWITCH_BEFORE_S) -> bool:
-    """A prepared switch off noticed nodes is due: `before_s` or less left before their deadline."""
-    return deadline_s is None or deadline_s - now_s <= before_s
 
 
 def act_at_once(deadline_s: float | None, now_s: float, margin_s: float = NOTICE_MARGIN_S) -> bool:
@@ -69,17 +61,15 @@ def notice_ahead(ctl, leaving: list[str], deadline_s: float | None) -> dict | No
         found = ctl.discover()             # the noticed nodes count as draining: the state without them
         restart_planning(ctl, foreseen_states(ctl.found.cluster, leaving=leaving), found)
         ctl.leaving = Leaving(leaving=leaving, key=state_key(found.cluster), base=base, deadline_s=deadline_s)
-    due = switch_due(deadline_s, time.time(), ctl.notice_switch_before_s)
-    report = switch_when_ready(ctl, ctl.leaving, f"spot notice: node(s) {leaving} will be preempted", due=due)
+    report = switch_when_ready(ctl, ctl.leaving, f"spot notice: node(s) {leaving} will be preempted")
     if report is not None:
         ctl.leaving = None
     return report
 
 
-def switch_when_ready(ctl, prep, reason: str, reuse: dict | None = None, due: bool = True) -> dict | None:
-    """Switch onto `prep` (a Joining or a Leaving) once its plan is cached, (ctl.groups_ahead) its standby
-    group is set up and the switch is `due`; None while not (the job trains on; a standby whose setup failed is
-    built again)."""
+def switch_when_ready(ctl, prep, reason: str, reuse: dict | None = None) -> dict | None:
+    """Switch onto `prep` (a Joining or a Leaving) once its plan is cached and (ctl.groups_ahead) its standby
+    group is set up; None while not (the job trains on; a standby whose setup failed is built again)."""
     plan = prep.plan(ctl.plan_cache)
     if plan is None or (prep.standby is not None and not prep.standby.ready()):
         return None
@@ -90,8 +80,6 @@ def switch_when_ready(ctl, prep, reason: str, reuse: dict | None = None, due: bo
         return None
     if ctl.groups_ahead and prep.standby is None:
         prep.standby = side.Standby(ctl, plan, {n: list(a) for n, a in (reuse or {}).items()})
-        return None
-    if not due:
         return None
     extra = {"plan_source": "planned ahead", "prepared_s": time.perf_counter() - prep.since}
     if prep.standby is None:

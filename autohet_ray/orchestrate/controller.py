@@ -29,7 +29,7 @@ from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.notice_ahead import SWITCH_BEFORE_S, act_at_once, earliest_deadline, notice_ahead
+from autohet_ray.job.notice_ahead import act_at_once, earliest_deadline, notice_ahead
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
@@ -57,7 +57,6 @@ class Controller(LiveJob):
         self.target_steps: int | None = None   # the step the caller trains to (named in the resume command)
         self.prepare_joins = True            # plan-ahead: a join's plan and workers are made while this plan trains
         self.prepare_notices = True          # ... and a noticed removal's, when its deadline leaves time
-        self.notice_switch_before_s = SWITCH_BEFORE_S   # a prepared notice switches this long before the deadline
         self.groups_ahead = True             # ... the next plan's process groups too (switch_ahead.Standby)
         self.joining, self.leaving = None, None   # a join's and a notice's preparation (Joining, Leaving)
         self.switch_side = switch_ahead        # the Ray side of the prepared switches job/notice_ahead.py makes

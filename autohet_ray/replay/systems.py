@@ -8,8 +8,8 @@ Rules shared by all three (stated in the replay's output):
 - Ours re-plans at every join and moves onto the new plan (the controller's check_joins does; with plan-ahead,
   once the new plan's workers and process groups are built in the background); no-replan ignores joins.
 - Ours with a spot notice (notice_s before a removal) and plan-ahead: builds the next plan while training and
-  switches SWITCH_BEFORE_S before the node goes, or once built if later (a prepared switch, charged switch_s), if
-  that leaves NOTICE_MARGIN_S before the node goes; otherwise it acts at once, NOTICE_MARGIN_S before (or at the notice): a planned restart, as the controller
+  switches once it is built (a prepared switch, charged switch_s), if that leaves NOTICE_MARGIN_S before the node
+  goes; otherwise it acts at once, NOTICE_MARGIN_S before (or at the notice): a planned restart, as the controller
   does (job/notice_ahead.py). A removal without a notice is a loss: detect + restart.
 - Events during a recovery: a removal that hits the plan being restored restarts the recovery; a join is taken
   at the end of the recovery (the first step boundary).
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S, SWITCH_BEFORE_S
+from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S
 from autohet_ray.replay.accounting import Ledger, hits, steps_done
 from autohet_ray.replay.phases import GB, PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState
@@ -245,10 +245,9 @@ class Ours(System):
             act = max(self.up_at, t - notice)     # the notice arrives
             if self.config.plan_ahead and t - act > NOTICE_MARGIN_S:     # build while training, then switch
                 ready = self.build_ready_at(act)
-                if ready <= t - NOTICE_MARGIN_S:      # switch SWITCH_BEFORE_S before the node goes (or once ready)
-                    at = max(ready, t - SWITCH_BEFORE_S)
-                    self.stop(at, how="planned")
-                    self.recover(at, detect=False, event=event, prepared=True)
+                if ready <= t - NOTICE_MARGIN_S:      # switch once prepared, as the controller does
+                    self.stop(ready, how="planned")
+                    self.recover(ready, detect=False, event=event, prepared=True)
                     return
                 act = t - NOTICE_MARGIN_S         # not ready with the margin left: act at once (the controller)
             self.stop(act, how="planned")

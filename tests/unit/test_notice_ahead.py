@@ -6,8 +6,7 @@ import math
 import pytest
 
 from autohet_ray import ConfigError
-from autohet_ray.job.notice_ahead import (NOTICE_MARGIN_S, SWITCH_BEFORE_S, Leaving, act_at_once, earliest_deadline,
-                                         switch_due)
+from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S, Leaving, act_at_once, earliest_deadline
 from autohet_ray.replay.notice_figures import bar_row, measured_switch, notice_figures
 from autohet_ray.replay.phases import PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState
@@ -28,11 +27,6 @@ def test_a_notice_is_prepared_only_with_more_than_the_margin_left():
     assert act_at_once(None, 0.0)                                       # no deadline known: act at once
     assert act_at_once(100.0 + NOTICE_MARGIN_S, 100.0)
     assert not act_at_once(100.0 + NOTICE_MARGIN_S + 0.1, 100.0)
-
-
-def test_a_prepared_switch_is_due_shortly_before_the_deadline_not_at_once():
-    assert SWITCH_BEFORE_S > NOTICE_MARGIN_S                             # due before the at-once fallback
-    assert not switch_due(200.0, 100.0) and switch_due(100.0 + SWITCH_BEFORE_S, 100.0) and switch_due(None, 0.0)
 
 
 def test_a_preparation_is_stale_once_other_nodes_leave_or_the_state_changed():
@@ -79,9 +73,8 @@ def test_a_noticed_removal_costs_the_switch_and_an_unnoticed_one_detect_and_rest
     ideal = 8 * PER_NODE * 500.0 + 7 * PER_NODE * 500.0
     launch = RESTART                                               # planning 0, nothing to restore, no warm-up
     noticed = got["cases"]["notices_120s"]
-    # prepared: the build (planning 0 + the restart) ends 90 s before the node goes, which trains until the switch
-    # is due (SWITCH_BEFORE_S before); the switch stops the job 1 s
-    at = max(500.0 - 120.0 + RESTART, 500.0 - SWITCH_BEFORE_S)
+    # prepared: the build (planning 0 + the restart) ends 90 s before the node goes; the switch stops the job 1 s
+    at = 500.0 - 120.0 + RESTART
     assert noticed["ours_goodput"] == pytest.approx(
         (8 * PER_NODE * (at - launch) + 7 * PER_NODE * (1000.0 - at - SWITCH)) / ideal, abs=1e-3)
     assert noticed["lost_steps"] == 0

@@ -133,9 +133,7 @@ def test_usd_per_million_tokens_for_the_three_systems():
 def test_plan_ahead_with_a_notice_trains_until_the_next_plan_is_ready():
     rows, notice = [(0, 2), (500.7, 1)], 120.0
     _, _, _, out = replay(rows, plan_ahead=True, notice_s=notice)
-    from autohet_ray.job.notice_ahead import SWITCH_BEFORE_S
-    ready = 500.7 - notice + PLANNING_S + PHASES.restart_s        # well before the node goes ...
-    ready = max(ready, 500.7 - SWITCH_BEFORE_S)                    # ... which trains until the switch is due
+    ready = 500.7 - notice + PLANNING_S + PHASES.restart_s        # well before the node goes
     back = ready + PHASES.switch_s + LOCAL_S + BATCH / SLOW
     ours = out["summary"]["ours"]
     assert ours["lost_steps"] == 0
