@@ -181,7 +181,7 @@ def phase_model(args, cluster):
     if args.switch_s is not None:
         phases, basis["switch_s"] = replace(phases, switch_s=args.switch_s), f"given: --switch-s {args.switch_s}"
     elif args.switch_cost_json and pathlib.Path(args.switch_cost_json).exists():
-        switch = measured_switch(args.switch_cost_json)
+        switch = measured_switch(_relative(args.switch_cost_json))
         phases = replace(phases, switch_s=switch["switch_s"])
         basis["switch_s"] = (f"{switch['label']}: the median job-stopped time of a prepared switch ({switch['mode']}, "
                              f"flush + stop the old workers + restore into workers whose process groups were built "
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
                                  gpus_per_node=gpn, spot_pools=tuple(p.trace is not None for p in pools),
                                  prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"],
                                  planning_cap_s=args.time_limit, join_cost=join_cost_medians(args.join_cost_json)))
-    switch = measured_switch(args.switch_cost_json) if args.switch_cost_json and \
+    switch = measured_switch(_relative(args.switch_cost_json)) if args.switch_cost_json and \
         pathlib.Path(args.switch_cost_json).exists() else None
     report["notice_ahead"] = notice_figures(timeline, plans, config, fleet_usd=report["cost_per_token"]["fleet_usd"],
                                             seq_len=seq_len, switch=switch)
@@ -373,6 +373,12 @@ def variant_cases(config) -> dict[str, dict]:
             "checkpoint-restart on losses only, checkpoint every 10 min":
                 {"config": {"join_policy": "ignore", "checkpoint_every_s": 600.0}, "baseline_policy": True},
             "plan_cache=True, restart_s=10": {"config": {"plan_cache": True}, "phases": {"restart_s": 10.0}}}
+
+
+def _relative(path: str) -> str:
+    """A path as the JSON states it: relative to the repository when inside it."""
+    resolved = pathlib.Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
 
 
 def _round(x, digits=1):

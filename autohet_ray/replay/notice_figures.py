@@ -70,7 +70,22 @@ def notice_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *
             "measured_switch": switch, "notice_basis": NOTICE_BASIS,
             "unnoticed_loss": f"detect {config.phases.detect_s:g} s + restart {config.phases.restart_s:g} s (stated)",
             "cases": cases, "goodput_by_notice_and_switch_s": grid,
-            "notice_s_for_goodput_0.90": notice_needed(grid)}
+            "notice_s_for_goodput_0.90": notice_needed(grid),
+            "switch_s_for_goodput_0.90_with_notices_120s": switch_needed(
+                lambda s: row(120.0, s)["ours_goodput"], config.phases.restart_s, 0.90)}
+
+
+def switch_needed(goodput_at, high_s: float, target: float) -> float | None:
+    """The largest switch_s (up to `high_s`) at which goodput_at(switch_s) >= target (None: not even at 0)."""
+    if goodput_at(0.0) < target:
+        return None
+    if goodput_at(high_s) >= target:
+        return high_s
+    low, high = 0.0, high_s
+    for _ in range(20):
+        mid = (low + high) / 2
+        low, high = (mid, high) if goodput_at(mid) >= target else (low, mid)
+    return round(low, 2)
 
 
 def notice_needed(grid: dict) -> dict:

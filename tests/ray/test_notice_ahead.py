@@ -5,6 +5,7 @@ that vanishes before the switch is a loss like any other: the preparation is dro
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -113,6 +114,46 @@ def test_a_noticed_node_lost_before_the_switch_drops_the_preparation(cluster, tm
     assert rec["lost_nodes"] == ["b"] and ctl.leaving is None
     assert not any(alive(standby))                       # the preparation's workers were killed
     assert after == {"nodes": [], "flush_s": after["flush_s"]}
+    assert rec["bytes_by_tier"].get("storage", 0) == 0 and rec["lost_steps"] <= 1
+    ref = reference_losses(rec["restored_step"] + 3)
+    assert losses == pytest.approx(ref[:len(losses)], rel=1e-6)
+    assert resumed == pytest.approx(ref[rec["restored_step"]:rec["restored_step"] + 3], rel=1e-6)
+
+
+def test_a_loss_while_a_join_is_prepared_drops_it_and_recovers_onto_the_joined_node(cluster, tmp_path):
+    from autohet_ray.emulate.cluster import node_args
+    from autohet_ray.orchestrate.discovery import live_nodes
+    from ray_helpers import wait_until_alive
+    assert "b" not in {n.name for n in live_nodes()}       # the test before removed it
+    ctl = Controller(replace(notice_job(str(tmp_path / "cloud")), plan=None))      # planned on a and c
+    try:
+        ctl.start()
+        losses = [ctl.step()["loss"] for _ in range(2)]
+        added = cluster.add_node(**node_args(cluster_from_dict(THREE_NODES).node("b")))
+        wait_until_alive([added.node_id])
+        deadline = time.monotonic() + 240
+        while ctl.joining is None or ctl.joining.standby is None:   # b's workers, then the standby group started
+            assert time.monotonic() < deadline, "no standby group was started for the join"
+            assert ctl.check_joins() is None
+            if ctl.joining.standby is None:
+                losses.append(ctl.step()["loss"])
+        prepared = [a for actors in ctl.joining.actors.values() for a in actors]
+        standby = list(ctl.joining.standby.group.actors)
+        victim = next(n for n in cluster.list_all_nodes() if n.node_id == ctl.found.node_ids["a"])
+
+        def lose_node_a(controller):
+            controller.mark_fault()
+            cluster.remove_node(victim, allow_graceful=False)
+
+        first = ctl.step(fault_hook=lose_node_a)
+        rec = first["recovery"]
+        resumed = [first["loss"], *[ctl.step()["loss"] for _ in range(2)]]
+        after = ctl.check_joins()                        # b was taken by the recovery: nothing left to join
+    finally:
+        ctl.close()
+    assert rec["lost_nodes"] == ["a"] and ctl.joining is None and after is None
+    assert any(stage.startswith("b:") for p in rec["plan"] for stage in p), rec["plan"]   # the joined node is used
+    assert not any(alive(standby + prepared))            # the preparation's workers were killed
     assert rec["bytes_by_tier"].get("storage", 0) == 0 and rec["lost_steps"] <= 1
     ref = reference_losses(rec["restored_step"] + 3)
     assert losses == pytest.approx(ref[:len(losses)], rel=1e-6)

@@ -94,3 +94,10 @@ def test_the_bar_names_its_assumption_and_gives_the_figure_without_notices():
     assert "notice_s 120" in bar["headline_assumes"] and f"restart {RESTART:g} s" in bar["headline_assumes"]
     assert bar["ours_goodput_without_notices"] == figures["cases"]["no_notices"]["ours_goodput"]
     assert bar["met"] == (bar["ours_goodput"] >= 0.90)
+
+
+def test_the_switch_needed_for_a_goodput_is_found_by_bisection():
+    from autohet_ray.replay.notice_figures import switch_needed
+    goodput_at = lambda s: 0.95 - s / 100          # noqa: E731 - 0.90 at 5 s
+    assert switch_needed(goodput_at, 30.0, 0.90) == pytest.approx(5.0, abs=0.01)
+    assert switch_needed(goodput_at, 3.0, 0.90) == 3.0 and switch_needed(goodput_at, 30.0, 0.96) is None
