@@ -139,19 +139,19 @@ def test_a_loss_while_a_join_is_prepared_drops_it_and_recovers_onto_the_joined_n
                 losses.append(ctl.step()["loss"])
         prepared = [a for actors in ctl.joining.actors.values() for a in actors]
         standby = list(ctl.joining.standby.group.actors)
-        victim = next(n for n in cluster.list_all_nodes() if n.node_id == ctl.found.node_ids["a"])
+        victim = next(n for n in cluster.list_all_nodes() if n.node_id == ctl.found.node_ids["c"])   # a: the head
 
-        def lose_node_a(controller):
+        def lose_node_c(controller):
             controller.mark_fault()
             cluster.remove_node(victim, allow_graceful=False)
 
-        first = ctl.step(fault_hook=lose_node_a)
+        first = ctl.step(fault_hook=lose_node_c)
         rec = first["recovery"]
         resumed = [first["loss"], *[ctl.step()["loss"] for _ in range(2)]]
         after = ctl.check_joins()                        # b was taken by the recovery: nothing left to join
     finally:
         ctl.close()
-    assert rec["lost_nodes"] == ["a"] and ctl.joining is None and after is None
+    assert rec["lost_nodes"] == ["c"] and ctl.joining is None and after is None
     assert any(stage.startswith("b:") for p in rec["plan"] for stage in p), rec["plan"]   # the joined node is used
     assert not any(alive(standby + prepared))            # the preparation's workers were killed
     assert rec["bytes_by_tier"].get("storage", 0) == 0 and rec["lost_steps"] <= 1
