@@ -10,12 +10,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from autohet_ray.cloud.notices import NOTICE_MARGIN_S
 from autohet_ray.job.foresight import cached_entry, foreseen_states
 from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import state_key
 
-# A prepared switch must start this long before the deadline; nearer, the job acts at once (flush, re-plan).
-NOTICE_MARGIN_S = 30.0
 
 
 def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids: set[str]) -> float | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S
+from autohet_ray.cloud.notices import NOTICE_MARGIN_S
 from autohet_ray.replay.accounting import Ledger, hits, steps_done
 from autohet_ray.replay.phases import GB, PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState

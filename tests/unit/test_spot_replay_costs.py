@@ -151,7 +151,7 @@ def test_plan_ahead_with_a_short_notice_acts_at_once_as_the_controller_does():
 
 
 def test_plan_ahead_with_a_notice_too_short_for_the_build_acts_at_the_margin():
-    from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S
+    from autohet_ray.cloud.notices import NOTICE_MARGIN_S
     notice = NOTICE_MARGIN_S + 5.0                                # the build (planning + restart: 7 s) ends too late
     _, _, _, out = replay([(0, 2), (500.7, 1)], plan_ahead=True, notice_s=notice)
     act = 500.7 - NOTICE_MARGIN_S
@@ -162,7 +162,7 @@ def test_plan_ahead_with_a_notice_too_short_for_the_build_acts_at_the_margin():
 
 
 def test_plan_ahead_with_a_notice_long_enough_for_the_build_switches_prepared():
-    from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S
+    from autohet_ray.cloud.notices import NOTICE_MARGIN_S
     notice = NOTICE_MARGIN_S + PLANNING_S + PHASES.restart_s + 1.0
     _, _, _, out = replay([(0, 2), (500.7, 1)], plan_ahead=True, notice_s=notice)
     ready = 500.7 - notice + PLANNING_S + PHASES.restart_s
