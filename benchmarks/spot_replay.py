@@ -180,8 +180,7 @@ def phase_model(args, cluster):
                               f"({nic * 8 / GB:g} Gb/s per node); reads from the node's own RAM store are faster")
     if args.switch_s is not None:
         phases, basis["switch_s"] = replace(phases, switch_s=args.switch_s), f"given: --switch-s {args.switch_s}"
-    elif args.switch_cost_json and pathlib.Path(args.switch_cost_json).exists():
-        switch = measured_switch(_relative(args.switch_cost_json))
+    elif (switch := switch_measurement(args)) is not None:
         phases = replace(phases, switch_s=switch["switch_s"])
         basis["switch_s"] = (f"{switch['label']}: the median job-stopped time of a prepared switch ({switch['mode']}, "
                              f"flush + stop the old workers + restore into workers whose process groups were built "
@@ -256,10 +255,8 @@ def main(argv=None) -> int:
                                  gpus_per_node=gpn, spot_pools=tuple(p.trace is not None for p in pools),
                                  prices=load_prices(args.prices), seq_len=seq_len, ledgers=out["ledgers"],
                                  planning_cap_s=args.time_limit, join_cost=join_cost_medians(args.join_cost_json)))
-    switch = measured_switch(_relative(args.switch_cost_json)) if args.switch_cost_json and \
-        pathlib.Path(args.switch_cost_json).exists() else None
     report["notice_ahead"] = notice_figures(timeline, plans, config, fleet_usd=report["cost_per_token"]["fleet_usd"],
-                                            seq_len=seq_len, switch=switch)
+                                            seq_len=seq_len, switch=switch_measurement(args))
     report["bar"] = bar_row(report["bar"]["ours_goodput"], config, report["notice_ahead"])
     series = ideal_series(timeline, plans)
     series["achieved"] = {n: ledger.intervals for n, ledger in out["ledgers"].items()}
@@ -373,6 +370,12 @@ def variant_cases(config) -> dict[str, dict]:
             "checkpoint-restart on losses only, checkpoint every 10 min":
                 {"config": {"join_policy": "ignore", "checkpoint_every_s": 600.0}, "baseline_policy": True},
             "plan_cache=True, restart_s=10": {"config": {"plan_cache": True}, "phases": {"restart_s": 10.0}}}
+
+
+def switch_measurement(args) -> dict | None:
+    """The emulated prepared switch of --switch-cost-json (None: no file given or found)."""
+    path = args.switch_cost_json
+    return measured_switch(_relative(path)) if path and pathlib.Path(path).exists() else None
 
 
 def _relative(path: str) -> str:
