@@ -66,8 +66,9 @@ def set_node_b(test_cluster, alive: bool) -> None:
 
 
 def measure_join(test_cluster, storage_dir: str, *, prepare: bool, iteration_wall_s: float,
-                 max_wait_s: float = 120.0) -> dict:
-    """Start a job without node b, train 2 steps, add b, step until check_joins switches; the join's figures."""
+                 max_wait_s: float = 120.0, groups_ahead: bool = True) -> dict:
+    """Start a job without node b, train 2 steps, add b, step until check_joins switches; the join's figures.
+    `groups_ahead`: a prepared join also sets up the next plan's process groups ahead (switch_ahead.Standby)."""
     from autohet_ray.job.config import TrainJob
     from autohet_ray.model.spec import load_model
     from autohet_ray.orchestrate.controller import Controller
@@ -78,7 +79,7 @@ def measure_join(test_cluster, storage_dir: str, *, prepare: bool, iteration_wal
                    storage=storage_spec(storage_dir), elastic=True, checkpoint_every=0, baselines=False,
                    iteration_wall_s=iteration_wall_s, collective_timeout_s=60, detect_timeout_s=30)
     ctl = Controller(job)
-    ctl.prepare_joins = prepare
+    ctl.prepare_joins, ctl.groups_ahead = prepare, groups_ahead
     try:
         ctl.start()
         walls = [ctl.step()["wall_s"] for _ in range(3)]
@@ -95,7 +96,7 @@ def measure_join(test_cluster, storage_dir: str, *, prepare: bool, iteration_wal
             walls.append(ctl.step()["wall_s"])
             trained += 1
         first = ctl.step()["wall_s"]
-        return {"prepare": prepare, "switch_s": switch_s, "steps_trained_while_preparing": trained,
+        return {"prepare": prepare, "groups_ahead": prepare and groups_ahead, "switch_s": switch_s, "steps_trained_while_preparing": trained,
                 "join_to_switch_s": time.perf_counter() - seen - first, "first_step_s": first,
                 "step_s_median": statistics.median(walls), "plan_source": report.get("plan_source"),
                 "num_ranks": report["num_ranks"], "reused_actors": report["reused_actors"],

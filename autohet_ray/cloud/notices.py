@@ -50,6 +50,9 @@ AWS_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 AWS_ACTIONS = ("terminate", "stop", "hibernate")
 GCP_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
 GCP_NOTICE_S = 30.0
+# A job prepares its switch off a noticed node only with more than this left (the controller,
+# job/notice_ahead.py, and the replay); nearer the deadline it flushes and re-plans at once.
+NOTICE_MARGIN_S = 30.0
 AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 AZURE_NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 

@@ -111,13 +111,9 @@ class Joining:
     actors: dict
     started: list = field(default_factory=list)
     node_ids: dict = field(default_factory=dict)
+    standby: object = None     # orchestrate/switch_ahead.Standby: the next plan's groups, built ahead
     since: float = field(default_factory=time.perf_counter)
 
     def plan(self, cache: dict[str, dict]) -> dict | None:
         entry = cached_entry(cache, self.key)
         return None if entry is None else entry["plan"]
-
-    def report(self) -> dict:
-        """What the switch reports: the workers it takes over, and how long the preparation took."""
-        return {"actors": self.actors, "prepared_s": time.perf_counter() - self.since,
-                "prepared_workers": sum(len(a) for a in self.actors.values())}

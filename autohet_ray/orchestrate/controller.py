@@ -24,13 +24,12 @@ import ray
 
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
-from autohet_ray.elastic.keeper import start_keeper, stop_keeper
+from autohet_ray.elastic.keeper import stop_keeper
 from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.foresight import Joining, foreseen_states
-from autohet_ray.job.plan_ahead import start_planning_ahead
+from autohet_ray.job.notice_ahead import act_at_once, earliest_deadline, notice_ahead
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
@@ -38,7 +37,8 @@ from autohet_ray.metrics.tensorboard import TensorBoardLog
 from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
-from autohet_ray.orchestrate.worker_group import GroupFailure, kill_actors, rescue_orphans, worker_actor
+from autohet_ray.orchestrate import switch_ahead
+from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
 from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
 from autohet_ray.recovery.policy import store_only_nodes
 from autohet_ray.recovery.states import State, transition
@@ -56,7 +56,10 @@ class Controller(LiveJob):
         self.board = None                    # the job's spot-notice board, once watch_spot started watchers
         self.target_steps: int | None = None   # the step the caller trains to (named in the resume command)
         self.prepare_joins = True            # plan-ahead: a join's plan and workers are made while this plan trains
-        self.joining: Joining | None = None
+        self.prepare_notices = True          # ... and a noticed removal's, when its deadline leaves time
+        self.groups_ahead = True             # ... the next plan's process groups too (switch_ahead.Standby)
+        self.joining, self.leaving = None, None   # a join's and a notice's preparation (Joining, Leaving)
+        self.switch_side = switch_ahead        # the Ray side of the prepared switches job/notice_ahead.py makes
 
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start node stores, plan, place and (with restore='cloud_only' or
@@ -179,7 +182,7 @@ class Controller(LiveJob):
             return {}
         if self.planning_ahead is not None:      # no new planning competes with securing the newest step
             self.planning_ahead.stop()
-        self._drop_joining()
+        switch_ahead.drop_preparations(self)
         if stopping and self.committer is not None and self.group is not None:
             secure_nodes_first(self, stopping)
         try:
@@ -229,6 +232,7 @@ class Controller(LiveJob):
         """Recover from a failed step, round after round (a loss while relaunching starts the next); the report
         of every phase (step() adds the first step)."""
         stop = self.recovery.on_failure(failure, completed=self.step_index)
+        switch_ahead.drop_preparations(self)      # prepared for the state before the loss: stale
         while stop is None:
             self.state = transition(self.state, State.RECOVERING)
             node_ids = self.found.node_ids
@@ -307,80 +311,51 @@ class Controller(LiveJob):
         return self.board
 
     def check_notices(self, board=None) -> dict | None:
-        """Act on spot notices (the job's notice board) and on Ray's drain signal between steps: flush,
-        acknowledge (the watcher then drains its node), and re-plan without the noticed nodes, so no step is
-        lost. None when nothing is pending."""
+        """Act on spot notices (the job's notice board) and on Ray's drain signal between steps: with time to
+        spare, prepare the state without the noticed nodes while training on, then (at a later boundary) flush,
+        switch and acknowledge (the watcher then drains its node); else flush, acknowledge and re-plan at once.
+        No step is lost either way. None when nothing is pending or the switch is being prepared."""
         assert self.state is State.RUNNING, self.state
         board, wait_s = board if board is not None else self.board, self.job.control_timeout_s
-        pending = set(ray.get(board.pending.remote(), timeout=wait_s)) if board is not None else set()
-        names = {n.node_id: n.name for n in self.found.nodes}
-        decision = self.recovery.on_notices(pending, set(draining_nodes()), names)
+        notices = ray.get(board.pending.remote(), timeout=wait_s) if board is not None else {}
+        names, drains = {n.node_id: n.name for n in self.found.nodes}, draining_nodes()
+        decision = self.recovery.on_notices(set(notices), set(drains), names)
         if decision is None:
             return None
-        start = time.perf_counter()
+        deadline = earliest_deadline(notices, drains, {i for i, n in names.items() if n in decision.leaving})
+        report, start = None, time.perf_counter()
+        if decision.leaving and self.prepare_notices and not act_at_once(deadline, time.time()):
+            report = notice_ahead(self, decision.leaving, deadline)
+            if report is None:
+                return None                       # train on; switch at a later step boundary
+        switch_ahead.drop_preparations(self, ("leaving",))
         self.flush()
-        flush_s = time.perf_counter() - start
+        flush_s = report["flush_s"] if report else time.perf_counter() - start
         for node_id in decision.ack:
             ray.get(board.ack.remote(node_id), timeout=wait_s)
         if not decision.leaving:
             return {"nodes": [], "flush_s": flush_s}
-        report = self.replan(reason=f"spot notice: node(s) {decision.leaving} will be preempted")
+        report = report or self.replan(reason=f"spot notice: node(s) {decision.leaving} will be preempted")
         for node in decision.leaving:
             self.committer.drop_keeper(node, "spot notice or drain: the node is leaving")
-        return report | {"nodes": decision.leaving, "flush_s": flush_s}
+        return report | {"nodes": decision.leaving, "flush_s": flush_s, "notice_deadline_s": deadline}
 
     def check_joins(self, plan: dict | None = None) -> dict | None:
         """Re-plan onto nodes of the cluster file that joined since the last plan (replacement spot nodes the
-        autoscaler brought); None when none joined. `plan`: run this plan instead of planning."""
+        autoscaler brought); None when none joined, or while the join is prepared (orchestrate/switch_ahead.py).
+        `plan`: run this plan instead of planning."""
         assert self.state is State.RUNNING, self.state
         grow = self.recovery.on_joins({n.name for n in self.found.nodes},
                                       set(self.recovery.dead_nodes(self.base_cluster)),
                                       [n.name for n in self.base_cluster.nodes])
         if self.joining is not None and (grow is None or self.joining.base != state_key(self.found.cluster)):
-            self._drop_joining()                  # the nodes being prepared left, or a node was lost meanwhile
+            switch_ahead.drop_preparations(self, ("joining",))   # the nodes left, or a node was lost meanwhile
         if grow is None:
             return None
-        prepared = {}
         if self.prepare_joins and plan is None:
-            if self.joining is None or self.joining.joined != grow.joined:     # more joined (or fewer): extend
-                self.joining = self._prepare_join(grow.joined, self.joining)
-            plan, started = self.joining.plan(self.plan_cache), self.joining.started
-            up = ray.wait(started, num_returns=len(started), timeout=0)[0] if started else []
-            if plan is None or len(up) < len(started):
-                return None                       # train on; switch at a later step boundary
-            prepared, self.joining = self.joining.report(), None
-            prepared["plan_source"] = "planned ahead"
-        report = self.replan(reason=f"node(s) {grow.joined} joined", plan=plan, extra=prepared.pop("actors", None))
-        return {"joined": grow.joined, **report, **prepared}
-
-    def _prepare_join(self, joined: list[str], earlier: Joining | None) -> Joining:
-        """Plan the state with the joined nodes first (then the other foreseen ones) and start their workers
-        (those an `earlier` preparation started on nodes still joined are kept)."""
-        kept = {n: a for n, a in earlier.actors.items() if n in joined} if earlier is not None else {}
-        if earlier is not None:
-            kill_actors([a for n, actors in earlier.actors.items() if n not in joined for a in actors])
-        found = self.discover()
-        if self.planning_ahead is not None:
-            self.planning_ahead.stop()
-        self.planning_ahead = start_planning_ahead(
-            self.job, found=found, profile=self.profile, priced_model=self.priced_model, seq_len=self.priced_seq_len,
-            cache=self.plan_cache, states=foreseen_states(self.found.cluster, joined=found.cluster))
-        per_node = {n.name: n for n in found.nodes if n.name in joined}
-        actors = {name: kept.get(name) or [worker_actor(n.node_id, 0) for _ in range(n.num_gpus)]
-                  for name, n in per_node.items()}
-        started = [a.where.remote() for node_actors in actors.values() for a in node_actors]   # process + imports
-        started += [start_keeper(self.job_id, n.node_id, label=f"keeper-{name}").directory.remote()
-                    for name, n in per_node.items() if name not in self.keeper_specs]      # its node store
-        return Joining(joined=joined, key=state_key(found.cluster), base=state_key(self.found.cluster),
-                       actors=actors, started=started, node_ids={name: n.node_id for name, n in per_node.items()})
-
-    def _drop_joining(self) -> None:
-        if self.joining is not None:
-            kill_actors([a for actors in self.joining.actors.values() for a in actors])
-            for name, node_id in self.joining.node_ids.items():
-                if name not in self.keeper_specs:
-                    stop_keeper(self.job_id, node_id)
-            self.joining = None
+            report = switch_ahead.join_ahead(self, grow.joined)
+            return None if report is None else {"joined": grow.joined, **report}
+        return {"joined": grow.joined, **self.replan(reason=f"node(s) {grow.joined} joined", plan=plan)}
 
     def mark_fault(self) -> None:
         """Tests and benchmarks note when they inject a failure (detection is timed from here)."""

@@ -111,6 +111,12 @@ class LiveJob:
                   **{f"restart_{k}": v for k, v in setup.items() if k != "setup_s"},
                   "num_ranks": len(self.group.actors), "reused_actors": self.group.num_reused,
                   "predicted_iteration_s": self.evaluation.iteration_time_s}
+        return report | self.resume_on_group(restore)
+
+    def resume_on_group(self, restore: str | None) -> dict:
+        """On the group just set up: restore (as `restore` says) or load the job's start, configure snapshots,
+        plan ahead; the rest of the launch report."""
+        report: dict = {}
         self.step_index, self.snapped = 0, set()
         if restore:
             report |= self.recovery.wait_stage_in(self.committer, self.job.setup_timeout_s)
@@ -143,9 +149,9 @@ class LiveJob:
             self.baselines = baselines
         return chosen
 
-    def executed_plan(self):
-        """The plan the workers execute: the priced plan on the model (and sequence length) that runs."""
-        return replace(self.plan, model=self.model.name, model_spec=self.model.to_dict(), seq_len=self.seq_len)
+    def executed_plan(self, plan=None):
+        """The plan the workers execute: the priced plan (default: self.plan) on the model that runs."""
+        return replace(plan or self.plan, model=self.model.name, model_spec=self.model.to_dict(), seq_len=self.seq_len)
 
     def _pacers(self) -> tuple[list[dict] | None, dict]:
         """Per rank, the emulated clock of the plan's devices (None when the job is not paced); the scale is

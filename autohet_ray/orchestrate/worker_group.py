@@ -51,10 +51,11 @@ def rank_slots(plan: Plan) -> list[dict]:
 
 class WorkerGroup:
     def __init__(self, plan: Plan, node_ids: dict[str, str], *, reuse: dict[str, list] | None = None,
-                 loss_grace_s: float):
+                 loss_grace_s: float, gpus: float = 1.0):
         """`loss_grace_s`: how long a node's raylet may stay silent before the node counts as lost (see
         NodeWatch). `reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
-        process start). The ones left over stay in `reuse` for the caller to kill."""
+        process start). The ones left over stay in `reuse` for the caller to kill. `gpus`: what each new actor
+        requests (0 for a standby group built beside the running one, orchestrate/switch_ahead.py)."""
         self.plan, self.slots = plan, rank_slots(plan)
         names = sorted({s["node"] for s in self.slots})
         addresses = raylet_addresses(node_ids[name] for name in names)
@@ -67,7 +68,7 @@ class WorkerGroup:
                 self.actors.append(reuse[slot["node"]].pop())
                 self.num_reused += 1
                 continue
-            self.actors.append(worker_actor(node_ids[slot["node"]], rank))
+            self.actors.append(worker_actor(node_ids[slot["node"]], rank, gpus))
 
     def describe(self, rank: int) -> str:
         s = self.slots[rank]
@@ -181,10 +182,10 @@ def _worker_class():
                       concurrency_groups={"control": 2})(Worker)
 
 
-def worker_actor(node_id: str, rank: int):
-    """A new worker process on that node (one GPU), as `rank` until a setup gives it another."""
+def worker_actor(node_id: str, rank: int, gpus: float = 1.0):
+    """A new worker process on that node (`gpus`: one GPU), as `rank` until a setup gives it another."""
     pinned = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return _worker_class().options(scheduling_strategy=pinned).remote(rank)
+    return _worker_class().options(scheduling_strategy=pinned, num_gpus=gpus).remote(rank)
 
 
 def kill_actors(actors: list, wait_s: float = 0.0) -> None:

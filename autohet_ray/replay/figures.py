@@ -114,7 +114,8 @@ PLAN_AHEAD_LABEL = (
     "switch at a step boundary then pays no planning and no process start, only the rebuild of the process groups "
     "over every rank (switch_s) + restore + warm-up. The states one node loss away are planned in the background "
     "once per pool (a pool's nodes are interchangeable), so such a loss pays no planning once they are planned. "
-    "Notices: modelled (build during the notice), not built: the controller acts on a notice at once")
+    "Notices: built too (check_notices, job/notice_ahead.py): the state without the noticed nodes is planned and "
+    "its workers and process groups set up while the job trains, then switched to (notice_ahead)")
 
 
 def scaled_switch_row(config: ReplayConfig, measured: dict | None, switch) -> dict | None:
@@ -161,7 +162,7 @@ def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, n
             f"ours_goodput_with_notice_{notice_s:g}s_without_plan_ahead":
                 round(goodput_of(Ours, timeline, plans, replace(config, notice_s=notice_s, plan_ahead=False)), 4),
             "notice_basis": "AWS sends a spot interruption notice 2 minutes ahead (best effort); the traces do not "
-                            "record whether one came, so the default replay assumes none"}
+                            "record whether one came (see notice_ahead for the figure with and without)"}
 
 
 def cost_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, gpus_per_node: tuple[int, ...],

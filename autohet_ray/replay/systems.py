@@ -6,7 +6,11 @@ Rules shared by all three (stated in the replay's output):
 - A removal hits a plan when it takes a node of a pool the plan uses (victims: the plan's nodes first).
   A removal of idle nodes changes nothing for a running job.
 - Ours re-plans at every join and moves onto the new plan (the controller's check_joins does; with plan-ahead,
-  once the new plan's workers are built in the background); no-replan ignores joins.
+  once the new plan's workers and process groups are built in the background); no-replan ignores joins.
+- Ours with a spot notice (notice_s before a removal) and plan-ahead: builds the next plan while training and
+  switches once it is built (a prepared switch, charged switch_s), if that leaves NOTICE_MARGIN_S before the node
+  goes; otherwise it acts at once, NOTICE_MARGIN_S before (or at the notice): a planned restart, as the controller
+  does (job/notice_ahead.py). A removal without a notice is a loss: detect + restart.
 - Events during a recovery: a removal that hits the plan being restored restarts the recovery; a join is taken
   at the end of the recovery (the first step boundary).
 - The job's launch at t = 0 pays planning, worker start and warm-up, with nothing to restore.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autohet_ray.cloud.notices import NOTICE_MARGIN_S
 from autohet_ray.replay.accounting import Ledger, hits, steps_done
 from autohet_ray.replay.phases import GB, PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState
@@ -237,12 +242,14 @@ class Ours(System):
         notice, t = self.config.notice_s, event.time_s
         if notice > 0 and hits(self.plan, event) and self.running(t):
             self.switch_at = None
-            act = max(self.up_at, t - notice)     # the notice arrives; the switch starts
-            if self.config.plan_ahead:            # build while training; stop when ready or the node goes
+            act = max(self.up_at, t - notice)     # the notice arrives
+            if self.config.plan_ahead and t - act > NOTICE_MARGIN_S:     # build while training, then switch
                 ready = self.build_ready_at(act)
-                self.stop(min(ready, t), how="planned")
-                self.recover(ready, detect=False, event=event, prepared=True)
-                return
+                if ready <= t - NOTICE_MARGIN_S:      # switch once prepared, as the controller does
+                    self.stop(ready, how="planned")
+                    self.recover(ready, detect=False, event=event, prepared=True)
+                    return
+                act = t - NOTICE_MARGIN_S         # not ready with the margin left: act at once (the controller)
             self.stop(act, how="planned")
             self.recover(act, detect=False, event=event)
             return

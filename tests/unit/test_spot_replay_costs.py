@@ -140,13 +140,36 @@ def test_plan_ahead_with_a_notice_trains_until_the_next_plan_is_ready():
     assert ours["committed_samples"] == pytest.approx(FAST * (ready - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
 
 
-def test_plan_ahead_with_a_short_notice_waits_for_the_build_after_the_node_goes():
-    rows, notice = [(0, 2), (500.7, 1)], 4.0                      # shorter than planning + restart
+def test_plan_ahead_with_a_short_notice_acts_at_once_as_the_controller_does():
+    rows, notice = [(0, 2), (500.7, 1)], 4.0                      # within the controller's margin: no build
     _, _, _, out = replay(rows, plan_ahead=True, notice_s=notice)
+    act = 500.7 - notice                 # flush and re-plan at the notice: a restart (the state was planned ahead)
+    back = act + PHASES.restart_s + LOCAL_S + BATCH / SLOW
+    ours = out["summary"]["ours"]
+    assert ours["lost_steps"] == 0 and "prepared switch" not in [r["action"] for r in out["ledgers"]["ours"].records]
+    assert ours["committed_samples"] == pytest.approx(FAST * (act - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
+
+
+def test_plan_ahead_with_a_notice_too_short_for_the_build_acts_at_the_margin():
+    from autohet_ray.cloud.notices import NOTICE_MARGIN_S
+    notice = NOTICE_MARGIN_S + 5.0                                # the build (planning + restart: 7 s) ends too late
+    _, _, _, out = replay([(0, 2), (500.7, 1)], plan_ahead=True, notice_s=notice)
+    act = 500.7 - NOTICE_MARGIN_S
+    back = act + PLANNING_S + PHASES.restart_s + LOCAL_S + BATCH / SLOW      # the build's plan is not reused
+    ours = out["summary"]["ours"]
+    assert ours["lost_steps"] == 0
+    assert ours["committed_samples"] == pytest.approx(FAST * (act - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
+
+
+def test_plan_ahead_with_a_notice_long_enough_for_the_build_switches_prepared():
+    from autohet_ray.cloud.notices import NOTICE_MARGIN_S
+    notice = NOTICE_MARGIN_S + PLANNING_S + PHASES.restart_s + 1.0
+    _, _, _, out = replay([(0, 2), (500.7, 1)], plan_ahead=True, notice_s=notice)
     ready = 500.7 - notice + PLANNING_S + PHASES.restart_s
     back = ready + PHASES.switch_s + LOCAL_S + BATCH / SLOW
+    assert out["ledgers"]["ours"].records[-1]["action"] == "prepared switch"
     assert out["summary"]["ours"]["committed_samples"] == pytest.approx(
-        FAST * (500.7 - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
+        FAST * (ready - launch_s(FAST)) + SLOW * (1000 - back), abs=1)
 
 
 def test_snapshots_every_k_steps_divide_the_overhead_and_lose_back_to_the_newest():

@@ -1,0 +1,95 @@
+"""Acting on a spot notice ahead, without Ray: a notice names a node and when it goes (AWS: about 2 minutes).
+The job prepares the state without the noticed nodes while the current plan trains (its plan from the
+plan-ahead cache, the next plan's workers and process groups built in the background) and switches at the
+first step boundary where that is ready. When the deadline is too close (or unknown), it acts at once: flush
+and re-plan, as before plan-ahead. A loss meanwhile drops the preparation; the next check prepares again.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from autohet_ray.cloud.notices import NOTICE_MARGIN_S
+from autohet_ray.job.foresight import cached_entry, foreseen_states
+from autohet_ray.job.plan_ahead import start_planning_ahead
+from autohet_ray.job.plan_choice import state_key
+
+
+
+def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids: set[str]) -> float | None:
+    """The earliest deadline (seconds since the epoch) that the notices (node id -> notice with "deadline_s")
+    or Ray drains (node id -> deadline in ms, 0: none) of `node_ids` state; None when none states one."""
+    times = [notices[i].get("deadline_s") for i in node_ids if i in notices]
+    times += [drains[i] / 1000.0 for i in node_ids if drains.get(i)]
+    known = [float(t) for t in times if t]
+    return min(known) if known else None
+
+
+def act_at_once(deadline_s: float | None, now_s: float, margin_s: float = NOTICE_MARGIN_S) -> bool:
+    """True when a noticed removal cannot wait for a preparation: no deadline known, or `margin_s` or less left."""
+    return deadline_s is None or deadline_s - now_s <= margin_s
+
+
+@dataclass
+class Leaving:
+    """A noticed removal being prepared: the state without the `leaving` nodes (its cache key, planned in the
+    background), the state it was prepared from (a loss meanwhile makes it stale) and the standby workers."""
+    leaving: list[str]
+    key: str
+    base: str
+    deadline_s: float | None
+    standby: object = None          # orchestrate/switch_ahead.Standby once the plan is known
+    since: float = field(default_factory=time.perf_counter)
+
+    def plan(self, cache: dict[str, dict]) -> dict | None:
+        entry = cached_entry(cache, self.key)
+        return None if entry is None else entry["plan"]
+
+    def stale(self, leaving: list[str], base: str) -> bool:
+        return self.leaving != leaving or self.base != base
+
+
+def notice_ahead(ctl, leaving: list[str], deadline_s: float | None) -> dict | None:
+    """Prepare the state without the noticed `leaving` nodes (or go on preparing it); the switch's report once
+    it is ready, else None."""
+    base = state_key(ctl.found.cluster)
+    if ctl.leaving is not None and ctl.leaving.stale(leaving, base):
+        ctl.switch_side.drop_preparations(ctl)
+    if ctl.leaving is None:
+        found = ctl.discover()             # the noticed nodes count as draining: the state without them
+        restart_planning(ctl, foreseen_states(ctl.found.cluster, leaving=leaving), found)
+        ctl.leaving = Leaving(leaving=leaving, key=state_key(found.cluster), base=base, deadline_s=deadline_s)
+    report = switch_when_ready(ctl, ctl.leaving, f"spot notice: node(s) {leaving} will be preempted")
+    if report is not None:
+        ctl.leaving = None
+    return report
+
+
+def switch_when_ready(ctl, prep, reason: str, reuse: dict | None = None) -> dict | None:
+    """Switch onto `prep` (a Joining or a Leaving) once its plan is cached and (ctl.groups_ahead) its standby
+    group is set up; None while not (the job trains on; a standby whose setup failed is built again)."""
+    plan = prep.plan(ctl.plan_cache)
+    if plan is None or (prep.standby is not None and not prep.standby.ready()):
+        return None
+    side = ctl.switch_side                    # the Ray side: orchestrate/switch_ahead.py
+    if prep.standby is not None and prep.standby.error:     # prepared again from the next step boundary
+        print(f"autohet: the standby workers failed ({prep.standby.error}); preparing again", file=sys.stderr)
+        side.drop_preparations(ctl)
+        return None
+    if ctl.groups_ahead and prep.standby is None:
+        prep.standby = side.Standby(ctl, plan, {n: list(a) for n, a in (reuse or {}).items()})
+        return None
+    extra = {"plan_source": "planned ahead", "prepared_s": time.perf_counter() - prep.since}
+    if prep.standby is None:
+        return ctl.replan(reason=reason, plan=plan, extra=reuse) | extra
+    standby, prep.standby = prep.standby, None
+    return side.switch_to_standby(ctl, standby, reason) | extra
+
+
+def restart_planning(ctl, states: list, found) -> None:
+    """Plan `states` ahead (first needed first) from the live state `found`, instead of what was planned ahead."""
+    if ctl.planning_ahead is not None:
+        ctl.planning_ahead.stop()
+    ctl.planning_ahead = start_planning_ahead(ctl.job, found=found, profile=ctl.profile, priced_model=ctl.priced_model,
+                                              seq_len=ctl.priced_seq_len, cache=ctl.plan_cache, states=states)
