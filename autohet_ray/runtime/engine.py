@@ -45,6 +45,8 @@ class Engine:
     `schedule`: the pipeline schedule (plan/schedule.py); None runs the plan's.
     `optimizer`: AdamW, clipping and LR schedule (default OptimizerConfig()); `lr`, `weight_decay` and
     `max_grad_norm` (clip_grad), when given, replace those fields.
+    `shard_weights`: plan rank -> relative size of its slices of sharded optimizer state; None: the plan's
+    (each stage's slice_weight, chosen by planner/slice_sizes.py; equal unless it says otherwise).
     `dtype`: compute dtype; default bf16 on CUDA, fp32 on CPU. Under bf16 the optimizer keeps fp32 master
     weights (runtime/precision.py); state_dict, live_state and grads are the masters' (fp32).
     state_dict: name -> (CPU tensor, global shape, Chunk) for parameters ("layers.3.mlp.fc1.weight"), AdamW
@@ -69,7 +71,8 @@ class Engine:
         self._build_model(groups, seed, tied)
         alias = {tied[1]: "embedding"} if tied else {}
         carriers = {n for n in self.params if alias.get(n, unit_of(n)) in units}      # optimizer state sharded
-        self._build_sync(ops, groups, tied, carriers, shard_weights)
+        self._build_sync(ops, groups, tied, carriers, self._plan_slice_weights() if shard_weights is None
+                         else shard_weights)
         self._build_optimizers(carriers, tied)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
@@ -91,6 +94,12 @@ class Engine:
         self.first, self.last = info.stage == 0, info.stage == len(self.stages) - 1
         self.device = resolve_device(device, self.world_group)
         self.dtype = resolve_dtype(dtype, self.device)
+
+    def _plan_slice_weights(self) -> dict[int, float] | None:
+        """Plan rank -> its stage's slice_weight (the plan's uneven slices); None when every slice is equal."""
+        weights = {r: self.plan.pipelines[i.pipeline].stages[i.stage].slice_weight
+                   for r, i in enumerate(self.rank_map.ranks)}
+        return None if set(weights.values()) <= {1.0} else weights
 
     def _build_model(self, groups: dict, seed: int, tied: tuple[str, str] | None) -> None:
         """This stage's modules in its TP shard (the tied head given the embedding's values), and its layout."""
