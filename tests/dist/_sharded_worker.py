@@ -20,13 +20,15 @@ class ShardCase:
     dtype: torch.dtype = torch.float64
     flags: tuple | None = None             # per pipeline, per stage shard_optimizer; None: every stage
     shard_weights: dict | None = None      # plan rank -> relative slice size
+    slice_weights: tuple | None = None     # per pipeline, per stage: the plan's slice_weight (None: equal)
     resume_after: int | None = None        # sharded run only: rebuild from its (gathered) state_dict here
     reference: bool = True                 # compare with the one-process reference (not for random tied init)
 
     @property
     def plan(self):
         plan = make_plan(self.spec, *self.pipelines)
-        return plan.with_optimizer_sharding(True if self.flags is None else self.flags)
+        plan = plan.with_optimizer_sharding(True if self.flags is None else self.flags)
+        return plan if self.slice_weights is None else plan.with_slice_weights(self.slice_weights)
 
 
 def optimizer_bytes(engine: Engine) -> int:
@@ -52,7 +54,7 @@ def _engine(case: ShardCase, rank: int, sharding: str | None) -> Engine:
 
 def _run(case: ShardCase, rank: int, sharding: str | None) -> dict:
     engine = _engine(case, rank, sharding)
-    out = {"losses": [], "norms": [], "pipeline": engine.info.pipeline, "overlap": []}
+    out = {"losses": [], "norms": [], "pipeline": engine.info.pipeline, "stage": engine.info.stage, "overlap": []}
     sync, start = engine.grad_sync, engine.grad_sync.start
 
     def watched_start():

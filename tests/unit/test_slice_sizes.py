@@ -123,3 +123,17 @@ def test_post_pass_keeps_equal_slices_when_they_fit_and_uneven_ones_are_slower()
     assert headroom_weights(plan, ev, SMALL, profile) != plan.slice_weights()     # there was a choice
     sized, kept = size_slices(plan, ev, cluster, SMALL, profile)
     assert sized is plan and kept is ev
+
+
+def test_plan_table_shows_each_stages_share_under_uneven_slices():
+    from autohet_ray.cli.plan import plan_table
+    from autohet_ray.cost.sharding import saved_bytes
+    cluster = _cluster(40.0)
+    profile = analytic_profile(SMALL, cluster, 64)
+    for weights, notes in (((1.0, 3.0), ["keeps 25% (uneven slices)", "keeps 75% (uneven slices)"]),
+                           ((1.0, 1.0), ["sharded 2-way", "sharded 2-way"])):
+        plan = _plan(weights)
+        rows = plan_table(plan, evaluate_plan(plan, cluster, SMALL, profile).memory_bytes,
+                          saved_bytes(plan, cluster, SMALL, profile)).splitlines()[1:]
+        assert [note in row for note, row in zip(notes, rows)] == [True, True]
+        assert all(("uneven" in row) == (weights != (1.0, 1.0)) for row in rows)
