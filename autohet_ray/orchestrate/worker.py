@@ -200,23 +200,25 @@ class Worker:
 
     def write_live_chunks(self, step: int, wanted: list[dict]) -> list[str]:
         """After a loss, before this survivor is reset: write to this node's store each chunk of committed
-        `step` in `wanted` (the chunks no live store holds any more) that this rank holds live, a data-parallel
-        or TP copy of a lost rank's, while it is still at `step` and its bytes hash as the manifest recorded.
+        `step` in `wanted` (the chunks no live store holds any more) that this rank holds live (a data-parallel
+        or TP copy of a lost rank's, or a slice of sharded optimizer state it owns), while it is still at `step`
+        and its bytes hash as the manifest recorded.
         Returns the keys written."""
         if self.engine is None or self.snapshotter is None or self.engine.step != step:
             return []
-        live = self.engine.live_state(gather=False)       # no collective: the lost ranks are gone
+        live: dict[str, list] = {}          # no collective: the lost ranks are gone. Whole tensors and slices
+        for name, held, tensor in self.engine.live_regions():
+            live.setdefault(name, []).append((held, tensor))
         blobs = []
         for want in wanted:
-            if want["name"] not in live:
-                continue
-            tensor, _shape, held = live[want["name"]]
             region = Chunk(offsets=tuple(want["offsets"]), sizes=tuple(want["sizes"]))
-            if overlap(region, held) != region:                 # this rank holds only part of it, or none
-                continue
-            blob = bytes(encode(tensor.detach()[to_local(region, held)].cpu()))
-            if digest(blob) == want["digest"]:
-                blobs.append((want["key"], blob))
+            for held, tensor in live.get(want["name"], []):
+                if overlap(region, held) != region:             # this rank holds only part of it here, or none
+                    continue
+                blob = bytes(encode(tensor.detach()[to_local(region, held)].cpu()))
+                if digest(blob) == want["digest"]:
+                    blobs.append((want["key"], blob))
+                    break
         put_all(self.snapshotter.local, blobs)
         return [key for key, _ in blobs]
 

@@ -319,6 +319,17 @@ class Engine:
                         for n in self.grad_sync.sharded_names() - in_flight})
         return out
 
+    def live_regions(self) -> list[tuple[str, Chunk, torch.Tensor]]:
+        """(name, chunk held, live view) of everything this rank can write without a collective (a survivor
+        after a loss rewriting chunks no store holds any more): live_state(gather=False)'s tensors and, under
+        sharded optimizer state, every slice of masters and moments it owns, and the step counter."""
+        out = [(name, chunk, t) for name, (t, _, chunk) in self.live_state(gather=False).items()]
+        if self.sharded is not None:
+            slices = self.sharded.stored_slices(moments=self.step > 0, stored_only=False)
+            out += [(name, chunk, t) for (name, chunk), (t, _, _) in slices.items()]
+            out.append((STEP_KEY, Chunk.whole(()), torch.tensor(float(self.step), dtype=torch.float64)))
+        return out
+
     def snapshot_state(self) -> dict:
         """What a snapshot of this rank stores, as views of the live tensors (no copy, no collective): valid
         until the next update. Without sharded optimizer state: live_state(). With it: the whole tensors this

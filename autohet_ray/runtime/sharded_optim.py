@@ -108,22 +108,23 @@ class ShardedAdamW:
                             "step": torch.tensor(step, dtype=torch.float32),
                             **{k: state[f"optim.{name}.{k}"][0][index].to(m.dtype).clone() for k in ADAM_KEYS}}
 
-    def _stored_names(self, i: int, piece) -> tuple[str, ...]:
-        """The tensor names a piece is stored under: none unless its op holds the stored copy; both tied names
-        for a tied embedding's piece (it stands for both tensors)."""
-        if not self.sync.stores[i][piece.segment]:
+    def _stored_names(self, i: int, piece, *, stored_only: bool = True) -> tuple[str, ...]:
+        """The tensor names a piece is stored under: none unless its op holds the stored copy (`stored_only`);
+        both tied names for a tied embedding's piece (it stands for both tensors)."""
+        if stored_only and not self.sync.stores[i][piece.segment]:
             return ()
         name = self.sync.ops[i].segments[piece.segment].name
         tied = self.sync.tied
         return tuple(tied) if tied is not None and name == tied[0] else (name,)
 
-    def stored_slices(self, *, moments: bool) -> dict:
+    def stored_slices(self, *, moments: bool, stored_only: bool = True) -> dict:
         """(name, chunk) -> (view of the live tensor, global shape, chunk): this rank's stored slices of the
-        masters and, with `moments`, of AdamW's moments (optim.<name>.<key>). Views: valid until the next step."""
+        masters and, with `moments`, of AdamW's moments (optim.<name>.<key>). Views: valid until the next step.
+        `stored_only=False`: every slice it owns, also those another op's slices of the same tensor store."""
         out = {}
         for i, ms in self.masters.items():
             for m, piece in zip(ms, self.sync.layouts[i][2]):
-                for name in self._stored_names(i, piece):
+                for name in self._stored_names(i, piece, stored_only=stored_only):
                     entry = (self.shapes[name], piece.region)
                     out[(name, piece.region)] = (m.detach(), *entry)
                     for key in ADAM_KEYS if moments else ():
