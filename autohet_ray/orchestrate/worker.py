@@ -33,7 +33,6 @@ from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.device import default_backend
 from autohet_ray.runtime.engine import Engine
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import needs_of_layout
 
 
 def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
@@ -228,7 +227,7 @@ class Worker:
         built = [build_tier(spec) for spec in tiers]
         start = time.perf_counter()
         try:
-            state, report = restore(manifest, needs_of_layout(self.engine.layout), built, num_threads=num_threads)
+            state, report = restore(manifest, self.engine.restore_needs(), built, num_threads=num_threads)
         except ChunkUnavailableError as err:  # no valid copy: the controller skips this step, naming the chunk
             attempts = [tuple(a.split(": ", 1)) if ": " in a else (a, "") for a in err.attempts]
             return {"rank": self.rank, "step": manifest.step,

@@ -22,8 +22,9 @@ from autohet_ray.layout import Chunk
 from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync, unit_of
 from autohet_ray.runtime.groups import create_groups
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import (STEP_KEY, StateDict, build_adamw, clip_, holdings_of_layout, live_views,
-                                      load_optimizer_state, optimizer_state, resolve_config, set_lr, squared_norm)
+from autohet_ray.runtime.optim import (ADAM_KEYS, STEP_KEY, StateDict, build_adamw, clip_, holdings_of_layout,
+                                      live_views, load_optimizer_state, needs_of_layout, optimizer_state,
+                                      resolve_config, set_lr, squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
 from autohet_ray.runtime.precision import MasterGradStore, MasterWeights
 from autohet_ray.runtime.shard_sync import ShardSync, sharded_units
@@ -357,6 +358,18 @@ class Engine:
         if self.sharded is not None:
             out.update(self._gathered(lambda m: m.grad, moments=False))
         return out
+
+    def restore_needs(self) -> dict:
+        """What this rank loads from a checkpoint (checkpoint.restore's `needs`): its chunks of every parameter,
+        its moments and the step (optim.needs_of_layout), except that the moments of sharded parameters are
+        only the slices it owns, keyed (name, chunk): a restore reads only the saved boxes that overlap them."""
+        needs = needs_of_layout(self.layout)
+        if self.sharded is None:
+            return needs
+        for name in self.grad_sync.sharded_names():
+            for key in ADAM_KEYS:
+                needs.pop(f"optim.{name}.{key}")
+        return needs | self.sharded.slice_needs()
 
     def load_state_dict(self, state: StateDict) -> None:
         """Load this rank's chunks (same format as state_dict; resharding is the caller's job)."""

@@ -106,3 +106,22 @@ def restore_then_train(rank: int, world_size: int, case: ShardCase, root: str, s
     engine.load_state_dict(state)
     losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in steps]
     return {"losses": losses, "step": engine.step, "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
+
+
+def restore_slices_then_train(rank: int, world_size: int, case: ShardCase, root: str, steps: range) -> dict:
+    """Restore the newest committed step under `root` onto `case`'s sharded plan twice: full chunks of every
+    tensor (optim.needs_of_layout), then what the engine needs (Engine.restore_needs: only its slices of the
+    sharded moments); load the second and train `steps`. Bytes read and needed of each."""
+    from autohet_ray.checkpoint import LocalDirTier, find_manifest, latest_committed_step, restore
+    from autohet_ray.runtime.optim import needs_of_layout
+    engine = _engine(case, rank, None)
+    tier = LocalDirTier(root)
+    manifest = find_manifest([tier], latest_committed_step([tier]))
+    out = {}
+    for kind, needs in (("full", needs_of_layout(engine.layout)), ("sliced", engine.restore_needs())):
+        state, report = restore(manifest, needs, [tier])
+        out[f"{kind}_read"] = sum(report.bytes_by_tier().values())
+        out[f"{kind}_needed"] = sum(max(1, chunk.numel) for _, chunk in needs.values())
+    engine.load_state_dict(state)
+    out["losses"] = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in steps]
+    return out
