@@ -150,8 +150,8 @@ class ChunkFetcher:
 def restore(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]], tiers, *,
             num_threads: int = 4) -> tuple[dict[str, tuple[torch.Tensor, tuple[int, ...], Chunk]], RestoreReport]:
     """Assemble the new local tensors of one rank: name -> (tensor, global shape, chunk), the format of
-    the runtime's `load_state_dict` (keyed as `needs` is: see plan_reads). Raises ChunkUnavailableError naming the chunk and step when no
-    tier holds a valid copy."""
+    the runtime's `load_state_dict` (keyed as `needs` is: see plan_reads). Raises ChunkUnavailableError naming
+    the chunk and step when no tier holds a valid copy."""
     start = time.perf_counter()
     plan = plan_reads(manifest, needs)
     fetcher = ChunkFetcher(tiers, manifest.step)

@@ -27,7 +27,7 @@ from autohet_ray.runtime.optim import (ADAM_KEYS, STEP_KEY, StateDict, build_ada
                                       resolve_config, set_lr, squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
 from autohet_ray.runtime.precision import MasterGradStore, MasterWeights
-from autohet_ray.runtime.shard_sync import ShardSync, sharded_units
+from autohet_ray.runtime.shard_sync import ShardSync, plan_slice_weights, sharded_units
 from autohet_ray.runtime.sharded_optim import ShardedAdamW
 from autohet_ray.plan.schedule import SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.runtime.tp import ColumnParallelLinear, RowParallelLinear, TPContext
@@ -72,8 +72,8 @@ class Engine:
         self._build_model(groups, seed, tied)
         alias = {tied[1]: "embedding"} if tied else {}
         carriers = {n for n in self.params if alias.get(n, unit_of(n)) in units}      # optimizer state sharded
-        self._build_sync(ops, groups, tied, carriers, self._plan_slice_weights() if shard_weights is None
-                         else shard_weights)
+        weights = plan_slice_weights(plan, self.rank_map) if shard_weights is None else shard_weights
+        self._build_sync(ops, groups, tied, carriers, weights)
         self._build_optimizers(carriers, tied)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
@@ -95,12 +95,6 @@ class Engine:
         self.first, self.last = info.stage == 0, info.stage == len(self.stages) - 1
         self.device = resolve_device(device, self.world_group)
         self.dtype = resolve_dtype(dtype, self.device)
-
-    def _plan_slice_weights(self) -> dict[int, float] | None:
-        """Plan rank -> its stage's slice_weight (the plan's uneven slices); None when every slice is equal."""
-        weights = {r: self.plan.pipelines[i.pipeline].stages[i.stage].slice_weight
-                   for r, i in enumerate(self.rank_map.ranks)}
-        return None if set(weights.values()) <= {1.0} else weights
 
     def _build_model(self, groups: dict, seed: int, tied: tuple[str, str] | None) -> None:
         """This stage's modules in its TP shard (the tied head given the embedding's values), and its layout."""
