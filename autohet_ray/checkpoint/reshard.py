@@ -35,12 +35,14 @@ class Piece:
 
 def plan_reads(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]],
                saved: dict[str, list[ChunkRecord]] | None = None) -> dict[str, list[Piece]]:
-    """For each needed (name -> (global shape, new chunk)), the saved pieces that tile the new chunk.
-    `saved`: `manifest.tensors()`, when the caller plans the reads of many ranks."""
+    """For each needed (name -> (global shape, new chunk)), the saved pieces that tile the new chunk. A need
+    may be keyed (name, chunk) instead, so that one rank may need several chunks of one tensor (the slices of
+    sharded optimizer state it owns). `saved`: `manifest.tensors()`, when the caller plans the reads of many
+    ranks."""
     saved = saved if saved is not None else manifest.tensors()
     plan = {}
-    for name, (shape, want) in needs.items():
-        shape = tuple(shape)
+    for key, (shape, want) in needs.items():
+        name, shape = tensor_name(key), tuple(shape)
         if name not in saved:
             raise LayoutMismatchError(f"step {manifest.step} holds no tensor {name!r}")
         if saved[name][0].global_shape != shape:
@@ -54,8 +56,13 @@ def plan_reads(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk
             if region is not None and region.numel:
                 pieces.append(Piece(record, region))
         assert sum(p.region.numel for p in pieces) == want.numel, (name, want)   # manifest tiles exactly
-        plan[name] = pieces
+        plan[key] = pieces
     return plan
+
+
+def tensor_name(key) -> str:
+    """The tensor a need is of: its key, or the name in a (name, chunk) key."""
+    return key if isinstance(key, str) else key[0]
 
 
 @dataclass
@@ -143,8 +150,8 @@ class ChunkFetcher:
 def restore(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]], tiers, *,
             num_threads: int = 4) -> tuple[dict[str, tuple[torch.Tensor, tuple[int, ...], Chunk]], RestoreReport]:
     """Assemble the new local tensors of one rank: name -> (tensor, global shape, chunk), the format of
-    the runtime's `load_state_dict`. Raises ChunkUnavailableError naming the chunk and step when no
-    tier holds a valid copy."""
+    the runtime's `load_state_dict` (keyed as `needs` is: see plan_reads). Raises ChunkUnavailableError naming
+    the chunk and step when no tier holds a valid copy."""
     start = time.perf_counter()
     plan = plan_reads(manifest, needs)
     fetcher = ChunkFetcher(tiers, manifest.step)
@@ -153,12 +160,12 @@ def restore(manifest: Manifest, needs: dict[str, tuple[tuple[int, ...], Chunk]],
     with ThreadPoolExecutor(max(1, num_threads), thread_name_prefix="ckpt-fetch") as pool:
         fetched = dict(zip(unique, pool.map(fetcher.fetch, unique.values())))
     state, saved = {}, manifest.tensors()
-    for name, (shape, want) in needs.items():
-        dtype = dtype_from_name(saved[name][0].dtype)
+    for key, (shape, want) in needs.items():
+        dtype = dtype_from_name(saved[tensor_name(key)][0].dtype)
         out = torch.empty(want.sizes, dtype=dtype)
-        for piece in plan[name]:
+        for piece in plan[key]:
             out[to_local(piece.region, want)] = fetched[piece.record.key][to_local(piece.region, piece.record.chunk)]
-        state[name] = (out, tuple(shape), want)
+        state[key] = (out, tuple(shape), want)
         fetcher.report.bytes_assembled += out.numel() * out.element_size()
     fetcher.report.saved_chunks_fetched = len(unique)
     fetcher.report.seconds = time.perf_counter() - start

@@ -5,7 +5,7 @@ import json
 import time
 
 from autohet_ray.cli.money import goal_from_args, money_lines, money_report
-from autohet_ray.cli.plan_view import draw_plan, timeline_text
+from autohet_ray.cli.plan_view import draw_plan, slice_note, timeline_text
 from autohet_ray.cluster.spec import load_cluster
 from autohet_ray.config_io import read_structured
 from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
@@ -64,7 +64,8 @@ def _sharding(plan: Plan, k: int, j: int, saved: dict | None) -> str:
         return f"sharded {ways}-way" if asks and ways > 1 else "replicated"
     if saved[(k, j)] <= 0:
         return "replicated"
-    return f"{'sharded' if asks else 'partly sharded (by co-holders)'} {ways}-way, saves {_gb(saved[(k, j)])}"
+    return (f"{'sharded' if asks else 'partly sharded (by co-holders)'} {ways}-way, saves {_gb(saved[(k, j)])}"
+            f"{slice_note(plan, k, j)}")
 
 
 def _savings(plan: Plan, cluster, model, profile) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autohet_ray.cost.sharding import equal_slices, shard_ways
 from autohet_ray.cost.timeline import Slot, simulate
 from autohet_ray.plan.schedule import SPLIT_BACKWARD
 from autohet_ray.plan.schema import Plan
@@ -133,6 +134,14 @@ def _memory_lines(plan: Plan) -> list[str]:
         used = f"{mem.get(key, 0) / 1e9:.1f}"
         cells.append(f"p{r.pipeline}s{r.stage}={used}" + (f"/{cap[key] / 1e9:.1f}" if key in cap else ""))
     return ["peak memory per stage (GB" + (" used/usable" if cap else "") + "): " + ", ".join(cells)]
+
+
+def slice_note(plan: Plan, k: int, j: int, model=None) -> str:
+    """Under uneven slices (Stage.slice_weight), the share of its parameters' optimizer state stage j of
+    pipeline k keeps, e.g. ", keeps 25% (uneven slices)"; "" under equal slices."""
+    if equal_slices(plan) or len(plan.pipelines) < 2:
+        return ""
+    return f", keeps {1 / shard_ways(plan, k, j, model):.0%} (uneven slices)"
 
 
 def device_colors(plan: Plan) -> dict[str, str]:

@@ -5,7 +5,8 @@ one TP group per pipeline, so a sharding stage keeps (master + moments) / pipeli
 only that slice (terms.GroupCost.shard_ways). Its gradient bucket is reduce-scattered instead of all-reduced:
 the first half of the ring (gloo takes longer: collective_shares), overlapped with the backward as the
 all-reduce was; the second half is an all-gather of the new weights in the compute dtype after the update, on
-the step's critical path.
+the step's critical path. Uneven slices (Stage.slice_weight, planner/slice_sizes.py): each holder keeps its
+own share of each unit's state (`slice_share`), and both collectives take what the largest slice implies.
 """
 from __future__ import annotations
 
@@ -44,13 +45,14 @@ def _spec(plan: Plan, model: ModelSpec | None) -> ModelSpec:
 def shard_ways(plan: Plan, k: int, j: int, model: ModelSpec | None = None) -> float:
     """Holders stage j of pipeline k shards its optimizer state across, on average per parameter (1:
     replicated): the pipelines for the parameters of its sharded units (`sharded_units`), 1 for the rest; a
-    stage that does not ask may still hold units another holder shards. `model`: the plan's (default: its
-    model_spec)."""
+    stage that does not ask may still hold units another holder shards. Under uneven slices (Stage.slice_weight)
+    the inverse of the share of its parameters' state it keeps (`slice_share` per sharded unit). `model`: the
+    plan's (default: its model_spec)."""
     flags = [s.shard_optimizer for p in plan.pipelines for s in p.stages]
     if len(plan.pipelines) < 2 or not any(flags):
         return 1
-    ways = len(plan.pipelines)
-    if all(flags):
+    ways, uneven = len(plan.pipelines), not equal_slices(plan)
+    if all(flags) and not uneven:
         return ways
     spec = _spec(plan, model)
     units = sharded_units(plan, spec)
@@ -58,10 +60,40 @@ def shard_ways(plan: Plan, k: int, j: int, model: ModelSpec | None = None) -> fl
             "head": layer_params(spec, "head")}
     held = stage_units(plan.pipelines[k].stages[j], j, len(plan.pipelines[k].stages))
     params = lambda us: sum(size[u if isinstance(u, str) else "layer"] for u in us)  # noqa: E731
+    if uneven:
+        kept = sum(size[u if isinstance(u, str) else "layer"] * (slice_share(plan, k, j, u) if u in units else 1.0)
+                   for u in held)
+        return params(held) / kept
     share = params([u for u in held if u in units]) / params(held)
     if share in (0.0, 1.0):
         return ways if share else 1
     return 1 / (1 - share * (1 - 1 / ways))        # resident and updated: (1 - share) + share / ways
+
+
+def equal_slices(plan: Plan) -> bool:
+    return all(s.slice_weight == 1.0 for p in plan.pipelines for s in p.stages)
+
+
+def holder_weight(pipeline, unit) -> float:
+    """The slice_weight of the stage of `pipeline` that holds `unit`."""
+    stages = pipeline.stages
+    if unit in ("embedding", "head"):
+        return stages[0 if unit == "embedding" else -1].slice_weight
+    return next(s.slice_weight for s in stages if s.layers[0] <= unit < s.layers[1])
+
+
+def slice_share(plan: Plan, k: int, j: int, unit) -> float:
+    """The share of a sharded unit's master and moments that stage j of pipeline k keeps (of its own TP shard
+    of the unit): its slice_weight over the sum of the unit's holders' (one stage per pipeline), as the runtime
+    cuts each bucket (runtime/shard_layout.slice_bounds)."""
+    return plan.pipelines[k].stages[j].slice_weight / sum(holder_weight(p, unit) for p in plan.pipelines)
+
+
+def widest_slice_factor(plan: Plan, holders) -> float:
+    """A sharded bucket's reduce-scatter and all-gather time over that of equal slices: the runtime pads every
+    slice to the largest (runtime/shard_sync.py), so the ring moves members x the largest slice."""
+    weights = [plan.pipelines[k].stages[j].slice_weight for k, j in holders]
+    return len(weights) * max(weights) / sum(weights)
 
 
 # (reduce-scatter, all-gather) of a bucket as shares of its all-reduce. A ring (NCCL, GPU ranks) runs each as half
@@ -88,7 +120,7 @@ def sharded_buckets(plan: Plan, buckets: dict, profile) -> tuple[dict, dict[tupl
     flagged = {(k, j) for k, p in enumerate(plan.pipelines) for j, s in enumerate(p.stages) if s.shard_optimizer}
     if not flagged or len(plan.pipelines) < 2:
         return buckets, {}
-    precision = profile_precision(profile)
+    precision, uneven = profile_precision(profile), not equal_slices(plan)
     dtype_share = precision.activation_bytes / precision.grad_sync_bytes     # compute dtype over fp32 gradients
     scatter_share, gather_share = collective_shares(profile)
     out, gather = {}, {}
@@ -96,8 +128,9 @@ def sharded_buckets(plan: Plan, buckets: dict, profile) -> tuple[dict, dict[tupl
         out[key] = []
         for holders, seconds, unit in items:
             if any(h in flagged for h in holders):
-                out[key].append((holders, seconds * scatter_share, unit))
-                gather[key] = gather.get(key, 0.0) + seconds * gather_share * dtype_share
+                wide = widest_slice_factor(plan, holders) if uneven else 1.0
+                out[key].append((holders, seconds * scatter_share * wide, unit))
+                gather[key] = gather.get(key, 0.0) + seconds * gather_share * dtype_share * wide
             else:
                 out[key].append((holders, seconds, unit))
     return out, gather

@@ -35,7 +35,6 @@ from autohet_ray.checkpoint.peers import assign_writers
 from autohet_ray.checkpoint.snapshot import encode_shards
 from autohet_ray.orchestrate.worker import holdings_of
 from autohet_ray.runtime.lr_schedule import check_resumed_config
-from autohet_ray.runtime.optim import needs_of_layout
 
 TIER_NAME = "ray-train"
 
@@ -140,7 +139,7 @@ def restore_from_train_checkpoint(engine, *, initial: ray.train.Checkpoint | Non
         raise ConfigError(f"checkpoint {checkpoint.path!r} holds model {saved_model!r}, "
                           f"this run trains {engine.spec.name!r}")
     check_resumed_config(manifest.extra.get("optimizer"), engine.optimizer_config, f"checkpoint {checkpoint.path!r}")
-    state, _ = restore(manifest, needs_of_layout(engine.layout), [TrainCheckpointTier(checkpoint)],
+    state, _ = restore(manifest, engine.restore_needs(), [TrainCheckpointTier(checkpoint)],
                        num_threads=num_threads)
     engine.load_state_dict(state)
     assert engine.step == manifest.step, (engine.step, manifest.step)

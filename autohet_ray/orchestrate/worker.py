@@ -33,7 +33,6 @@ from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.device import default_backend
 from autohet_ray.runtime.engine import Engine
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import needs_of_layout
 
 
 def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
@@ -200,23 +199,25 @@ class Worker:
 
     def write_live_chunks(self, step: int, wanted: list[dict]) -> list[str]:
         """After a loss, before this survivor is reset: write to this node's store each chunk of committed
-        `step` in `wanted` (the chunks no live store holds any more) that this rank holds live, a data-parallel
-        or TP copy of a lost rank's, while it is still at `step` and its bytes hash as the manifest recorded.
+        `step` in `wanted` (the chunks no live store holds any more) that this rank holds live (a data-parallel
+        or TP copy of a lost rank's, or a slice of sharded optimizer state it owns), while it is still at `step`
+        and its bytes hash as the manifest recorded.
         Returns the keys written."""
         if self.engine is None or self.snapshotter is None or self.engine.step != step:
             return []
-        live = self.engine.live_state(gather=False)       # no collective: the lost ranks are gone
+        live: dict[str, list] = {}          # no collective: the lost ranks are gone. Whole tensors and slices
+        for name, held, tensor in self.engine.live_regions():
+            live.setdefault(name, []).append((held, tensor))
         blobs = []
         for want in wanted:
-            if want["name"] not in live:
-                continue
-            tensor, _shape, held = live[want["name"]]
             region = Chunk(offsets=tuple(want["offsets"]), sizes=tuple(want["sizes"]))
-            if overlap(region, held) != region:                 # this rank holds only part of it, or none
-                continue
-            blob = bytes(encode(tensor.detach()[to_local(region, held)].cpu()))
-            if digest(blob) == want["digest"]:
-                blobs.append((want["key"], blob))
+            for held, tensor in live.get(want["name"], []):
+                if overlap(region, held) != region:             # this rank holds only part of it here, or none
+                    continue
+                blob = bytes(encode(tensor.detach()[to_local(region, held)].cpu()))
+                if digest(blob) == want["digest"]:
+                    blobs.append((want["key"], blob))
+                    break
         put_all(self.snapshotter.local, blobs)
         return [key for key, _ in blobs]
 
@@ -226,7 +227,7 @@ class Worker:
         built = [build_tier(spec) for spec in tiers]
         start = time.perf_counter()
         try:
-            state, report = restore(manifest, needs_of_layout(self.engine.layout), built, num_threads=num_threads)
+            state, report = restore(manifest, self.engine.restore_needs(), built, num_threads=num_threads)
         except ChunkUnavailableError as err:  # no valid copy: the controller skips this step, naming the chunk
             attempts = [tuple(a.split(": ", 1)) if ": " in a else (a, "") for a in err.attempts]
             return {"rank": self.rank, "step": manifest.step,

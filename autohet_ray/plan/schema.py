@@ -10,6 +10,7 @@ and the head to its last stage. Pipeline k takes the samples after those of pipe
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from autohet_ray import ConfigError
@@ -43,6 +44,7 @@ class Stage:
     devices: tuple[int, ...]         # GPU indices on `node`; len == tp
     recompute: bool = False          # recompute each layer's activations in its backward (keep only its input)
     shard_optimizer: bool = False    # shard its units' optimizer state across their holders (runtime/shard_sync.py)
+    slice_weight: float = 1.0        # its slices' size relative to its co-holders' (planner/slice_sizes.py)
 
     @property
     def num_layers(self) -> int:
@@ -55,6 +57,8 @@ class Stage:
             out["recompute"] = True
         if self.shard_optimizer:
             out["shard_optimizer"] = True
+        if self.slice_weight != 1.0:
+            out["slice_weight"] = self.slice_weight
         return out
 
 
@@ -172,6 +176,16 @@ class Plan:
                           for k, p in enumerate(self.pipelines))
         return replace(self, pipelines=pipelines, predicted=None)
 
+    def with_slice_weights(self, weights) -> "Plan":
+        """The plan with stage j of pipeline k sizing its slices of sharded optimizer state by weights[k][j]."""
+        pipelines = tuple(replace(p, stages=tuple(replace(s, slice_weight=float(weights[k][j]))
+                                                  for j, s in enumerate(p.stages)))
+                          for k, p in enumerate(self.pipelines))
+        return replace(self, pipelines=pipelines, predicted=None)
+
+    def slice_weights(self) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(s.slice_weight for s in p.stages) for p in self.pipelines)
+
     def recompute_flags(self) -> tuple[tuple[bool, ...], ...]:
         return tuple(tuple(s.recompute for s in p.stages) for p in self.pipelines)
 
@@ -216,7 +230,16 @@ def _stage_from_dict(raw: dict, where: str) -> Stage:
                  node=text_field(_need(raw, "node", where), f"plan: {where}.node"),
                  devices=tuple(_int(d, f"{where}.devices") for d in devices),
                  recompute=_bool(raw.get("recompute", False), f"{where}.recompute"),
-                 shard_optimizer=_bool(raw.get("shard_optimizer", False), f"{where}.shard_optimizer"))
+                 shard_optimizer=_bool(raw.get("shard_optimizer", False), f"{where}.shard_optimizer"),
+                 slice_weight=check_slice_weight(raw.get("slice_weight", 1.0), f"{where}.slice_weight"))
+
+
+def check_slice_weight(value, where: str) -> float:
+    """A stage's relative slice size: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"plan: {where}={value!r} must be a finite number > 0 (a stage's slice size relative "
+                          "to its co-holders'; 1 for equal slices)")
+    return float(value)
 
 
 def _bool(value, where: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.plan.schema import Plan
+from autohet_ray.plan.schema import Plan, check_slice_weight
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -87,6 +87,7 @@ def _check_stage(where: str, stage, cluster: Cluster, model: ModelSpec) -> None:
         raise ConfigError(f"plan: {where}.tp={stage.tp} must be a power of two equal to the number of devices "
                           f"({len(stage.devices)})")
     model.check_tp(stage.tp)
+    check_slice_weight(stage.slice_weight, f"{where}.slice_weight")
     node = cluster.node(stage.node)
     if node.device != stage.device_type:
         raise ConfigError(f"plan: {where}.device_type={stage.device_type!r} but node {node.name!r} has {node.device}")

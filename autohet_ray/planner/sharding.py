@@ -25,6 +25,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cost.evaluate import best_schedule
 from autohet_ray.cost.sharding import sharded_units, stage_units
 from autohet_ray.planner.result import PlanResult
+from autohet_ray.planner.slice_sizes import size_slices
 from autohet_ray.plan.schema import SHARDING_MODES, check_sharding  # noqa: F401  (re-exported)
 
 WAY_LADDER_GROWTH = 2      # holders assumed by successive sharded searches: 2, 4, 8, ...
@@ -64,6 +65,7 @@ def plan_sharded(plan_once: Callable, mode: str, time_limit_s: float, cluster, g
     plan, ev = best.plan, best.evaluation
     if mode == "auto":
         plan, ev = drop_unneeded_sharding(plan, ev, cluster, model, profile, schedules)
+    plan, ev = size_slices(plan, ev, cluster, model, profile, schedules)     # uneven where that pays
     return PlanResult(plan=plan.with_predicted(ev.predicted()), evaluation=ev,
                       solve_time_s=time.perf_counter() - start,
                       num_templates=sum(r.num_templates for r in results),

@@ -22,11 +22,12 @@ from autohet_ray.layout import Chunk
 from autohet_ray.runtime.grad_sync import GradSync, plan_grad_sync, unit_of
 from autohet_ray.runtime.groups import create_groups
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
-from autohet_ray.runtime.optim import (STEP_KEY, StateDict, build_adamw, clip_, holdings_of_layout, live_views,
-                                      load_optimizer_state, optimizer_state, resolve_config, set_lr, squared_norm)
+from autohet_ray.runtime.optim import (ADAM_KEYS, STEP_KEY, StateDict, build_adamw, clip_, holdings_of_layout,
+                                      live_views, load_optimizer_state, needs_of_layout, optimizer_state,
+                                      resolve_config, set_lr, squared_norm)
 from autohet_ray.runtime.parallelize import build_stage_model, shard_dim
 from autohet_ray.runtime.precision import MasterGradStore, MasterWeights
-from autohet_ray.runtime.shard_sync import ShardSync, sharded_units
+from autohet_ray.runtime.shard_sync import ShardSync, plan_slice_weights, sharded_units
 from autohet_ray.runtime.sharded_optim import ShardedAdamW
 from autohet_ray.plan.schedule import SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.runtime.tp import ColumnParallelLinear, RowParallelLinear, TPContext
@@ -45,6 +46,8 @@ class Engine:
     `schedule`: the pipeline schedule (plan/schedule.py); None runs the plan's.
     `optimizer`: AdamW, clipping and LR schedule (default OptimizerConfig()); `lr`, `weight_decay` and
     `max_grad_norm` (clip_grad), when given, replace those fields.
+    `shard_weights`: plan rank -> relative size of its slices of sharded optimizer state; None: the plan's
+    (each stage's slice_weight, chosen by planner/slice_sizes.py; equal unless it says otherwise).
     `dtype`: compute dtype; default bf16 on CUDA, fp32 on CPU. Under bf16 the optimizer keeps fp32 master
     weights (runtime/precision.py); state_dict, live_state and grads are the masters' (fp32).
     state_dict: name -> (CPU tensor, global shape, Chunk) for parameters ("layers.3.mlp.fc1.weight"), AdamW
@@ -69,7 +72,8 @@ class Engine:
         self._build_model(groups, seed, tied)
         alias = {tied[1]: "embedding"} if tied else {}
         carriers = {n for n in self.params if alias.get(n, unit_of(n)) in units}      # optimizer state sharded
-        self._build_sync(ops, groups, tied, carriers, shard_weights)
+        weights = plan_slice_weights(plan, self.rank_map) if shard_weights is None else shard_weights
+        self._build_sync(ops, groups, tied, carriers, weights)
         self._build_optimizers(carriers, tied)
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
@@ -310,6 +314,17 @@ class Engine:
                         for n in self.grad_sync.sharded_names() - in_flight})
         return out
 
+    def live_regions(self) -> list[tuple[str, Chunk, torch.Tensor]]:
+        """(name, chunk held, live view) of everything this rank can write without a collective (a survivor
+        after a loss rewriting chunks no store holds any more): live_state(gather=False)'s tensors and, under
+        sharded optimizer state, every slice of masters and moments it owns, and the step counter."""
+        out = [(name, chunk, t) for name, (t, _, chunk) in self.live_state(gather=False).items()]
+        if self.sharded is not None:
+            slices = self.sharded.stored_slices(moments=self.step > 0, stored_only=False)
+            out += [(name, chunk, t) for (name, chunk), (t, _, _) in slices.items()]
+            out.append((STEP_KEY, Chunk.whole(()), torch.tensor(float(self.step), dtype=torch.float64)))
+        return out
+
     def snapshot_state(self) -> dict:
         """What a snapshot of this rank stores, as views of the live tensors (no copy, no collective): valid
         until the next update. Without sharded optimizer state: live_state(). With it: the whole tensors this
@@ -337,6 +352,18 @@ class Engine:
         if self.sharded is not None:
             out.update(self._gathered(lambda m: m.grad, moments=False))
         return out
+
+    def restore_needs(self) -> dict:
+        """What this rank loads from a checkpoint (checkpoint.restore's `needs`): its chunks of every parameter,
+        its moments and the step (optim.needs_of_layout), except that the moments of sharded parameters are
+        only the slices it owns, keyed (name, chunk): a restore reads only the saved boxes that overlap them."""
+        needs = needs_of_layout(self.layout)
+        if self.sharded is None:
+            return needs
+        for name in self.grad_sync.sharded_names():
+            for key in ADAM_KEYS:
+                needs.pop(f"optim.{name}.{key}")
+        return needs | self.sharded.slice_needs()
 
     def load_state_dict(self, state: StateDict) -> None:
         """Load this rank's chunks (same format as state_dict; resharding is the caller's job)."""

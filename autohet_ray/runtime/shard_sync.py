@@ -40,6 +40,12 @@ def sharded_units(plan, rank_map, num_layers: int, *, tied: bool, mode: str | No
     return frozenset(chosen)
 
 
+def plan_slice_weights(plan, rank_map) -> dict[int, float] | None:
+    """Plan rank -> its stage's slice_weight (the plan's uneven slices); None when every slice is equal."""
+    weights = {r: plan.pipelines[i.pipeline].stages[i.stage].slice_weight for r, i in enumerate(rank_map.ranks)}
+    return None if set(weights.values()) <= {1.0} else weights
+
+
 class ShardSync(GradSync):
     """GradSync with reduce-scattered buckets. `weights`: the compute parameters, which the all-gather
     writes; `shard_weights`: plan rank -> relative slice size (default equal)."""

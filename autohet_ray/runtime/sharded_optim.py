@@ -18,6 +18,11 @@ from autohet_ray.runtime.optim import ADAM_KEYS, decays, set_lr
 from autohet_ray.runtime.shard_sync import ShardSync
 
 
+def _moment(state: dict, name: str, region: Chunk, index) -> torch.Tensor:
+    """A slice of a moment: loaded on its own ((name, region) key) or cut from the full chunk (`index`)."""
+    return state[(name, region)][0] if (name, region) in state else state[name][0][index]
+
+
 class ShardedAdamW:
     def __init__(self, sync: ShardSync, config: OptimizerConfig, *, master_dtype: torch.dtype,
                  tied_embeddings: bool, shapes: dict[str, tuple[int, ...]]):
@@ -91,8 +96,20 @@ class ShardedAdamW:
             out.update({(f"optim.{n}.{suffix}" if suffix else n): (t, n) for n, t in into.items()})
         return out
 
+    def slice_needs(self) -> dict:
+        """(optim.<name>.<key>, region) -> (global shape, region): the slices of AdamW's moments this rank
+        owns, which is all of them it loads from a checkpoint (checkpoint.restore, keyed by name and chunk)."""
+        out = {}
+        for i in self.masters:
+            for piece in self.sync.layouts[i][2]:
+                name = self.sync._local(self.sync.ops[i].segments[piece.segment])[0]
+                out.update({(f"optim.{name}.{k}", piece.region): (self.shapes[name], piece.region)
+                            for k in ADAM_KEYS})
+        return out
+
     def load(self, state: dict, chunks: dict) -> None:
-        """Take this rank's slices of the full chunks in `state` (name -> (tensor, shape, chunk))."""
+        """Take this rank's slices of the full chunks in `state` (name -> (tensor, shape, chunk)); a moment's
+        slice may be there on its own, keyed (name, chunk) as `slice_needs` asks for it."""
         step = float(state["optim.step"][0]) if "optim.step" in state else 0.0
         if self.optimizer is not None:
             self.optimizer.state.clear()
@@ -106,24 +123,26 @@ class ShardedAdamW:
                     if step > 0:
                         self.optimizer.state[m] = {
                             "step": torch.tensor(step, dtype=torch.float32),
-                            **{k: state[f"optim.{name}.{k}"][0][index].to(m.dtype).clone() for k in ADAM_KEYS}}
+                            **{k: _moment(state, f"optim.{name}.{k}", piece.region, index).to(m.dtype).clone()
+                               for k in ADAM_KEYS}}
 
-    def _stored_names(self, i: int, piece) -> tuple[str, ...]:
-        """The tensor names a piece is stored under: none unless its op holds the stored copy; both tied names
-        for a tied embedding's piece (it stands for both tensors)."""
-        if not self.sync.stores[i][piece.segment]:
+    def _stored_names(self, i: int, piece, *, stored_only: bool = True) -> tuple[str, ...]:
+        """The tensor names a piece is stored under: none unless its op holds the stored copy (`stored_only`);
+        both tied names for a tied embedding's piece (it stands for both tensors)."""
+        if stored_only and not self.sync.stores[i][piece.segment]:
             return ()
         name = self.sync.ops[i].segments[piece.segment].name
         tied = self.sync.tied
         return tuple(tied) if tied is not None and name == tied[0] else (name,)
 
-    def stored_slices(self, *, moments: bool) -> dict:
+    def stored_slices(self, *, moments: bool, stored_only: bool = True) -> dict:
         """(name, chunk) -> (view of the live tensor, global shape, chunk): this rank's stored slices of the
-        masters and, with `moments`, of AdamW's moments (optim.<name>.<key>). Views: valid until the next step."""
+        masters and, with `moments`, of AdamW's moments (optim.<name>.<key>). Views: valid until the next step.
+        `stored_only=False`: every slice it owns, also those another op's slices of the same tensor store."""
         out = {}
         for i, ms in self.masters.items():
             for m, piece in zip(ms, self.sync.layouts[i][2]):
-                for name in self._stored_names(i, piece):
+                for name in self._stored_names(i, piece, stored_only=stored_only):
                     entry = (self.shapes[name], piece.region)
                     out[(name, piece.region)] = (m.detach(), *entry)
                     for key in ADAM_KEYS if moments else ():

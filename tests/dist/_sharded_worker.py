@@ -20,13 +20,15 @@ class ShardCase:
     dtype: torch.dtype = torch.float64
     flags: tuple | None = None             # per pipeline, per stage shard_optimizer; None: every stage
     shard_weights: dict | None = None      # plan rank -> relative slice size
+    slice_weights: tuple | None = None     # per pipeline, per stage: the plan's slice_weight (None: equal)
     resume_after: int | None = None        # sharded run only: rebuild from its (gathered) state_dict here
     reference: bool = True                 # compare with the one-process reference (not for random tied init)
 
     @property
     def plan(self):
         plan = make_plan(self.spec, *self.pipelines)
-        return plan.with_optimizer_sharding(True if self.flags is None else self.flags)
+        plan = plan.with_optimizer_sharding(True if self.flags is None else self.flags)
+        return plan if self.slice_weights is None else plan.with_slice_weights(self.slice_weights)
 
 
 def optimizer_bytes(engine: Engine) -> int:
@@ -52,7 +54,7 @@ def _engine(case: ShardCase, rank: int, sharding: str | None) -> Engine:
 
 def _run(case: ShardCase, rank: int, sharding: str | None) -> dict:
     engine = _engine(case, rank, sharding)
-    out = {"losses": [], "norms": [], "pipeline": engine.info.pipeline, "overlap": []}
+    out = {"losses": [], "norms": [], "pipeline": engine.info.pipeline, "stage": engine.info.stage, "overlap": []}
     sync, start = engine.grad_sync, engine.grad_sync.start
 
     def watched_start():
@@ -104,3 +106,22 @@ def restore_then_train(rank: int, world_size: int, case: ShardCase, root: str, s
     engine.load_state_dict(state)
     losses = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in steps]
     return {"losses": losses, "step": engine.step, "sharded_ops": sum(o.sharded for o in engine.grad_sync.ops)}
+
+
+def restore_slices_then_train(rank: int, world_size: int, case: ShardCase, root: str, steps: range) -> dict:
+    """Restore the newest committed step under `root` onto `case`'s sharded plan twice: full chunks of every
+    tensor (optim.needs_of_layout), then what the engine needs (Engine.restore_needs: only its slices of the
+    sharded moments); load the second and train `steps`. Bytes read and needed of each."""
+    from autohet_ray.checkpoint import LocalDirTier, find_manifest, latest_committed_step, restore
+    from autohet_ray.runtime.optim import needs_of_layout
+    engine = _engine(case, rank, None)
+    tier = LocalDirTier(root)
+    manifest = find_manifest([tier], latest_committed_step([tier]))
+    out = {}
+    for kind, needs in (("full", needs_of_layout(engine.layout)), ("sliced", engine.restore_needs())):
+        state, report = restore(manifest, needs, [tier])
+        out[f"{kind}_read"] = sum(report.bytes_by_tier().values())
+        out[f"{kind}_needed"] = sum(max(1, chunk.numel) for _, chunk in needs.values())
+    engine.load_state_dict(state)
+    out["losses"] = [engine.train_step(make_batch(case.spec, case.plan, s))["loss"] for s in steps]
+    return out
