@@ -48,23 +48,21 @@ def enumerate_templates(table: GroupCostTable, cluster: Cluster, total_microbatc
             break
         max_stages = min(model.num_layers, max_stages * 2)
     if deep and not small:       # past the depth where shallow pipelines first fit
-        deep_found: dict[tuple, TemplateEval] = {}
         _price_all(deep_usages(kinds, available, max_stages, min(model.num_layers, DEEP_STAGES_UP_TO)), price,
-                   deep_found, clock, other_orders=False)
-        found.update(deep_found)
+                   found, clock)
     if small and found:
         found = {k: t.with_exact_times(table, min(total_microbatches, EXACT_TIMES_UP_TO), zero_bubble, schedules)
                  for k, t in found.items()}
     return list(found.values())
 
 
-def _price_all(usages, price: "_Pricer", found: dict, clock: _Deadline, other_orders: bool = True) -> None:
-    """Each usage's best orders into `found` (`other_orders`: also when memory binds; see best_orders)."""
+def _price_all(usages, price: "_Pricer", found: dict, clock: _Deadline) -> None:
+    """Each usage's best orders into `found` (past the time limit: once `found` holds one)."""
     for usage in usages:
         if clock.over() and found:
             break
         if _fits_cluster(usage, price.cluster):
-            found.update(price.best_orders(usage, other_orders))
+            found.update(price.best_orders(usage))
 
 
 def deep_usages(kinds: list[Kind], available: dict[Kind, int], shallow: int, deepest: int):
@@ -109,13 +107,13 @@ class _Pricer:
         return evaluate_template(order, self.cluster, self.table, self.total, self.links, self.zero_bubble,
                                  self.schedules)
 
-    def best_orders(self, usage: dict, other_orders: bool = True) -> dict[tuple, TemplateEval]:
-        """Small clusters: every order of a usage; larger ones: slow-first, and (`other_orders`) every order
-        of same-kind blocks when memory binds. Pipelines of up to ALL_ORDERS_UP_TO stages keep every order
-        they price."""
+    def best_orders(self, usage: dict) -> dict[tuple, TemplateEval]:
+        """Small clusters: every order of a usage; larger ones: slow-first, and every order of same-kind
+        blocks when memory binds (deep pipelines too).
+        Pipelines of up to ALL_ORDERS_UP_TO stages keep every order they price."""
         first = slow_first(usage, self.speed)
         evals = [self.evaluate(o) for o in orderings(usage, False)] if self.small else [self.evaluate(first)]
-        if other_orders and any(e is None or e.split.memory_bound for e in evals):
+        if any(e is None or e.split.memory_bound for e in evals):
             # the order can only change the split through memory: then try the other orders too
             tried = {e.kinds for e in evals if e is not None} | {first}
             evals += [self.evaluate(o) for o in orderings(usage, exhaustive=self.small) if o not in tried]
