@@ -10,7 +10,9 @@ tokens), so BERT-Large (512-token sequences) runs 4x the sequences of the 2048-t
 runs BERT-Large at 1/4 and 1/2 of that: with fewer micro-batches per pipeline, the fill/drain of every
 pipeline and the coarser split of the batch weigh more against each GPU type alone (pure data parallelism).
 
-    .venv/bin/python benchmarks/planner_bench.py [--quick]
+    .venv/bin/python benchmarks/planner_bench.py [--quick] [--only deep]
+
+`--only deep` compares the search with and without the deep pipeline templates (planner/templates.py).
 """
 from __future__ import annotations
 
@@ -211,6 +213,33 @@ def batch_sweep(quick: bool) -> list[dict]:
             for mix in (MIXES[:1] if quick else MIXES) for batch in (SWEEP_BATCHES[:1] if quick else SWEEP_BATCHES)]
 
 
+# (cluster, model, global batch, sequence length, recompute): where deep templates (planner/templates.py) pay
+DEEP = [("v100-16gb-a100-24", "llama-13b", 256, 2048, "auto"), ("a100-40gb-l40s-64", "llama2-70b", 512, 1024, "none"),
+        ("three-type-64", "llama-13b", 1024, 2048, "none"), ("a100-40gb-l40s-64", "llama2-70b", 1024, 4096, "auto")]
+
+
+def deep_search(quick: bool) -> list[dict]:
+    """The planner's best plan and its CPU seconds without and with the deep templates (plan_training only)."""
+    from autohet_ray.planner import templates
+    rows, deepest = [], templates.DEEP_STAGES_UP_TO
+    for name, model_name, batch, seq, recompute in DEEP[:2] if quick else DEEP:
+        model, cluster = PRESETS[model_name], load_cluster(str(CLUSTERS / f"{name}.yaml"))
+        profile = analytic_profile(model, cluster, seq, micro_batches=tuple(token_cap_sizes(seq)))
+        row = {"cluster": name, "model": model_name, "global_batch": batch, "seq_len": seq, "recompute": recompute}
+        for label, depth in (("shallow", 0), ("deep", deepest)):
+            templates.DEEP_STAGES_UP_TO = depth
+            cpu = time.process_time()
+            r = plan_training(cluster=cluster, model=model, profile=profile, global_batch=batch, seq_len=seq,
+                              time_limit_s=300, recompute=recompute)
+            row[label] = {"samples_per_s": round(r.evaluation.samples_per_s, 3),
+                          "cpu_s": round(time.process_time() - cpu, 2), "hit_time_limit": r.hit_time_limit,
+                          "stages": [len(p.stages) for p in r.plan.pipelines]}
+        templates.DEEP_STAGES_UP_TO = deepest
+        rows.append(row)
+        print(f"  {name:<17} {model_name:<10} B={batch:<5} S={seq:<5} {row['shallow']} -> {row['deep']}", flush=True)
+    return rows
+
+
 def _rounded(row: dict) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
@@ -218,11 +247,12 @@ def _rounded(row: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few rows of each table")
-    ap.add_argument("--only", choices=["optimality", "scaling", "money", "gains", "sweep"], help="run one table")
+    ap.add_argument("--only", choices=["optimality", "scaling", "money", "gains", "sweep", "deep"],
+                    help="run one table")
     args = ap.parse_args()
     if args.only:
         table = {"optimality": optimality, "scaling": scaling, "money": money_scaling, "gains": gains,
-                 "sweep": batch_sweep}[args.only]
+                 "sweep": batch_sweep, "deep": deep_search}[args.only]
         rows = table(args.quick)
         print(json.dumps({args.only: rows}))
         return

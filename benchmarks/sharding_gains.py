@@ -9,7 +9,11 @@ never slower than none. Beside each row: the planner's proven upper bound on sam
 sharding "none" and "auto", pipelines, recomputing and sharded stages, and each mode's planning wall seconds.
 Ends with one JSON line.
 
-    python benchmarks/sharding_gains.py [--time-limit 300] [--global-batch N] [--rows 0,2]
+    python benchmarks/sharding_gains.py [--time-limit 300] [--global-batch N] [--seq-len S] [--rows 0,2]
+
+Each plan's JSON also gives its TP degrees and where its GPUs' time goes (cost/breakdown.py: compute, stage
+imbalance, pipeline fill/drain, waiting for other pipelines, sync+optimizer tail), to tell a gain that comes
+from a smaller bubble from one that comes from fitting a faster layout.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import pathlib
 import time
 
 from autohet_ray.cluster import load_cluster
+from autohet_ray.cost.breakdown import time_breakdown
 from autohet_ray.model import PRESETS
 from autohet_ray.planner.bound import lower_bound_iteration_s
 from autohet_ray.planner.search import plan_training, token_cap_sizes
@@ -51,7 +56,8 @@ def _plan(model, cluster, profile, batch, seq, mode, limit):
             "iteration_s": r.evaluation.iteration_time_s, "pipelines": len(r.plan.pipelines),
             "stages": len(stages), "recompute_stages": sum(s.recompute for s in stages),
             "sharded_stages": sum(s.shard_optimizer for s in stages), "micro_batch": r.plan.micro_batch,
-            "hit_time_limit": r.hit_time_limit,
+            "hit_time_limit": r.hit_time_limit, "tp": sorted({s.tp for s in stages}),
+            "gpu_time": {k: round(v, 4) for k, v in time_breakdown(r.plan, r.evaluation).items()},
             "wall_s": time.perf_counter() - start}
 
 
@@ -73,6 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per search (none: one; auto: several)")
     ap.add_argument("--global-batch", type=int, help="every fleet at this global batch (default: each its own)")
+    ap.add_argument("--seq-len", type=int, help="every fleet at this sequence length (default: each its own)")
     ap.add_argument("--rows", help="comma-separated row indices to run (default: all)")
     args = ap.parse_args()
     picked = [FLEETS[int(i)] for i in args.rows.split(",")] if args.rows else FLEETS
@@ -80,7 +87,7 @@ def main() -> None:
     print(f"{'model':<11} {'fleet':<18} {'none s/s':>8} {'':>31}   {'auto s/s':>8} {'':>31}   gain    "
           f"bound none/auto   (pp pipelines, rc recomputing/stages, sh sharded stages, planning wall, * hit limit)")
     for name, fleet, batch, seq, why in picked:
-        batch = args.global_batch or batch
+        batch, seq = args.global_batch or batch, args.seq_len or seq
         model, cluster = PRESETS[name], load_cluster(str(CLUSTERS / f"{fleet}.yaml"))
         profile = analytic_profile(model, cluster, seq, with_micro_batches(*token_cap_sizes(seq)))
         none = _plan(model, cluster, profile, batch, seq, "none", args.time_limit)

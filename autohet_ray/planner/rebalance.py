@@ -10,22 +10,28 @@ full cost model then decides.
 """
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
+
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, best_schedule, stage_link_time
 from autohet_ray.cost.pipeline import steady_period, zero_bubble_bubble_saving
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
-from autohet_ray.plan.schema import Pipeline, Plan
+from autohet_ray.plan.schema import Pipeline, Plan, Stage
+from autohet_ray.planner.split import best_split
 from autohet_ray.profile.db import ProfileDB
 
 BISECTION_STEPS = 30
 
 
-def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, profile) -> tuple[float, float]:
+def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, profile,
+            counts: tuple[int, ...] | None = None) -> tuple[float, float]:
     """(fixed, period): pipeline k's closed-form time with m micro-batches of size mb is
-    fixed + (m - 1) * period (1F1B's, less the zero-bubble saving under a split-backward schedule)."""
-    stages = plan.pipelines[k].stages
+    fixed + (m - 1) * period (1F1B's, less the zero-bubble saving under a split-backward schedule), with its
+    layers split as `counts` (default: as the plan splits them)."""
+    stages = plan.pipelines[k].stages if counts is None else _split_as(plan.pipelines[k].stages, counts)
     p = len(stages)
     split = plan.schedule in SPLIT_BACKWARD
     parts = [table.get(s.device_type, s.tp, s.recompute).stage_split(s.num_layers, j == 0, j == p - 1, split)
@@ -34,6 +40,23 @@ def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, 
     link_s = [stage_link_time(plan, cluster, profile, model, a, b, mb) for a, b in zip(stages, stages[1:])]
     saving = zero_bubble_bubble_saving([w for _, _, w in parts]) if split else 0.0
     return sum(stage_s) + 2 * sum(link_s) - saving, steady_period(stage_s, link_s)
+
+
+def _resplit(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, profile,
+             schedules: tuple[str, ...]) -> tuple[int, ...] | None:
+    """Pipeline k's best layer split at micro-batch size mb (planner/split.py; for as many micro-batches as
+    its share of the batch makes), or None when none fits."""
+    stages = plan.pipelines[k].stages
+    groups = [table.get(s.device_type, s.tp, s.recompute) for s in stages]
+    link_s = [stage_link_time(plan, cluster, profile, model, a, b, mb) for a, b in zip(stages, stages[1:])]
+    samples = plan.pipelines[k].num_microbatches * plan.micro_batch_of(k)
+    split = best_split(groups, model.num_layers, max(1, samples // mb), link_s, schedules)
+    return None if split is None else split.counts
+
+
+def _split_as(stages: tuple[Stage, ...], counts: tuple[int, ...]) -> tuple[Stage, ...]:
+    starts = [sum(counts[:j]) for j in range(len(counts))]
+    return tuple(replace(s, layers=(a, a + n)) for s, a, n in zip(stages, starts, counts))
 
 
 def _options(shapes: dict[int, tuple[float, float]], deadline_s: float, limit: int) -> dict[int, int]:
@@ -75,11 +98,13 @@ def _exact_split(options: list[dict[int, int]], total: int,
     return out[::-1]
 
 
-def _with_shares(plan: Plan, shares: list[tuple[int, int]]) -> Plan:
-    """The plan with pipeline k taking shares[k] = (samples, micro-batch size)."""
-    pipelines = tuple(Pipeline(num_microbatches=n // mb, stages=p.stages,
-                               micro_batch=None if mb == plan.micro_batch else mb)
-                      for (n, mb), p in zip(shares, plan.pipelines))
+def _with_shares(plan: Plan, shares: list[tuple[int, int]], splits: list[dict] | None = None) -> Plan:
+    """The plan with pipeline k taking shares[k] = (samples, micro-batch size), its layers split as
+    splits[k][size] where that is given."""
+    splits = splits or [{} for _ in plan.pipelines]
+    pipelines = tuple(Pipeline(num_microbatches=n // mb, micro_batch=None if mb == plan.micro_batch else mb,
+                               stages=_split_as(p.stages, split[mb]) if mb in split else p.stages)
+                      for (n, mb), p, split in zip(shares, plan.pipelines, splits))
     return Plan(model=plan.model, model_spec=plan.model_spec, cluster=plan.cluster, global_batch=plan.global_batch,
                 micro_batch=plan.micro_batch, seq_len=plan.seq_len, pipelines=pipelines)
 
@@ -105,17 +130,35 @@ def rebalance_micro_batches(plan: Plan, evaluation: Evaluation, cluster: Cluster
     return best
 
 
-def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
-               largest: int | None, schedules: tuple[str, ...]) -> tuple[Plan, Evaluation] | None:
+def _shapes(plan: Plan, cluster: Cluster, model: ModelSpec, profile: ProfileDB, largest: int | None,
+            schedules: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
+    """Per pipeline: size -> (fixed, period), and size -> the layer split it takes at that size. At its own
+    size a pipeline keeps its split; at another it takes the best split for that size (split.py) when the
+    closed form prices that one sooner for its share of the batch."""
     tables: dict[int, GroupCostTable] = {}
-    shapes = []
+    shapes, splits = [], []
     for k in range(len(plan.pipelines)):
-        shape = {}
+        shape, split = {}, {}
+        own_samples = plan.pipelines[k].num_microbatches * plan.micro_batch_of(k)
         for mb in _sizes(plan, k, profile, largest or plan.micro_batch_of(k)):
             table = tables.setdefault(mb, GroupCostTable(model=model, cluster=cluster, profile=profile,
                                                          micro_batch=mb, seq_len=plan.seq_len))
             shape[mb] = _affine(plan, k, mb, table, cluster, model, profile)
+            counts = None if mb == plan.micro_batch_of(k) else \
+                _resplit(plan, k, mb, table, cluster, model, profile, schedules)
+            if counts is not None:
+                other = _affine(plan, k, mb, table, cluster, model, profile, counts)
+                m = max(1, own_samples // mb)
+                if other[0] + (m - 1) * other[1] < shape[mb][0] + (m - 1) * shape[mb][1]:
+                    shape[mb], split[mb] = other, counts
         shapes.append(shape)
+        splits.append(split)
+    return shapes, splits
+
+
+def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: ModelSpec, profile: ProfileDB,
+               largest: int | None, schedules: tuple[str, ...]) -> tuple[Plan, Evaluation] | None:
+    shapes, splits = _shapes(plan, cluster, model, profile, largest, schedules)
     own = [shapes[k][plan.micro_batch_of(k)] for k in range(len(plan.pipelines))]
     hi = max(f + (p.num_microbatches - 1) * d for (f, d), p in zip(own, plan.pipelines))
     lo, found = 0.0, None
@@ -129,8 +172,10 @@ def _rebalance(plan: Plan, evaluation: Evaluation, cluster: Cluster, model: Mode
     if found is None:
         return None
     best = None
-    for split in _tie_breaks(shapes, own, hi, plan.global_batch):
-        candidate, ev = best_schedule(_with_shares(plan, split), cluster, model, profile, schedules=schedules)
+    resplit = (splits, None) if any(splits) else (None,)       # a re-split may not fit where the split did
+    for split, layers in itertools.product(_tie_breaks(shapes, own, hi, plan.global_batch), resplit):
+        candidate, ev = best_schedule(_with_shares(plan, split, layers), cluster, model, profile,
+                                      schedules=schedules)
         if ev.feasible and (best is None or ev.iteration_time_s < best[1].iteration_time_s):
             best = (candidate, ev)
     if best is not None and best[1].iteration_time_s < evaluation.iteration_time_s * (1 - 1e-9):

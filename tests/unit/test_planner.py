@@ -181,3 +181,33 @@ def test_program_groupings_realize_the_templates_they_count():
         assert plan is not None
         chosen = sorted(shortlist[i].kinds for i, c in g.counts.items() for _ in range(c))
         assert sorted(tuple((s.device_type, s.tp) for s in p.stages) for p in plan.pipelines) == chosen
+
+
+def test_deep_usages_take_a_share_of_each_type_past_the_shallow_depth():
+    from autohet_ray.planner.grouping import kinds_available
+    from autohet_ray.planner.space import group_kinds
+    from autohet_ray.planner.templates import deep_usages
+    cluster, spec = load_cluster("jobs/clusters/v100-16gb-a100-24.yaml"), PRESETS["llama-13b"]
+    available = kinds_available(cluster, group_kinds(cluster, spec))
+    usages = list(deep_usages(group_kinds(cluster, spec), available, 6, 24))
+    assert len({tuple(sorted(u.items())) for u in usages}) == len(usages)
+    for usage in usages:
+        assert 6 < sum(usage.values()) <= 24 and len({k[0] for k in usage}) == len(usage)    # one TP per type
+        assert any(all(n == available[k] // copies for k, n in usage.items()) for copies in range(1, 17))
+    assert {("V100-16GB", 4): 4, ("A100-40GB", 2): 4} in usages          # every GPU, 8 stages
+
+
+def test_deep_templates_find_the_faster_deep_pipeline(monkeypatch):
+    """llama-13b on 16 V100-16GB + 8 A100-40GB (batch 256): one pipeline of 8 stages (4 A100 TP2, then 4
+    V100 TP4) is more than 5% faster than the best plan of pipelines of up to 6 stages."""
+    from autohet_ray.planner import templates
+    from autohet_ray.planner.search import plan_training, token_cap_sizes
+    cluster, spec = load_cluster("jobs/clusters/v100-16gb-a100-24.yaml"), PRESETS["llama-13b"]
+    profile = analytic_profile(spec, cluster, 2048, micro_batches=tuple(token_cap_sizes(2048)))
+    request = dict(cluster=cluster, model=spec, profile=profile, global_batch=256, seq_len=2048, recompute="auto")
+    deep = plan_training(**request)
+    monkeypatch.setattr(templates, "DEEP_STAGES_UP_TO", 0)
+    shallow = plan_training(**request)
+    assert max(len(p.stages) for p in shallow.plan.pipelines) <= 6
+    assert deep.evaluation.samples_per_s > 1.05 * shallow.evaluation.samples_per_s
+    assert max(len(p.stages) for p in deep.plan.pipelines) > 6

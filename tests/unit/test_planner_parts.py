@@ -188,3 +188,43 @@ def test_refine_finds_the_split_the_closed_form_misjudges():
     assert ev.iteration_time_s == pytest.approx(best, rel=1e-12)
     assert sum(s.num_layers for s in plan.pipelines[0].stages) == 8
     assert refine(*start, table, cluster, ("1f1b",), stop=lambda: True)[0] is start[0]
+
+
+def test_a_pipeline_given_another_micro_batch_size_takes_that_sizes_best_split(monkeypatch):
+    """Two 2-stage pipelines (H800+L40S, H20+H20), gpt3-1.3b, batch 16 at micro-batch 4: rebalancing with the
+    layers re-split at each pipeline's new size beats rebalancing that keeps the splits by more than 5%, and
+    no other split of either pipeline (the other kept, shares and sizes kept) prices more than 1% faster."""
+    from autohet_ray.cluster import cluster_from_dict
+    from autohet_ray.cost import evaluate_plan
+    from autohet_ray.model import PRESETS
+    from autohet_ray.plan import Pipeline, Plan, Stage
+    from autohet_ray.planner import rebalance
+    from autohet_ray.profile import analytic_profile
+    cluster = cluster_from_dict({"name": "t", "network": {"inter_node_gbps": 200}, "nodes": [
+        {"name": d.lower(), "device": d, "count": 4} for d in ("H800", "L40S", "H20")]})
+    model = PRESETS["gpt3-1.3b"]
+    profile = analytic_profile(model, cluster, model.max_seq_len)
+
+    def pipeline(devices, counts, gpu):
+        starts = [sum(counts[:j]) for j in range(len(counts))]
+        return Pipeline(num_microbatches=2, stages=tuple(
+            Stage(layers=(a, a + n), tp=1, device_type=d, node=d.lower(), devices=(g,))
+            for d, a, n, g in zip(devices, starts, counts, gpu)))
+    plan = Plan(model=model.name, global_batch=16, micro_batch=4, seq_len=model.max_seq_len, pipelines=(
+        pipeline(("H800", "L40S"), (16, 8), (0, 0)), pipeline(("H20", "H20"), (12, 12), (0, 1))))
+    ev = evaluate_plan(plan, cluster, model, profile)
+    got, got_ev = rebalance.rebalance_micro_batches(plan, ev, cluster, model, profile)
+    with monkeypatch.context() as m:
+        m.setattr(rebalance, "_resplit", lambda *args: None)
+        kept = rebalance.rebalance_micro_batches(plan, ev, cluster, model, profile)[1]
+    assert got_ev.iteration_time_s < kept.iteration_time_s / 1.05
+    best = got_ev.iteration_time_s
+    for k, p in enumerate(got.pipelines):
+        for first in range(1, model.num_layers):
+            stages = (replace(p.stages[0], layers=(0, first)), replace(p.stages[1], layers=(first, model.num_layers)))
+            other = replace(got, pipelines=tuple(replace(q, stages=stages) if i == k else q
+                                                 for i, q in enumerate(got.pipelines)))
+            ev_other = evaluate_plan(other, cluster, model, profile)
+            if ev_other.feasible:
+                best = min(best, ev_other.iteration_time_s)
+    assert got_ev.iteration_time_s <= best * 1.01
