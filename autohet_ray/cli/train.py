@@ -105,9 +105,9 @@ def cmd_train(args) -> int:
     if args.print_config:
         print_config(job, launch)
         return 0
-    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch (not for --print-config)
-    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
     check_before_start(job, default_storage=args.default_storage)
+    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch (not for a config or error)
+    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
     job_id, url = new_job_id(), storage_url(job.storage)
     with storage_lease(job.storage, url, job_id=job_id, break_lease=args.break_lease):
         refuse_existing_job(job.storage, url)     # again under the lease: a train that began meanwhile
