@@ -38,8 +38,8 @@ def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: fl
         head["_system_config"] = system_config
     test_cluster = RayTestCluster(initialize_head=True, head_node_args=head)
     try:
-        for node in rest:       # started side by side (not one by one), then awaited together
-            test_cluster.add_node(wait=False, **node_args(node, cpus_per_gpu=cpus_per_gpu))
+        for node in rest:
+            test_cluster.add_node(**node_args(node, cpus_per_gpu=cpus_per_gpu))
         test_cluster.wait_for_nodes()
         if connect:
             ray.init(address=test_cluster.address)
