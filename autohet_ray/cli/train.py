@@ -101,13 +101,13 @@ def _starting(cluster) -> None:
 
 
 def cmd_train(args) -> int:
-    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch
-    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
     job, launch = train_job(args)              # bad values fail here, before a cluster starts
     if args.print_config:
         print_config(job, launch)
         return 0
     check_before_start(job, default_storage=args.default_storage)
+    from autohet_ray.orchestrate.controller import Controller  # lazy: Ray and torch (not for a config or error)
+    from autohet_ray.orchestrate.session import ray_session  # lazy: Ray
     job_id, url = new_job_id(), storage_url(job.storage)
     with storage_lease(job.storage, url, job_id=job_id, break_lease=args.break_lease):
         refuse_existing_job(job.storage, url)     # again under the lease: a train that began meanwhile

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ray
 
-from autohet_ray.checkpoint.codec import digest
+from autohet_ray.checkpoint.chunk_hash import digest  # not codec: a keeper process imports no torch
 from autohet_ray.checkpoint.copy_check import report_refused
 from autohet_ray.checkpoint.errors import CorruptChunkError, TierUnavailableError
 from autohet_ray.checkpoint.tier_specs import GoneTier, direct_tier, wrap_tier

@@ -41,7 +41,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
         except urllib.error.HTTPError:
             return                # it answers (401 when Ray token auth is on: the job CLI sends the token)
         except OSError:
-            time.sleep(1)
+            time.sleep(0.25)
     raise TimeoutError(f"{url} did not answer in {timeout_s} s")
 
 
@@ -84,7 +84,7 @@ def test_ray_job_submit_train_end_to_end(ray_head):
     while (status := client.get_job_status("autohet-e2e")) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
                                                                    JobStatus.STOPPED):
         assert time.time() < deadline, "the job did not finish in 180 s"
-        time.sleep(2)
+        time.sleep(0.5)
     logs = client.get_job_logs("autohet-e2e")
     assert status == JobStatus.SUCCEEDED, logs[-3000:]
     assert "step 2/2: loss" in logs and "(emulated" in logs and '"emulated": true' in logs

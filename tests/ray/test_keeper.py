@@ -190,3 +190,12 @@ def test_promote_uploads_only_chunks_that_pass_their_hash(cluster, tmp_path, cap
         committer.close()
         for name in "bc":
             stop_keeper(job, node_ids[name])
+
+
+def test_the_keepers_module_imports_no_torch():
+    """A keeper process imports only its actor's module: torch there would cost every keeper start ~1.5 s of CPU
+    (it crept back once through elastic/tiers.py importing the codec for its digest)."""
+    import subprocess
+    code = "import sys, autohet_ray.elastic.keeper; assert 'torch' not in sys.modules, 'torch imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
