@@ -8,6 +8,7 @@ import torch
 
 from autohet_ray import ConfigError
 from autohet_ray.layout import Chunk
+from autohet_ray.runtime.adamw import AdamW
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
 StateDict = dict[str, tuple[torch.Tensor, tuple[int, ...], Chunk]]
@@ -49,16 +50,17 @@ def decays(name: str, *, tied_embeddings: bool) -> bool:
     return not (tied_embeddings and module == "head.out")
 
 
-def build_adamw(named: dict[str, torch.nn.Parameter], config: OptimizerConfig, *,
-                tied_embeddings: bool) -> torch.optim.AdamW:
-    """AdamW over `named` (master weights), in two groups: with and without weight decay."""
+def build_adamw(named: dict[str, torch.nn.Parameter], config: OptimizerConfig, *, tied_embeddings: bool,
+                optimizer_class=AdamW):
+    """AdamW over `named` (master weights), in two groups: with and without weight decay. `optimizer_class`:
+    runtime/adamw.AdamW, or torch.optim.AdamW (the one-process reference)."""
     with_decay = [p for n, p in named.items() if decays(n, tied_embeddings=tied_embeddings)]
     without = [p for n, p in named.items() if not decays(n, tied_embeddings=tied_embeddings)]
     groups = [{"params": with_decay, "weight_decay": config.weight_decay}, {"params": without, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr_at(0), betas=config.betas)
+    return optimizer_class([g for g in groups if g["params"]], lr=config.lr_at(0), betas=config.betas)
 
 
-def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(opt, lr: float) -> None:
     for group in opt.param_groups:
         group["lr"] = lr
 
@@ -79,7 +81,7 @@ def clip_(grads: list[torch.Tensor], norm: float, max_norm: float | None) -> Non
         g.mul_(coef)
 
 
-def optimizer_state(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+def optimizer_state(opt, params: dict[str, torch.nn.Parameter],
                     layout: dict[str, tuple[tuple[int, ...], Chunk]]) -> StateDict:
     out: StateDict = {}
     step = 0.0
@@ -95,7 +97,7 @@ def optimizer_state(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Param
     return out
 
 
-def load_optimizer_state(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+def load_optimizer_state(opt, params: dict[str, torch.nn.Parameter],
                          state: StateDict) -> None:
     step = float(state[STEP_KEY][0]) if STEP_KEY in state else 0.0
     opt.state.clear()
@@ -115,7 +117,7 @@ def load_optimizer_state(opt: torch.optim.Optimizer, params: dict[str, torch.nn.
         opt.state[p] = entry
 
 
-def live_views(opt: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter],
+def live_views(opt, params: dict[str, torch.nn.Parameter],
                layout: dict[str, tuple[tuple[int, ...], Chunk]]) -> StateDict:
     """Parameters and AdamW state as views, no copy (for a snapshotter that copies what it writes itself);
     the step counter as a fresh scalar. The same keys as the state dict."""

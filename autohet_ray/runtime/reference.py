@@ -22,7 +22,8 @@ class Reference:
         materialize(self.model, seed=seed, num_layers=model_spec.num_layers, device=device, dtype=dtype)
         self.config = resolve_config(optimizer, lr=lr, weight_decay=weight_decay, clip_grad=max_grad_norm)
         self.params = dict(self.model.named_parameters())
-        self.optimizer = build_adamw(self.params, self.config, tied_embeddings=model_spec.tie_embeddings)
+        self.optimizer = build_adamw(self.params, self.config, tied_embeddings=model_spec.tie_embeddings,
+                                     optimizer_class=torch.optim.AdamW)   # torch's class: checks runtime/adamw
         self.step = 0
 
     def loss(self, batch) -> torch.Tensor:

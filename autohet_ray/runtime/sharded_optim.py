@@ -14,6 +14,7 @@ import torch
 
 from autohet_ray.layout import Chunk, to_local
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
+from autohet_ray.runtime.adamw import AdamW
 from autohet_ray.runtime.optim import ADAM_KEYS, decays, set_lr
 from autohet_ray.runtime.shard_sync import ShardSync
 
@@ -43,7 +44,7 @@ class ShardedAdamW:
         param_groups = [{"params": groups[0], "weight_decay": config.weight_decay},
                         {"params": groups[1], "weight_decay": 0.0}]
         param_groups = [g for g in param_groups if g["params"]]
-        self.optimizer = (torch.optim.AdamW(param_groups, lr=config.lr_at(0), betas=config.betas)
+        self.optimizer = (AdamW(param_groups, lr=config.lr_at(0), betas=config.betas)
                           if param_groups else None)
 
     @property
