@@ -24,6 +24,7 @@ import argparse
 import itertools
 import json
 import pathlib
+import sys
 from dataclasses import replace
 
 from autohet_ray.cluster import load_cluster
@@ -100,13 +101,14 @@ def _side_by_side(cluster, prices, request: dict, budget: float, recompute: str,
     request = dict(request, recompute=recompute, optimizer_sharding=sharding)
     fastest = plan_with_baselines(cluster=cluster, **request)[0]
     within = plan_with_baselines(cluster=cluster, goal=Goal(prices=prices, max_usd_per_hour=budget), **request)[0]
-    assert not fastest.hit_time_limit and not within.hit_time_limit
     full, got = fastest.evaluation.samples_per_s, within.evaluation.samples_per_s
     return {"throughput_optimal": round(full, 3),
             "full_fleet_usd_per_hour": round(plan_usd_per_hour(fastest.plan, cluster, prices), 2),
             "planner_within_budget": round(got, 3), "planner_share": round(got / full, 4),
             "within_budget_usd_per_hour": round(plan_usd_per_hour(within.plan, cluster, prices), 2),
-            "within_budget_plan": _shape(within.plan), "bar_met": got >= BAR * full}, full
+            "within_budget_plan": _shape(within.plan), "bar_met": got >= BAR * full,
+            # a SCIP call past its own limit (a loaded machine) sets this: rerun on an idle one
+            "hit_time_limit": fastest.hit_time_limit or within.hit_time_limit}, full
 
 
 def _shape(plan: Plan) -> list[dict]:
@@ -130,15 +132,16 @@ def main() -> None:
     for recompute, sharding in SETTINGS:
         name = f"recompute={recompute},sharding={sharding}"
         out["settings"][name], fulls[name] = _side_by_side(cluster, prices, request, budget, recompute, sharding)
+        print(name, json.dumps(out["settings"][name]), file=sys.stderr, flush=True)
     plain_full = fulls["recompute=none,sharding=none"]        # the reference of the default-option checks below
     out["subsets"] = []
     for _, counts, usd in _subsets(cluster, prices, budget, top):
         sub = replace(cluster, nodes=tuple(replace(n, count=k) for n, k in zip(cluster.nodes, counts) if k))
         r = plan_training(cluster=sub, **request)
-        assert not r.hit_time_limit
         out["subsets"].append({"gpus": dict(zip((n.name for n in cluster.nodes), counts)), "usd": round(usd, 2),
                                "samples_per_s": round(r.evaluation.samples_per_s, 3),
-                               "share": round(r.evaluation.samples_per_s / plain_full, 4)})
+                               "share": round(r.evaluation.samples_per_s / plain_full, 4),
+                               "hit_time_limit": r.hit_time_limit})
     sps, shape = _mixed(cluster, model, profile, prices, budget)
     out["mixed_micro_batch"] = {"samples_per_s": round(sps, 3), "share": round(sps / plain_full, 4), **shape}
     best_plain = max([sps] + [s["samples_per_s"] for s in out["subsets"]])
