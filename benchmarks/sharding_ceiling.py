@@ -27,7 +27,7 @@ dp_sync (gradient sync past its last gradient), optimizer (its update; sharded: 
 wait (after its own update, for the slowest stage's).
 
     python benchmarks/sharding_ceiling.py [--time-limit 300] [--rows 0,1,2] [--global-batch N] [--seq-len S]
-                                          [--no-auto]
+                                          [--no-auto] [--activation-scale 1.23]
 Ends with one JSON line. Predictions of the analytic profile (bf16), not measurements.
 """
 from __future__ import annotations
@@ -151,9 +151,20 @@ def ceiling_row(kind, model, cluster, profile, batch, seq, found, limit) -> dict
     return out
 
 
-def fleet_row(name, fleet, batch, seq, why, limit, with_auto: bool) -> dict:
+def scaled_activations(profile, scale: float):
+    """The profile with every transformer layer's kept activations times `scale` (a what-if for the memory
+    model: benchmarks/sharding_activation_check.py measured the runtime's llama blocks keeping ~1.2x)."""
+    if scale == 1.0:
+        return profile
+    entries = {key: {kind: replace(lp, activation_bytes=int(lp.activation_bytes * scale)) if kind == "layer" else lp
+                     for kind, lp in kinds.items()} for key, kinds in profile.entries.items()}
+    return replace(profile, entries=entries)
+
+
+def fleet_row(name, fleet, batch, seq, why, limit, with_auto: bool, activation_scale: float = 1.0) -> dict:
     model, cluster = PRESETS[name], load_cluster(str(CLUSTERS / f"{fleet}.yaml"))
-    profile = analytic_profile(model, cluster, seq, with_micro_batches(*token_cap_sizes(seq)))
+    profile = scaled_activations(analytic_profile(model, cluster, seq, with_micro_batches(*token_cap_sizes(seq))),
+                                 activation_scale)
     found, row = {}, {"model": name, "fleet": fleet, "global_batch": batch, "seq_len": seq, "why": why}
     for mode in ("none", "auto") if with_auto else ("none",):
         start = time.perf_counter()
@@ -194,6 +205,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--rows", default="0,1,2", help="comma-separated rows of sharding_gains.FLEETS")
     ap.add_argument("--no-auto", action="store_true", help="skip the `auto` search (ceiling seeded with none)")
+    ap.add_argument("--activation-scale", type=float, default=1.0,
+                    help="what-if: every layer's kept activations times this (default 1: as modeled)")
     args = ap.parse_args()
     rows = []
     print(f"{'model':<11} {'fleet':<18} {'B':>4} {'S':>5} {'none':>8} {'auto':>8} {'zero1':>8} {'z/none':>6} "
@@ -202,10 +215,11 @@ def main() -> None:
     for i in args.rows.split(","):
         name, fleet, batch, seq, why = FLEETS[int(i)]
         row = fleet_row(name, fleet, args.global_batch or batch, args.seq_len or seq, why, args.time_limit,
-                        not args.no_auto)
+                        not args.no_auto, args.activation_scale)
         rows.append(row)
         print(_line(row), flush=True)
     print(json.dumps({"bench": "sharding_ceiling", "time_limit_s": args.time_limit,
+                      "activation_scale": args.activation_scale,
                       "ceiling_memory_gb": CEILING_MEMORY_GB, "load_average": os.getloadavg(), "rows": rows}))
 
 
