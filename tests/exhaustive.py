@@ -9,15 +9,22 @@ Independent of the planner: it enumerates everything itself and shares only the 
 - every micro-batch size given, and every integer allocation of the micro-batches across pipelines (with
   `mixed_micro_batches`, each pipeline also picks its own size and the samples add up to the global batch);
 - every schedule given; each candidate priced by `evaluate_plan` under that schedule;
-- with `recompute="auto"`, every stage with and without activation recomputation ("full": every stage with).
+- with `recompute="auto"`, every stage with and without activation recomputation ("full": every stage with);
+- with `optimizer_sharding="auto"`, every stage with and without sharded optimizer state ("dp": every stage
+  with), slices equal (the planner's uneven slices are sized after its search, so it may do better).
 
 Pruning, each provably safe (it drops only plans that cannot beat the incumbent, or cannot fit):
 - memory: a stage's memory grows with its layer count, and a pipeline's memory does not depend on the other
-  pipelines, so a split whose stage does not fit is dropped with every larger count for that stage;
+  pipelines, so a split whose stage does not fit is dropped with every larger count for that stage (with
+  sharding allowed, a stage's state is sharded across at most one holder per pipeline, and whether its units
+  are sharded depends on the other pipelines: this check then prices every stage sharded across the most
+  pipelines any plan can have, and each whole plan is checked when priced);
 - a stage's last gradient action ends no earlier than micro-batch 0's forward arrival at it (the forwards and
   links of the stages before it) plus all of its own actions run one after another (m times its F+B+W);
 - a pipeline's time alone (the same plan with that pipeline only: no gradient sync) is a lower bound on
-  any plan that contains it, because each stage's iteration ends at its last gradient action or later;
+  any plan that contains it, because each stage's iteration ends at its last gradient action or later (with
+  sharding allowed, only the pipeline's last gradient action counts: a sharded update takes less than its
+  whole stage's);
 - a pipeline's per-sample time is at least its layers spread over its stages at their per-layer speeds
   (L / sum_j 1/layer_j), so a pipeline given n samples takes at least n times that, and a partition at least
   the batch over the sum of its pipelines' rates (a partition whose bound reaches the incumbent is skipped;
@@ -100,29 +107,33 @@ def compositions(total: int, parts: int):
 
 
 RECOMPUTE_OPTIONS = {"none": (False,), "full": (True,), "auto": (False, True)}
+SHARDING_OPTIONS = {"none": (False,), "dp": (True,), "auto": (False, True)}
 
 
 def build_stages(cluster, order, counts, taken=None, flags=None) -> tuple[Stage, ...]:
-    """Stages for labels in `order` with `counts` layers (recomputing where `flags` says); GPU indices handed
-    out per node from `taken`."""
+    """Stages for labels in `order` with `counts` layers; `flags`: per stage its recompute flag, or its
+    (recompute, shard optimizer) flags; GPU indices handed out per node from `taken`."""
     taken = {} if taken is None else taken
-    flags = flags or (False,) * len(order)
+    flags = [f if isinstance(f, tuple) else (f, False) for f in (flags or (False,) * len(order))]
     stages, start = [], 0
-    for (node, tp), n, flag in zip(order, counts, flags):
+    for (node, tp), n, (recompute, shard) in zip(order, counts, flags):
         first = taken.get(node, 0)
         taken[node] = first + tp
         stages.append(Stage(layers=(start, start + n), tp=tp, device_type=cluster.node(node).device, node=node,
-                            devices=tuple(range(first, first + tp)), recompute=flag))
+                            devices=tuple(range(first, first + tp)), recompute=recompute, shard_optimizer=shard))
         start += n
     return tuple(stages)
 
 
 class _Search:
     def __init__(self, cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed,
-                 recompute="none", goal=THROUGHPUT):
+                 recompute="none", goal=THROUGHPUT, optimizer_sharding="none"):
         self.cluster, self.model, self.profile = cluster, model, profile
         self.goal, self.unit_usd = goal, 0.0
         self.flags = RECOMPUTE_OPTIONS[recompute]
+        self.stage_options = tuple(itertools.product(self.flags, SHARDING_OPTIONS[optimizer_sharding]))
+        # sharding allowed: the most holders (pipelines) any plan can have, for the per-stage memory check
+        self.max_ways = min(cluster.num_gpus, global_batch) if optimizer_sharding != "none" else 1
         self.global_batch, self.seq_len = global_batch, seq_len
         self.micro_batches = sorted(mb for mb in set(micro_batches) if global_batch % mb == 0 or mixed)
         self.schedules, self.mixed = tuple(schedules), mixed
@@ -193,7 +204,7 @@ class _Search:
         if p > layers:
             return []
         probe = build_stages(self.cluster, order, [1] * p)
-        gcs = [{f: table.get(s.device_type, s.tp, f) for f in self.flags} for s in probe]
+        gcs = [{f: table.get(s.device_type, s.tp, f[0], self.max_ways) for f in self.stage_options} for s in probe]
         stub = Plan(model=self.model.name, global_batch=m * mb, micro_batch=mb, seq_len=self.seq_len, pipelines=())
         links = [stage_link_time(stub, self.cluster, self.profile, self.model, a, b, mb)
                  for a, b in zip(probe, probe[1:])]
@@ -207,8 +218,10 @@ class _Search:
                             micro_batch=mb, seq_len=self.seq_len, pipelines=(pipe,), schedule=schedule)
                 ev = evaluate_plan(plan, self.cluster, self.model, self.profile, table)
                 self.priced += 1
-                if ev.feasible and ev.iteration_time_s < limit:
-                    found.append((ev.iteration_time_s, order, tuple(counts), tuple(flags)))
+                sharding = self.max_ways > 1     # memory checked per stage above; the update may shrink
+                alone = max(ev.pipeline_times_s) if sharding else ev.iteration_time_s
+                if (ev.feasible or sharding) and alone < limit:
+                    found.append((alone, order, tuple(counts), tuple(flags)))
                 return
             first, last = j == 0, j == p - 1
             most = left if last else left - (p - j - 1)
@@ -307,7 +320,7 @@ class _Search:
             splits = [_proportional(self.model.num_layers, self._layer_speeds(b, size, schedule)) for b in blocks]
             if alloc is None or None in splits:
                 continue
-            for flag in self.flags:
+            for flag in self.stage_options:
                 taken: dict[str, int] = {}
                 pipes = [Pipeline(num_microbatches=m, stages=build_stages(self.cluster, block, counts, taken,
                                                                           (flag,) * len(block)))
@@ -354,13 +367,13 @@ def _proportional(total: int, weights: list[float]) -> list[int] | None:
 
 def exhaustive_best(cluster, model, profile, global_batch, seq_len, micro_batches,
                     schedules: tuple[str, ...] = PLAN_SCHEDULES, mixed_micro_batches: bool = False,
-                    recompute: str = "none", goal=THROUGHPUT):
+                    recompute: str = "none", goal=THROUGHPUT, optimizer_sharding: str = "none"):
     """The fastest feasible plan and its evaluation, as (plan, Evaluation), or None if no plan fits.
     Without `mixed_micro_batches` every pipeline runs one of `micro_batches` (those dividing the batch);
     with it each pipeline picks its own size from them. `recompute`: "none", "full" (every stage recomputes)
-    or "auto" (each stage either way). `goal` (cost/money.py): the best plan for it instead of the fastest; GPUs
-    may be left out either way."""
-    assert recompute in RECOMPUTE_OPTIONS, recompute
+    or "auto" (each stage either way); `optimizer_sharding` likewise ("none", "dp", "auto"). `goal`
+    (cost/money.py): the best plan for it instead of the fastest; GPUs may be left out either way."""
+    assert recompute in RECOMPUTE_OPTIONS and optimizer_sharding in SHARDING_OPTIONS, (recompute, optimizer_sharding)
     search = _Search(cluster, model, profile, global_batch, seq_len, micro_batches, schedules, mixed_micro_batches,
-                     recompute, goal)
+                     recompute, goal, optimizer_sharding)
     return search.run()

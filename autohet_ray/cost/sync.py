@@ -133,11 +133,11 @@ def _hierarchical(whole: float, shard: float, members, lanes, cluster, profile) 
     for s in members:
         by_node[s.node].append(s)
     nodes = sorted(by_node)
-    local = max(len(v) for v in by_node.values())
     seconds = 0.0
-    if local > 1:
-        link = intra_link(profile, cluster, members[0].device_type)
-        seconds += 2 * (shard / link.bandwidth_Bps + link.latency_s)
+    # each node reduces over its own NVLink/PCIe at once: the slowest of them sets the pace (whatever the order)
+    links = [intra_link(profile, cluster, v[0].device_type) for v in by_node.values() if len(v) > 1]
+    if links:
+        seconds += max(2 * (shard / link.bandwidth_Bps + link.latency_s) for link in links)
     return seconds + allreduce_time(whole, len(nodes), _slowest_pair_link(nodes, lanes, cluster, profile))
 
 

@@ -55,6 +55,9 @@ class GroupCost:
     shard_ways: float = 1         # holders the optimizer state is sharded across, per parameter on average (1: none)
     optimizer_state_bytes: int = 12   # of state_bytes_per_param, what sharding divides (profile/precision.py)
     sharded_state_bytes: int = 12     # a sharded slice's master and moments per parameter
+    layer_tp_comm_s: float = 0.0      # of layer_s (embed_s, head_s): its TP collectives, forward and backward
+    embed_tp_comm_s: float = 0.0
+    head_tp_comm_s: float = 0.0
 
     @property
     def resident_bytes_per_param(self) -> float:
@@ -65,6 +68,11 @@ class GroupCost:
 
     def stage_time(self, num_layers: int, first: bool, last: bool) -> float:
         return num_layers * self.layer_s + (self.embed_s if first else 0.0) + (self.head_s if last else 0.0)
+
+    def stage_tp_comm_s(self, num_layers: int, first: bool, last: bool) -> float:
+        """Of `stage_time`: the TP collectives of one micro-batch (recomputed forwards' excluded)."""
+        return num_layers * self.layer_tp_comm_s + (self.embed_tp_comm_s if first else 0.0) + \
+            (self.head_tp_comm_s if last else 0.0)
 
     def stage_split(self, num_layers: int, first: bool, last: bool,
                     split: bool = False) -> tuple[float, float, float]:
@@ -247,7 +255,8 @@ class GroupCostTable:
             sharded_state_bytes=self.precision.sharded_state_bytes,
             optimizer_s_per_param=self.profile.optimizer_s_per_param.get(device_type),
             layer_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "layer", tp) * elem),
-            head_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "head", tp) * elem))
+            head_held_bytes=int(tokens * wgrad_held_elements_per_token(self.model, "head", tp) * elem),
+            layer_tp_comm_s=sum(layer_comm), embed_tp_comm_s=sum(embed_comm), head_tp_comm_s=sum(head_comm))
 
 
 def tp_comm(layer: LayerProfile, priced_fwd_s: float, priced_bwd_s: float) -> tuple[float, float]:

@@ -8,6 +8,8 @@ prices slightly slower can be the fastest once its split is refined.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.terms import GroupCostTable
@@ -51,6 +53,7 @@ def polished(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster:
                                    micro_batch=plan.micro_batch, seq_len=plan.seq_len)
             except PlacementError:
                 continue
+            cplan = _same_micro_batches(cplan, plan)
             bar = top[-1][1].iteration_time_s if len(top) >= keep else float("inf")
             if iteration_floor_s(cplan, cluster, table.model, table.profile, table, schedules) >= bar * (1 - 1e-9):
                 continue                   # cannot beat the plans in hand
@@ -61,6 +64,15 @@ def polished(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster:
             if top[0][0] is cplan:
                 plan, evaluation, choices, shape = cplan, ev, candidate, order
     return top
+
+
+def _same_micro_batches(cplan: Plan, plan: Plan) -> Plan:
+    """`cplan` with each pipeline's own micro-batch size as in `plan` (an incumbent may mix sizes), pipeline by
+    pipeline (a reordered plan keeps its pipelines in order)."""
+    if all(p.micro_batch is None for p in plan.pipelines):
+        return cplan
+    return replace(cplan, pipelines=tuple(replace(c, micro_batch=p.micro_batch)
+                                          for c, p in zip(cplan.pipelines, plan.pipelines)))
 
 
 def _reordered(choices, shape, order, table, cluster, schedules) -> list[PipelineChoice] | None:

@@ -45,9 +45,11 @@ def _splits(total, parts):
     return [c for c in itertools.product(range(1, total + 1), repeat=parts) if sum(c) == total]
 
 
-def naive_best(cluster, model, profile, batch, micro_batches, schedules, recompute=(False,), goal=None):
-    """The fastest plan's time (with `goal`: the least goal key, cost/money.py); `recompute`: the flags each
-    stage may take."""
+def naive_best(cluster, model, profile, batch, micro_batches, schedules, recompute=(False,), goal=None,
+               shard=(False,)):
+    """The fastest plan's time (with `goal`: the least goal key, cost/money.py); `recompute` and `shard`: the
+    recompute and shard-optimizer flags each stage may take."""
+    options = list(itertools.product(recompute, shard))
     best = None
     for schedule, mb in itertools.product(schedules, micro_batches):
         if batch % mb:
@@ -69,7 +71,7 @@ def naive_best(cluster, model, profile, batch, micro_batches, schedules, recompu
                     if any(len(o) > model.num_layers for o in chosen):
                         continue
                     layer_splits = [_splits(model.num_layers, len(o)) for o in chosen]
-                    flag_sets = [list(itertools.product(recompute, repeat=len(o))) for o in chosen]
+                    flag_sets = [list(itertools.product(options, repeat=len(o))) for o in chosen]
                     for counts, flags in itertools.product(itertools.product(*layer_splits),
                                                            itertools.product(*flag_sets)):
                         for alloc in _splits(batch // mb, len(part)):
@@ -87,9 +89,9 @@ def _plan(model, batch, mb, schedule, orders, counts, alloc, flags):
     pipelines = []
     for order, split, m, stage_flags in zip(orders, counts, alloc, flags):
         stages, start = [], 0
-        for (node, gpus), n, flag in zip(order, split, stage_flags):
+        for (node, gpus), n, (flag, shard) in zip(order, split, stage_flags):
             stages.append(Stage(layers=(start, start + n), tp=len(gpus), device_type=node.device, node=node.name,
-                                devices=gpus, recompute=flag))
+                                devices=gpus, recompute=flag, shard_optimizer=shard))
             start += n
         pipelines.append(Pipeline(num_microbatches=m, stages=tuple(stages)))
     return Plan(model=model.name, global_batch=batch, micro_batch=mb, seq_len=model.max_seq_len,
@@ -178,3 +180,21 @@ def test_exhaustive_search_matches_naive_brute_force_for_money_goals(case, goal)
     plan, ev = found
     assert goal.key(plan, cluster, ev.iteration_time_s) == pytest.approx(expected, rel=1e-12)
     assert ev.iteration_time_s > fastest * (1 + 1e-9)      # the goal binds: the fastest plan is not its answer
+
+
+@pytest.mark.parametrize("nodes", [(("V100-16GB", 2),), (("V100-16GB", 1), ("A10", 1))])
+def test_exhaustive_search_with_optimizer_sharding_matches_naive_brute_force(nodes):
+    """Each stage with or without sharded optimizer state: on 2 V100-16GB, gpt3-2.7b cut to 8 layers fits one
+    copy per GPU (data parallel, no bubble) only sharded across the two."""
+    cluster = _cluster(*nodes)
+    model = replace(PRESETS["gpt3-2.7b"], num_layers=8, max_seq_len=2048)
+    profile = analytic_profile(model, cluster, 2048, micro_batches=(1,))
+    plain = naive_best(cluster, model, profile, 4, (1,), ("1f1b", "zb-h1"))
+    expected = naive_best(cluster, model, profile, 4, (1,), ("1f1b", "zb-h1"), shard=(False, True))
+    plan, ev = exhaustive_best(cluster, model, profile, 4, 2048, [1], schedules=("1f1b", "zb-h1"),
+                               optimizer_sharding="auto")
+    assert ev.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    assert evaluate_plan(plan, cluster, model, profile).iteration_time_s == pytest.approx(expected, rel=1e-12)
+    if len(nodes) == 1:                      # sharding makes the fastest plan: two pipelines, sharded
+        assert expected < plain * (1 - 1e-3)
+        assert len(plan.pipelines) == 2 and any(s.shard_optimizer for p in plan.pipelines for s in p.stages)

@@ -1,0 +1,25 @@
+"""The planner with optimizer_sharding="auto" within 1% of the independent exhaustive optimum (tests/exhaustive.py,
+every stage with and without sharded state): a fast subset of benchmarks/sharding_optimality.py (all 30 there)."""
+import importlib.util
+import pathlib
+
+import pytest
+
+_BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sharding_optimality.py"
+_spec = importlib.util.spec_from_file_location("sharding_optimality", _BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+CHECKED = [0, 3, 8, 11, 14, 17, 20]     # 5 whose optimum shards (A10/V100, RTX-4090/A10, A100/V100), 2 not
+
+
+@pytest.mark.parametrize("index", CHECKED, ids=lambda i: f"instance{i}")
+def test_planner_with_sharding_within_one_percent_of_exhaustive_optimum(index):
+    row = bench.run_instance(bench.INSTANCES[index])
+    shards = index in bench.SHARDING_OPTIMUM
+    assert (row["optimum_sharded_stages"] > 0) == shards          # the instance tests the choice it claims to
+    if shards:                                                    # and sharding is what makes the optimum faster
+        assert row["optimum_s"] < row["unsharded_optimum_s"] * (1 - 1e-3)
+    assert row["gap"] <= bench.BAR, (f"{row['cluster']} {row['model']} {row['schedule']}: planner "
+                                     f"{row['planner_s']:.5f} s {row['planner_plan']} vs optimum "
+                                     f"{row['optimum_s']:.5f} s {row['optimum_plan']}")
