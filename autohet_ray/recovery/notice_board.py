@@ -3,6 +3,28 @@ watchers posted, and the controller's acknowledgement of each once it flushed a 
 from __future__ import annotations
 
 import threading
+import time
+
+from autohet_ray import ConfigError
+from autohet_ray.cloud.notices import check_provider
+
+
+def board_name(job_id: str) -> str:
+    """The name of `job_id`'s notice board actor (two jobs on one cluster never share one)."""
+    if not isinstance(job_id, str) or not job_id:
+        raise ConfigError(f"spot watching: job_id must be a non-empty string (got {job_id!r})")
+    return f"autohet-spot-notices-{job_id}"
+
+
+def watcher_name(job_id: str, node_id: str) -> str:
+    return f"autohet-spot-watcher-{job_id}-{node_id}"
+
+
+def check_watcher_options(provider: str, interval_s: float, flush_timeout_s: float) -> None:
+    check_provider(provider)
+    if interval_s <= 0 or flush_timeout_s < 0:
+        raise ConfigError(f"SpotWatcher: interval_s must be > 0 (got {interval_s}) and flush_timeout_s "
+                          f">= 0 (got {flush_timeout_s})")
 
 
 class Notices:
@@ -19,7 +41,7 @@ class Notices:
     def post(self, node_id: str, notice: dict) -> None:
         with self._lock:
             self.acked.setdefault(node_id, threading.Event())
-            self.notices[node_id] = notice
+            self.notices[node_id] = {**notice, "posted_s": time.time()}   # the watcher's flush wait starts
 
     def pending(self) -> dict[str, dict]:
         with self._lock:
