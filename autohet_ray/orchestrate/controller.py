@@ -240,7 +240,7 @@ class Controller(LiveJob):
         switch_ahead.drop_preparations(self)      # prepared for the state before the loss: stale
         while stop is None:
             self.state = transition(self.state, State.RECOVERING)
-            node_ids = self.found.node_ids
+            node_ids = {**{n: s["node_id"] for n, s in self.keeper_specs.items()}, **self.found.node_ids}
             stores = store_only_nodes(self.committer.keepers if self.committer else (), self.group.slots)
             decision = self.recovery.diagnose(
                 failure, node_ids=node_ids, keeps_checkpoints=self.committer is not None,
