@@ -105,6 +105,7 @@ class SpotWatcher:
                 return
 
     def _handle(self, notice: dict) -> None:
+        notice = {**notice, "flush_by_s": time.time() + self.flush_timeout_s}     # it drains the node then
         self.events.append({"event": "notice", **notice, "t": time.time()})
         ray.get(self.board.post.remote(self.node_id, notice), timeout=self.control_timeout_s)
         flushed = ray.get(self.board.wait_ack.remote(self.node_id, self.flush_timeout_s),

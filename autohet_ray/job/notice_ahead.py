@@ -5,8 +5,9 @@ first step boundary where that is ready. When the deadline is too close (or unkn
 and re-plan, as before plan-ahead. A loss meanwhile drops the preparation; the next check prepares again.
 
 The deadline the switch is planned against is the earlier of the notice's and the watcher's: a watcher waits
-`flush_timeout_s` for the job's acknowledgement and then drains its node, however far the preparation got. A
-preparation that cannot finish before it (by what earlier preparations took) is given up for acting at once.
+`flush_timeout_s` for the job's acknowledgement and then drains its node, however far the preparation got (its
+notice says when: "flush_by_s"). A preparation that cannot finish before it (by what earlier preparations took)
+is given up for acting at once.
 """
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.recovery.report import report_failure
 
-WATCHER_FLUSH_TIMEOUT_S = 60.0     # how long a spot watcher waits for the flush before it drains its node
-
 def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids: set[str]) -> float | None:
     """The earliest deadline (seconds since the epoch) that the notices (node id -> notice with "deadline_s")
     or Ray drains (node id -> deadline in ms, 0: none) of `node_ids` state; None when none states one."""
@@ -30,12 +29,13 @@ def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids
     return min(known) if known else None
 
 
-def switch_deadline(deadline_s: float | None, posted_s: list[float], flush_timeout_s: float) -> float | None:
-    """When a prepared switch must be done: the notices' deadline (None: unknown, act at once) or, earlier, the
-    end of the flush timeout of the watchers that posted them (at `posted_s`): they drain their nodes then."""
+def switch_deadline(deadline_s: float | None, flush_by_s: list[float]) -> float | None:
+    """When a prepared switch must be done: the notices' deadline (None: unknown, act at once) or, earlier,
+    when the watchers that posted them stop waiting for the flush (`flush_by_s`, elastic/spot.py) and drain
+    their nodes."""
     if deadline_s is None:
         return None
-    return min([deadline_s, *(t + flush_timeout_s for t in posted_s)])
+    return min([deadline_s, *flush_by_s])
 
 
 def preparation_left_s(prepared_s: list[float], elapsed_s: float) -> float:
@@ -51,14 +51,13 @@ def act_at_once(deadline_s: float | None, now_s: float, margin_s: float = NOTICE
     return deadline_s is None or deadline_s - now_s - prepare_left_s <= margin_s
 
 
-def switch_now(ctl, deadline_s: float | None, notices: dict[str, dict], leaving: set[str]) -> bool:
+def switch_now(ctl, deadline_s: float | None, notices: dict[str, dict], leaving: set[str], now_s: float) -> bool:
     """Whether the controller must act on the noticed removal of `leaving` (node ids) at once: too little time
     left before the notices' deadline or its watchers' flush timeout, for what a preparation takes."""
-    posted = [notices[i]["posted_s"] for i in leaving if "posted_s" in notices.get(i, {})]
-    by = switch_deadline(deadline_s, posted, ctl.watch_flush_timeout_s)
+    by = switch_deadline(deadline_s, [notices[i]["flush_by_s"] for i in leaving if "flush_by_s" in notices.get(i, {})])
     prepared = [r["prepared_s"] for r in ctl.recovery.recoveries if r.get("groups_built_ahead")]
     elapsed = time.perf_counter() - ctl.leaving.since if ctl.leaving is not None else 0.0
-    return act_at_once(by, time.time(), prepare_left_s=preparation_left_s(prepared, elapsed))
+    return act_at_once(by, now_s, prepare_left_s=preparation_left_s(prepared, elapsed))
 
 
 @dataclass

@@ -29,7 +29,7 @@ from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.notice_ahead import WATCHER_FLUSH_TIMEOUT_S, earliest_deadline, notice_ahead, switch_now
+from autohet_ray.job.notice_ahead import earliest_deadline, notice_ahead, switch_now
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
@@ -59,7 +59,6 @@ class Controller(LiveJob):
         self.prepare_notices = True          # ... and a noticed removal's, when its deadline leaves time
         self.groups_ahead = True             # ... the next plan's process groups too (switch_ahead.Standby)
         self.joining, self.leaving = None, None   # a join's and a notice's preparation (Joining, Leaving)
-        self.watch_flush_timeout_s = WATCHER_FLUSH_TIMEOUT_S   # a spot watcher drains its node after it
         self.switch_side = switch_ahead        # the Ray side of the prepared switches job/notice_ahead.py makes
 
     def start(self, *, restore: str | None = None) -> dict:
@@ -320,7 +319,6 @@ class Controller(LiveJob):
     # -- events between steps ----------------------------------------------------------------------------------
     def watch_spot(self, **watcher_options):
         """Start a spot-notice watcher on every node of the job; the job's notice board."""
-        self.watch_flush_timeout_s = watcher_options.get("flush_timeout_s", WATCHER_FLUSH_TIMEOUT_S)
         self.board = watch_nodes([n.node_id for n in self.found.nodes], job_id=self.job_id,
                                  **{"provider": self.job.spot_provider, "control_timeout_s": self.job.control_timeout_s,
                                     **watcher_options})
@@ -341,7 +339,7 @@ class Controller(LiveJob):
         leaving = {i for i, n in names.items() if n in decision.leaving}
         deadline = earliest_deadline(notices, drains, leaving)
         report, start = None, time.perf_counter()
-        if decision.leaving and self.prepare_notices and not switch_now(self, deadline, notices, leaving):
+        if decision.leaving and self.prepare_notices and not switch_now(self, deadline, notices, leaving, time.time()):
             report = notice_ahead(self, decision.leaving, deadline)
             if report is None:
                 return None                       # train on; switch at a later step boundary

@@ -3,7 +3,6 @@ watchers posted, and the controller's acknowledgement of each once it flushed a 
 from __future__ import annotations
 
 import threading
-import time
 
 from autohet_ray import ConfigError
 from autohet_ray.cloud.notices import check_provider
@@ -41,7 +40,7 @@ class Notices:
     def post(self, node_id: str, notice: dict) -> None:
         with self._lock:
             self.acked.setdefault(node_id, threading.Event())
-            self.notices[node_id] = {**notice, "posted_s": time.time()}   # the watcher's flush wait starts
+            self.notices[node_id] = notice
 
     def pending(self) -> dict[str, dict]:
         with self._lock:

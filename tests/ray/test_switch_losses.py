@@ -43,7 +43,6 @@ def noticed_run(ctl: Controller) -> dict:
     watcher posts it). Each step waits for a standby group being set up, so the switch comes within the run
     however slow the host is."""
     from autohet_ray.elastic.spot import start_board
-    ctl.watch_flush_timeout_s = 600.0          # no watcher waits on this board: the notice's deadline counts
 
     def on_event(kind: str, report: dict) -> None:
         if kind == "step" and report["step"] == NOTICE_AT:
