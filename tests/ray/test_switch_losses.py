@@ -125,3 +125,68 @@ def test_a_node_lost_while_the_standby_restores_is_recovered_from_the_flushed_st
     losses = [s["loss"] for s in summary["steps"]]
     assert len(losses) == STEPS and losses == pytest.approx(reference_losses(STEPS), rel=1e-6)
     assert summary["secured"]["step"] == STEPS and summary["secured"]["in_storage"]
+
+
+def alive(actors) -> list[bool]:
+    from ray.exceptions import RayActorError
+    out = []
+    for actor in actors:
+        try:
+            ray.get(actor.where.remote(), timeout=30)
+            out.append(True)
+        except RayActorError:
+            out.append(False)
+    return out
+
+
+class LosingNodeInFlush(Controller):
+    """A controller whose node `victim` is removed (not gracefully) as a prepared switch starts its flush, and
+    Ray declares it dead before the flush runs: the old workers there are gone before their newest step is
+    committed. Whether the standby workers live is noted as the recovery ends."""
+
+    def __init__(self, job, cluster, victim: str):
+        super().__init__(job)
+        self.cluster, self.victim, self.committed_at_loss, self.standby = cluster, victim, None, None
+        self.standby_alive = None
+
+    def flush(self, *args, **kwargs):
+        standby = self.leaving.standby if self.leaving is not None else None
+        if self.committed_at_loss is None and standby is not None and standby.ready():   # the switch begins
+            self.committed_at_loss, self.standby = self.committer.committed[-1], standby
+            node_id = self.found.node_ids[self.victim]
+            self.mark_fault()
+            self.cluster.remove_node(next(n for n in self.cluster.list_all_nodes() if n.node_id == node_id),
+                                     allow_graceful=False)
+            deadline = time.monotonic() + 60
+            while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+                assert time.monotonic() < deadline, "Ray never declared the removed node dead"
+                time.sleep(0.2)
+        return super().flush(*args, **kwargs)
+
+    def _recover_switch(self, failure):
+        report = super()._recover_switch(failure)
+        self.standby_alive = alive(self.standby.group.actors)
+        return report
+
+
+def test_a_node_lost_during_the_switchs_flush_is_recovered_from_the_newest_committed_step(cluster, tmp_path):
+    from autohet_ray.emulate.cluster import node_args
+    from ray_helpers import wait_until_alive
+    from autohet_ray.orchestrate.discovery import live_nodes
+    if "c" not in {n.name for n in live_nodes()}:                      # the test before lost it
+        wait_until_alive([cluster.add_node(**node_args(cluster_from_dict(THREE_NODES).node("c"))).node_id])
+    ctl = LosingNodeInFlush(switch_job(str(tmp_path / "cloud")), cluster, "c")
+    summary = noticed_run(ctl)
+    assert summary["failure"] is None and ctl.committed_at_loss is not None
+    assert ctl.standby_alive is not None and not any(ctl.standby_alive)   # the standby group was dropped
+    recovered = [e for e in summary["events"] if e.get("during_switch")]
+    assert len(recovered) == 1, summary["events"]
+    rec = recovered[0]
+    assert rec["lost_nodes"] == ["c"] and rec["restored_step"] == ctl.committed_at_loss   # nothing committed lost
+    assert rec["lost_steps"] == rec["completed_step"] - ctl.committed_at_loss == 1   # the unflushed step only
+    assert rec["bytes_by_tier"].get("storage", 0) == 0
+    assert all(stage.startswith("a:") for p in rec["plan"] for stage in p), rec["plan"]
+    ref = reference_losses(STEPS)
+    assert summary["steps"][-1]["step"] == STEPS
+    for step in summary["steps"]:                                      # a step run again repeats its loss
+        assert step["loss"] == pytest.approx(ref[step["step"] - 1], rel=1e-6), step
