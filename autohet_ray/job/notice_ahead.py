@@ -20,6 +20,7 @@ from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.recovery.report import report_failure
 
+
 def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids: set[str]) -> float | None:
     """The earliest deadline (seconds since the epoch) that the notices (node id -> notice with "deadline_s")
     or Ray drains (node id -> deadline in ms, 0: none) of `node_ids` state; None when none states one."""
