@@ -9,7 +9,7 @@ import ray
 from autohet_ray.cluster import node_probe
 from autohet_ray.cluster.node_probe import LOST_VERDICTS, RAYLET_PROBE_TIMEOUT_S, probe_all
 from autohet_ray.elastic.keeper_tier import get_keeper
-
+from autohet_ray.recovery.decisions import named_failure
 
 
 def raylet_addresses(node_ids) -> dict[str, tuple[str, int] | None]:
@@ -93,16 +93,7 @@ def detect_failure(group, node_ids: dict[str, str], failure: Exception, *, job_i
                 elif not verdict:
                     lost.add(node)
         if lost or dead:
-            return _named_failure(group, sorted(lost), dead, failure)
+            return named_failure(group, sorted(lost), dead, failure)
         time.sleep(0.2)
     raise RuntimeError(f"a step failed but Ray reports no lost node or dead actor within {timeout_s:g} s: "
                        f"{failure}")
-
-
-def _named_failure(group, lost_nodes: list[str], dead: list[int], failure: Exception) -> dict:
-    ranks = [r for r, s in enumerate(group.slots) if s["node"] in lost_nodes] or dead
-    stores_only = sorted(set(lost_nodes) - {s["node"] for s in group.slots})
-    named = "; ".join([group.describe(r) for r in ranks] +
-                      [f"node {node} (its node store only, no worker)" for node in stores_only])
-    what = f"lost node(s) {lost_nodes}" if lost_nodes else "dead worker(s)"
-    return {"lost_nodes": lost_nodes, "dead_ranks": ranks, "message": f"{what}: {named} (first error: {failure})"}

@@ -32,24 +32,13 @@ from ray._private.state import state
 from ray.core.generated import autoscaler_pb2
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from autohet_ray import ConfigError
-from autohet_ray.cloud.notices import METADATA_URL, check_provider, detect_provider, poll_notice
+from autohet_ray.cloud.notices import METADATA_URL, detect_provider, poll_notice
 from autohet_ray.job.config import TrainJob
-from autohet_ray.recovery.notice_board import Notices
+from autohet_ray.recovery.notice_board import Notices, board_name, check_watcher_options, watcher_name
 
 CONTROL_TIMEOUT_S = TrainJob.control_timeout_s
 
 NAMESPACE = "autohet-spot"
-
-
-def board_name(job_id: str) -> str:
-    if not isinstance(job_id, str) or not job_id:
-        raise ConfigError(f"spot watching: job_id must be a non-empty string (got {job_id!r})")
-    return f"autohet-spot-notices-{job_id}"
-
-
-def watcher_name(job_id: str, node_id: str) -> str:
-    return f"autohet-spot-watcher-{job_id}-{node_id}"
 
 
 def drain_node(node_id: str, *, deadline_s: float, message: str, gcs_address: str | None = None) -> None:
@@ -78,13 +67,6 @@ def start_board(job_id: str):
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     return NoticeBoard.options(name=board_name(job_id), namespace=NAMESPACE, get_if_exists=True,
                                scheduling_strategy=here).remote()
-
-
-def check_watcher_options(provider: str, interval_s: float, flush_timeout_s: float) -> None:
-    check_provider(provider)
-    if interval_s <= 0 or flush_timeout_s < 0:
-        raise ConfigError(f"SpotWatcher: interval_s must be > 0 (got {interval_s}) and flush_timeout_s "
-                          f">= 0 (got {flush_timeout_s})")
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -123,6 +105,7 @@ class SpotWatcher:
                 return
 
     def _handle(self, notice: dict) -> None:
+        notice = {**notice, "flush_by_s": time.time() + self.flush_timeout_s}     # it drains the node then
         self.events.append({"event": "notice", **notice, "t": time.time()})
         ray.get(self.board.post.remote(self.node_id, notice), timeout=self.control_timeout_s)
         flushed = ray.get(self.board.wait_ack.remote(self.node_id, self.flush_timeout_s),

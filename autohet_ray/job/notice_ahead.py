@@ -3,18 +3,22 @@ The job prepares the state without the noticed nodes while the current plan trai
 plan-ahead cache, the next plan's workers and process groups built in the background) and switches at the
 first step boundary where that is ready. When the deadline is too close (or unknown), it acts at once: flush
 and re-plan, as before plan-ahead. A loss meanwhile drops the preparation; the next check prepares again.
+
+The deadline the switch is planned against is the earlier of the notice's and the watcher's: a watcher waits
+`flush_timeout_s` for the job's acknowledgement and then drains its node, however far the preparation got (its
+notice says when: "flush_by_s"). A preparation that cannot finish before it (by what earlier preparations took)
+is given up for acting at once.
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
 from autohet_ray.cloud.notices import NOTICE_MARGIN_S
-from autohet_ray.job.foresight import cached_entry, foreseen_states
+from autohet_ray.job.foresight import Joining, cached_entry, foreseen_states
 from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import state_key
-
+from autohet_ray.recovery.report import report_failure
 
 
 def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids: set[str]) -> float | None:
@@ -26,9 +30,35 @@ def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids
     return min(known) if known else None
 
 
-def act_at_once(deadline_s: float | None, now_s: float, margin_s: float = NOTICE_MARGIN_S) -> bool:
-    """True when a noticed removal cannot wait for a preparation: no deadline known, or `margin_s` or less left."""
-    return deadline_s is None or deadline_s - now_s <= margin_s
+def switch_deadline(deadline_s: float | None, flush_by_s: list[float]) -> float | None:
+    """When a prepared switch must be done: the notices' deadline (None: unknown, act at once) or, earlier,
+    when the watchers that posted them stop waiting for the flush (`flush_by_s`, elastic/spot.py) and drain
+    their nodes."""
+    if deadline_s is None:
+        return None
+    return min([deadline_s, *flush_by_s])
+
+
+def preparation_left_s(prepared_s: list[float], elapsed_s: float) -> float:
+    """How much longer the preparation in progress (`elapsed_s` old) should take: the longest an earlier one of
+    this job took (`prepared_s`) less what it ran already (0 before any was measured)."""
+    return max(max(prepared_s, default=0.0) - elapsed_s, 0.0)
+
+
+def act_at_once(deadline_s: float | None, now_s: float, margin_s: float = NOTICE_MARGIN_S, *,
+                prepare_left_s: float = 0.0) -> bool:
+    """True when a noticed removal cannot wait for a preparation: no deadline known, or no more than `margin_s`
+    left once the preparation (`prepare_left_s` more) is done."""
+    return deadline_s is None or deadline_s - now_s - prepare_left_s <= margin_s
+
+
+def switch_now(ctl, deadline_s: float | None, notices: dict[str, dict], leaving: set[str], now_s: float) -> bool:
+    """Whether the controller must act on the noticed removal of `leaving` (node ids) at once: too little time
+    left before the notices' deadline or its watchers' flush timeout, for what a preparation takes."""
+    by = switch_deadline(deadline_s, [notices[i]["flush_by_s"] for i in leaving if "flush_by_s" in notices.get(i, {})])
+    prepared = [r["prepared_s"] for r in ctl.recovery.recoveries if r.get("groups_built_ahead")]
+    elapsed = time.perf_counter() - ctl.leaving.since if ctl.leaving is not None else 0.0
+    return act_at_once(by, now_s, prepare_left_s=preparation_left_s(prepared, elapsed))
 
 
 @dataclass
@@ -74,17 +104,33 @@ def switch_when_ready(ctl, prep, reason: str, reuse: dict | None = None) -> dict
         return None
     side = ctl.switch_side                    # the Ray side: orchestrate/switch_ahead.py
     if prep.standby is not None and prep.standby.error:     # prepared again from the next step boundary
-        print(f"autohet: the standby workers failed ({prep.standby.error}); preparing again", file=sys.stderr)
-        side.drop_preparations(ctl)
+        standby_failed(ctl, prep, reason)
         return None
     if ctl.groups_ahead and prep.standby is None:
         prep.standby = side.Standby(ctl, plan, {n: list(a) for n, a in (reuse or {}).items()})
         return None
     extra = {"plan_source": "planned ahead", "prepared_s": time.perf_counter() - prep.since}
     if prep.standby is None:
+        hand_over(prep)
         return ctl.replan(reason=reason, plan=plan, extra=reuse) | extra
-    standby, prep.standby = prep.standby, None
-    return side.switch_to_standby(ctl, standby, reason) | extra
+    return side.switch_to_standby(ctl, prep, reason) | extra
+
+
+def hand_over(prep) -> None:
+    """The preparation's workers become the job's (its standby group, a join's workers): dropping the
+    preparation later (a loss during the switch) must not kill them."""
+    prep.standby = None
+    if isinstance(prep, Joining):
+        prep.actors = {}
+
+
+def standby_failed(ctl, prep, reason: str) -> None:
+    """A standby group whose setup failed: printed with its cause, counted (the run summary's
+    `standby_failures`), and only its own preparation dropped (prepared again from the next check)."""
+    name = "joining" if isinstance(prep, Joining) else "leaving"
+    what = f"the standby workers for the switch ({reason}) failed; preparing it again"
+    ctl.recovery.standby_failures.append(report_failure(ctl.step_index, what, None, prep.standby.error))
+    ctl.switch_side.drop_preparations(ctl, (name,))
 
 
 def restart_planning(ctl, states: list, found) -> None:

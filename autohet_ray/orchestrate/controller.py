@@ -29,7 +29,7 @@ from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.notice_ahead import act_at_once, earliest_deadline, notice_ahead
+from autohet_ray.job.notice_ahead import earliest_deadline, notice_ahead, switch_now
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
@@ -139,16 +139,20 @@ class Controller(LiveJob):
                 "steps": [{k: m[k] for k in ("step", "loss", "lr", "wall_s")} for m in self.history],
                 "committed": self.committer.committed[-1:] if self.committer else [],
                 "storage_committed": self.committer.storage_committed[-1:] if self.committer else [],
+                "standby_failures": list(self.recovery.standby_failures),
                 **run_figures(self.history, self.job.paced, self.job.global_batch)}
 
     def _between_steps(self, on_event) -> list[dict]:
         """Spot notices / drains first (flush, then re-plan without those nodes), then nodes that joined."""
         events = []
         for check in (self.check_notices, self.check_joins):
-            report = check()
+            try:
+                report = check()
+            except GroupFailure as failure:         # a node lost during the switch: recovered as any loss
+                report = self._recover_switch(failure)
             if report is not None and report.get("plan"):
                 events.append(report)
-                on_event("replanned", report)
+                on_event("recovered" if report.get("during_switch") else "replanned", report)
         return events
 
     def step(self, fault_hook=None) -> dict:
@@ -235,7 +239,7 @@ class Controller(LiveJob):
         switch_ahead.drop_preparations(self)      # prepared for the state before the loss: stale
         while stop is None:
             self.state = transition(self.state, State.RECOVERING)
-            node_ids = self.found.node_ids
+            node_ids = {**{n: s["node_id"] for n, s in self.keeper_specs.items()}, **self.found.node_ids}
             stores = store_only_nodes(self.committer.keepers if self.committer else (), self.group.slots)
             decision = self.recovery.diagnose(
                 failure, node_ids=node_ids, keeps_checkpoints=self.committer is not None,
@@ -253,6 +257,16 @@ class Controller(LiveJob):
             except GroupFailure as again:
                 stop, failure = self.recovery.lost_again(again, report), again
         raise stop.error from failure
+
+    def _recover_switch(self, failure: GroupFailure) -> dict:
+        """A node lost during a switch (its flush, or the new group's restore): recovered like a loss in a step,
+        from the steps completed before it (the flushed step: none is lost); the stores of nodes that are leaving
+        are dropped, as the switch would have."""
+        report = self._recover(failure)
+        report["total_s"] = time.perf_counter() - report.pop("started_at")
+        for node in [n for n, spec in self.keeper_specs.items() if spec["node_id"] in self.recovery.draining]:
+            self.committer.drop_keeper(node, "spot notice or drain: the node is leaving")
+        return report | {"during_switch": True}
 
     def _salvage(self, decision: Salvage) -> tuple[dict, dict[str, list]]:
         """Drop the lost nodes' stores, start staging the next plan's copies, and keep the survivors' processes
@@ -322,9 +336,10 @@ class Controller(LiveJob):
         decision = self.recovery.on_notices(set(notices), set(drains), names)
         if decision is None:
             return None
-        deadline = earliest_deadline(notices, drains, {i for i, n in names.items() if n in decision.leaving})
+        leaving = {i for i, n in names.items() if n in decision.leaving}
+        deadline = earliest_deadline(notices, drains, leaving)
         report, start = None, time.perf_counter()
-        if decision.leaving and self.prepare_notices and not act_at_once(deadline, time.time()):
+        if decision.leaving and self.prepare_notices and not switch_now(self, deadline, notices, leaving, time.time()):
             report = notice_ahead(self, decision.leaving, deadline)
             if report is None:
                 return None                       # train on; switch at a later step boundary

@@ -115,9 +115,9 @@ class LiveJob:
 
     def resume_on_group(self, restore: str | None) -> dict:
         """On the group just set up: restore (as `restore` says) or load the job's start, configure snapshots,
-        plan ahead; the rest of the launch report."""
-        report: dict = {}
-        self.step_index, self.snapped = 0, set()
+        plan ahead; the rest of the launch report. step_index changes only once the restore succeeded (a loss
+        during it is recovered from the steps completed before)."""
+        report, self.snapped = {}, set()
         if restore:
             report |= self.recovery.wait_stage_in(self.committer, self.job.setup_timeout_s)
             report |= restore_newest(self.group, self.committer, self.keeper_specs, self.job.storage, restore,
@@ -125,9 +125,11 @@ class LiveJob:
             self.step_index = report["restored_step"]
             self.data.check(report.pop("recorded"), self.step_index)
             self.committer.note_restored(self.step_index)
-        elif self.job.init_from:              # step 0 of a job that starts from a Hugging Face checkpoint
-            outs = self.group.call("load_hf", self.job.init_from, timeout_s=self.job.setup_timeout_s)
-            report["init_from_bytes"] = sum(o["bytes_read"] for o in outs)
+        else:
+            self.step_index = 0
+            if self.job.init_from:              # step 0 of a job that starts from a Hugging Face checkpoint
+                outs = self.group.call("load_hf", self.job.init_from, timeout_s=self.job.setup_timeout_s)
+                report["init_from_bytes"] = sum(o["bytes_read"] for o in outs)
         if self.committer is not None:
             start = time.perf_counter()
             self.configure_snapshots()

@@ -12,7 +12,7 @@ import ray
 from autohet_ray.elastic.keeper import start_keeper, stop_keeper
 from autohet_ray.emulate.pacer import rank_pacers
 from autohet_ray.job.foresight import Joining, foreseen_states
-from autohet_ray.job.notice_ahead import restart_planning, switch_when_ready
+from autohet_ray.job.notice_ahead import hand_over, restart_planning, switch_when_ready
 from autohet_ray.job.plan_choice import choose_plan, state_key
 from autohet_ray.orchestrate.worker_group import WorkerGroup, kill_actors, worker_actor
 from autohet_ray.plan.schema import plan_summary
@@ -53,9 +53,10 @@ class Standby:
         self.group.kill()
 
 
-def switch_to_standby(ctl, standby: Standby, reason: str) -> dict:
-    """Flush (no step is lost), stop the old workers, restore the flushed step into the standby ones."""
-    start = time.perf_counter()
+def switch_to_standby(ctl, prep, reason: str) -> dict:
+    """Flush (no step is lost), stop the old workers, restore the flushed step into `prep`'s standby ones. A
+    node lost meanwhile raises GroupFailure (the controller recovers it from the flushed step)."""
+    start, standby = time.perf_counter(), prep.standby
     ctl.flush()
     completed, flushed = ctl.step_index, time.perf_counter()
     ctl.state = transition(ctl.state, State.REPLANNING)
@@ -66,11 +67,12 @@ def switch_to_standby(ctl, standby: Standby, reason: str) -> dict:
     ctl.found, ctl.plan, ctl.evaluation, ctl.group = standby.found, standby.plan, standby.evaluation, standby.group
     ctl.plan_source = "planned ahead"
     ctl.start_keepers()
+    hand_over(prep)
     report = {"reason": reason, "groups_built_ahead": True, "flush_s": flushed - start, "stop_s": stopped - flushed,
               "keepers_s": time.perf_counter() - stopped, "replan_s": 0.0, "restart_s": 0.0,
-              "standby_setup_s": standby.setup["setup_s"], "plan": plan_summary(ctl.plan),
-              "num_ranks": len(ctl.group.actors), "reused_actors": len(ctl.group.actors),
-              "predicted_iteration_s": ctl.evaluation.iteration_time_s}
+              "prepared_s": start - prep.since, "standby_setup_s": standby.setup["setup_s"],
+              "plan": plan_summary(ctl.plan), "num_ranks": len(ctl.group.actors),
+              "reused_actors": len(ctl.group.actors), "predicted_iteration_s": ctl.evaluation.iteration_time_s}
     report |= ctl.resume_on_group("local_first")
     ctl.state = transition(ctl.state, State.RUNNING)
     return ctl.recovery.replanned(report | {"switch_s": time.perf_counter() - start}, completed)
@@ -102,11 +104,11 @@ def join_ahead(ctl, joined: list[str]) -> dict | None:
     started = ctl.joining.started
     if started and len(ray.wait(started, num_returns=len(started), timeout=0)[0]) < len(started):
         return None                           # train on; switch at a later step boundary
-    joining = ctl.joining
-    report = switch_when_ready(ctl, joining, f"node(s) {joined} joined", reuse=joining.actors)
+    prepared = sum(len(a) for a in ctl.joining.actors.values())
+    report = switch_when_ready(ctl, ctl.joining, f"node(s) {joined} joined", reuse=ctl.joining.actors)
     if report is not None:
         ctl.joining = None
-        report["prepared_workers"] = sum(len(a) for a in joining.actors.values())
+        report["prepared_workers"] = prepared
     return report
 
 

@@ -47,3 +47,14 @@ class Drain:
 class Grow:
     """Nodes of the cluster file joined: re-plan onto them."""
     joined: list[str]
+
+
+def named_failure(group, lost_nodes: list[str], dead: list[int], failure: Exception) -> dict:
+    """What a failed call of `group` (a WorkerGroup: its slots, describe) lost: `lost_nodes` (those of the plan
+    and store-only ones) or, when none, the `dead` ranks. {"lost_nodes", "dead_ranks", "message"}."""
+    ranks = [r for r, s in enumerate(group.slots) if s["node"] in lost_nodes] or dead
+    stores_only = sorted(set(lost_nodes) - {s["node"] for s in group.slots})
+    named = "; ".join([group.describe(r) for r in ranks] +
+                      [f"node {node} (its node store only, no worker)" for node in stores_only])
+    what = f"lost node(s) {lost_nodes}" if lost_nodes else "dead worker(s)"
+    return {"lost_nodes": lost_nodes, "dead_ranks": ranks, "message": f"{what}: {named} (first error: {failure})"}

@@ -4,6 +4,27 @@ from __future__ import annotations
 
 import threading
 
+from autohet_ray import ConfigError
+from autohet_ray.cloud.notices import check_provider
+
+
+def board_name(job_id: str) -> str:
+    """The name of `job_id`'s notice board actor (two jobs on one cluster never share one)."""
+    if not isinstance(job_id, str) or not job_id:
+        raise ConfigError(f"spot watching: job_id must be a non-empty string (got {job_id!r})")
+    return f"autohet-spot-notices-{job_id}"
+
+
+def watcher_name(job_id: str, node_id: str) -> str:
+    return f"autohet-spot-watcher-{job_id}-{node_id}"
+
+
+def check_watcher_options(provider: str, interval_s: float, flush_timeout_s: float) -> None:
+    check_provider(provider)
+    if interval_s <= 0 or flush_timeout_s < 0:
+        raise ConfigError(f"SpotWatcher: interval_s must be > 0 (got {interval_s}) and flush_timeout_s "
+                          f">= 0 (got {flush_timeout_s})")
+
 
 class Notices:
     """One job's spot notices from its watchers, acknowledged by the controller once it flushed a checkpoint.

@@ -29,6 +29,7 @@ class Recovery:
         self.staging: list = []              # copies toward the next plan's nodes, started at a loss
         self.fault_at: float | None = None   # when a test or benchmark injected a failure (detection is timed from it)
         self.recoveries: list[dict] = []     # the report of every recovery and planned re-plan
+        self.standby_failures: list[str] = []   # prepared switches whose standby setup failed (and why)
         self.rounds: list[dict] = []         # the failed rounds of the recovery in progress
         self.started_at = self.round_at = 0.0
         self.completed = 0                   # the steps completed when the recovery in progress began

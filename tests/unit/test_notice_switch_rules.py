@@ -6,7 +6,9 @@ import math
 import pytest
 
 from autohet_ray import ConfigError
-from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S, Leaving, act_at_once, earliest_deadline
+from autohet_ray.job.notice_ahead import (NOTICE_MARGIN_S, Leaving, act_at_once, earliest_deadline,
+                                          preparation_left_s, switch_deadline, switch_now)
+from autohet_ray.recovery.policy import Recovery
 from autohet_ray.replay.notice_figures import bar_row, measured_switch, notice_figures
 from autohet_ray.replay.phases import PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState
@@ -27,6 +29,42 @@ def test_a_notice_is_prepared_only_with_more_than_the_margin_left():
     assert act_at_once(None, 0.0)                                       # no deadline known: act at once
     assert act_at_once(100.0 + NOTICE_MARGIN_S, 100.0)
     assert not act_at_once(100.0 + NOTICE_MARGIN_S + 0.1, 100.0)
+
+
+def test_the_switch_is_planned_against_the_watchers_flush_timeout_too():
+    # a 120 s notice posted at t=1000 by a watcher that waits 60 s: it drains its node at 1060
+    assert switch_deadline(1120.0, [1060.0]) == 1060.0
+    assert switch_deadline(1120.0, [1060.0, 1065.0]) == 1060.0      # the first watcher to give up counts
+    assert switch_deadline(1050.0, [1060.0]) == 1050.0              # a deadline sooner than the timeout
+    assert switch_deadline(1120.0, []) == 1120.0                    # a Ray drain: no watcher waits
+    assert switch_deadline(None, [1060.0]) is None                  # no deadline known: act at once
+    by = switch_deadline(1120.0, [1060.0])
+    assert not act_at_once(by, 1020.0, margin_s=30.0)               # 40 s left before the drain
+    assert act_at_once(by, 1031.0, margin_s=30.0)                   # under the notice's deadline alone: prepared
+
+
+def test_a_preparation_that_cannot_finish_in_time_is_acted_on_at_once():
+    assert preparation_left_s([], 5.0) == 0.0                               # nothing measured yet
+    assert preparation_left_s([12.0, 20.0], 5.0) == 15.0                    # the longest earlier one, less elapsed
+    assert preparation_left_s([12.0], 30.0) == 0.0
+    by = 1060.0                                                             # 60 s after t=1000
+    assert not act_at_once(by, 1000.0, margin_s=30.0, prepare_left_s=25.0)  # 60 - 25 = 35 s > margin
+    assert act_at_once(by, 1000.0, margin_s=30.0, prepare_left_s=35.0)      # would end with 25 s < margin left
+    assert act_at_once(by, 1000.0, margin_s=30.0, prepare_left_s=preparation_left_s([40.0], 5.0))
+
+
+def test_the_controller_acts_at_once_when_the_watcher_would_drain_first():
+    now = 1000.0
+    recovery = Recovery(max_recoveries=3, window_steps=10)
+    ctl = type("Ctl", (), {"recovery": recovery, "leaving": None})()
+    deadline = now + 120.0                                           # an AWS notice: 2 minutes
+    watched = {"n1": {"deadline_s": deadline, "flush_by_s": now + 60.0}}
+    assert not switch_now(ctl, deadline, watched, {"n1"}, now)            # 60 s left before the drain: prepare
+    assert not switch_now(ctl, deadline, {"n1": {"deadline_s": deadline}}, {"n1"}, now)   # posted by hand: no watcher
+    assert switch_now(ctl, deadline, {"n1": {"deadline_s": deadline, "flush_by_s": now + 25.0}}, {"n1"}, now)
+    recovery.recoveries.append({"groups_built_ahead": True, "prepared_s": 40.0})   # an earlier switch took 40 s
+    assert switch_now(ctl, deadline, watched, {"n1"}, now)                # 60 - 40 = 20 s left: under the margin
+    assert not switch_now(ctl, deadline + 600.0, {"n1": {"deadline_s": deadline + 600.0}}, {"n1"}, now)
 
 
 def test_a_preparation_is_stale_once_other_nodes_leave_or_the_state_changed():
