@@ -3,8 +3,9 @@
 A module declares its cluster with `cluster = shared_cluster(THREE_NODES, ...)` instead of its own module-scoped
 fixture. tests/ray/conftest.py runs the modules of one shape one after the other; each module gets a new driver
 (so the last module's actors die with its job), and a fresh cluster whenever the one left by the previous module
-is not as it started: a node removed, added, dead or paused, a detached actor left alive (such as a node keeper
-after a killed driver), or resources still held. The cluster is shut down once no later module needs it.
+is not as it started: a node removed, added or dead (a raylet paused past the health checks), a detached actor
+left alive (such as a node keeper after a killed driver), or resources still held. The cluster is shut down once
+no later module needs it.
 """
 from __future__ import annotations
 
