@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 
 THREE_NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                                 {"name": "b", "device": "H800", "count": 1},
@@ -37,17 +36,14 @@ def sharded_plan() -> dict:
     return plan
 
 
-@contextmanager
 def train_cluster_for(test_module: str):
-    """The 3-node emulated cluster for Ray Train tests; `test_module`'s functions are pickled by value (the
-    workers cannot import a test module)."""
+    """The fixture `train_cluster`: the shared 3-node emulated cluster with a logical CPU per GPU for Ray Train's
+    workers; `test_module`'s functions are pickled by value (the workers cannot import a test module)."""
     from ray import cloudpickle
 
-    from autohet_ray.cluster.spec import cluster_from_dict
-    from autohet_ray.emulate.cluster import emulated_cluster
+    from shared_clusters import shared_cluster
     cloudpickle.register_pickle_by_value(sys.modules[test_module])
-    with emulated_cluster(cluster_from_dict(THREE_NODES), head_cpus=1, cpus_per_gpu=1) as cluster:
-        yield cluster
+    return shared_cluster(THREE_NODES, cpus_per_gpu=1, name="train_cluster", module=test_module)
 
 
 # Ray declares a silent node dead after 3 missed 1 s health checks (its default takes much longer)

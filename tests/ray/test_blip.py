@@ -22,13 +22,15 @@ from autohet_ray.data.synthetic import synthetic_batch  # noqa: E402
 from autohet_ray.cluster.labels import NODE_NAME_LABEL  # noqa: E402
 from autohet_ray.orchestrate.worker_group import GroupFailure, WorkerGroup  # noqa: E402
 from autohet_ray.plan.schema import plan_from_dict  # noqa: E402
-from ray_helpers import asymmetric_plan, reference_losses  # noqa: E402
+from ray_helpers import THREE_NODES, asymmetric_plan, reference_losses  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 SPEC = load_model("tiny-gpt")
 # seconds per micro-batch forward and backward on every rank: a step of about 2-3 s
 PACE = {"forward": 0.45, "backward": 0.45}
 VICTIM, VICTIM_RANK = "b", 3          # pipeline 1's only stage (ranks: c, c, a, b); not the head node
+three_node_cluster = shared_cluster(THREE_NODES, name="three_node_cluster", changes_nodes=True)
 
 
 def live_node_ids() -> dict[str, str]:

@@ -18,13 +18,13 @@ import yaml
 ray = pytest.importorskip("ray")
 
 from autohet_ray.cli import main  # noqa: E402
-from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
 from ray_helpers import (FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan,  # noqa: E402
                          reference_losses)
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 SPEC = load_model("tiny-gpt")
@@ -33,11 +33,7 @@ FOUR_NODES = THREE_NODES | {"name": "four-node", "nodes": [*THREE_NODES["nodes"]
                                                           {"name": "d", "device": "H20", "count": 1}]}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(FOUR_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(FOUR_NODES, system_config=FAST_HEALTH_CHECKS, changes_nodes=True)
 
 
 def resume(storage: str, steps: int, capsys) -> dict:

@@ -20,20 +20,16 @@ import yaml
 ray = pytest.importorskip("ray")
 
 from autohet_ray.cli import main  # noqa: E402
-from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MANIFEST = re.compile(r"step-(\d{10})\.json$")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(THREE_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(THREE_NODES, system_config=FAST_HEALTH_CHECKS)
 
 
 def job_files(tmp_path) -> tuple[str, str]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -40,6 +42,17 @@ def labels(node: str) -> str:
     return f"--labels=ray.io/accelerator-type=H800,autohet.io/node={node},autohet.io/emulated=true"
 
 
+def wait_for_nodes(dashboard: str, names: set[str], procs, timeout_s: float) -> None:
+    """Wait until the cluster lists these nodes (by autohet node label) alive."""
+    from ray.util.state import list_nodes
+    deadline = time.time() + timeout_s
+    while not names <= {n.labels.get("autohet.io/node")
+                        for n in list_nodes(address=dashboard, filters=[("state", "=", "ALIVE")])}:
+        assert all(proc.poll() is None for proc in procs), "a `ray start` exited early"
+        assert time.time() < deadline, f"nodes {sorted(names)} not alive after {timeout_s} s"
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def two_node_ray_head(tmp_path):
     """`ray start --head` (node a, with the job server) and `ray start --address` (node b), as users run them."""
@@ -51,9 +64,14 @@ def two_node_ray_head(tmp_path):
     procs = [ray_start(env, log, "--head", f"--port={gcs}", labels("a"), "--include-dashboard=true",
                        "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
                        f"--dashboard-agent-listen-port={agent}")]
+    # Node b gets a temp dir of its own: nodes sharing one unpack the job's working dir at the same path, and
+    # node b's agent replaces it (rmtree, unzip) when node b first needs it, under a worker starting on node a.
+    # A short path: Ray's socket paths under it must stay within the Unix limit.
+    temp_b = tempfile.mkdtemp(prefix="ray-b-")
     try:
         _wait_http(f"http://127.0.0.1:{dash}/api/version", procs[0], 120)
-        procs.append(ray_start(env, log, f"--address=127.0.0.1:{gcs}", labels("b")))
+        procs.append(ray_start(env, log, f"--address=127.0.0.1:{gcs}", labels("b"), f"--temp-dir={temp_b}"))
+        wait_for_nodes(f"http://127.0.0.1:{dash}", {"a", "b"}, procs, 120)    # the job's plan needs both
         yield f"http://127.0.0.1:{dash}", f"127.0.0.1:{gcs}", env
     finally:
         for proc in reversed(procs):             # each `ray start --block` stops its own processes on SIGTERM
@@ -63,6 +81,7 @@ def two_node_ray_head(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        shutil.rmtree(temp_b, ignore_errors=True)
 
 
 def test_ray_job_stop(two_node_ray_head, tmp_path):

@@ -12,12 +12,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 from spot_replay_join_cost import NODES, measure_join  # noqa: E402
@@ -27,11 +27,7 @@ pytestmark = pytest.mark.timeout(600)
 assert NODES == THREE_NODES
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(THREE_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(THREE_NODES, system_config=FAST_HEALTH_CHECKS, changes_nodes=True)
 
 
 def test_each_rank_snapshots_the_bytes_the_replay_prices(cluster, tmp_path):

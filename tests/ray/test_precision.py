@@ -10,7 +10,6 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from autohet_ray.cli import main  # noqa: E402
-from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.plan.schema import plan_summary  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
@@ -18,6 +17,7 @@ from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.runtime.lr_schedule import OptimizerConfig  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 SPEC = load_model("tiny-gpt")
@@ -25,11 +25,7 @@ STEPS, STOP = 6, 4
 OPTIMIZER = OptimizerConfig(lr=1e-2, min_lr=1e-3, warmup_steps=2, decay="cosine", decay_steps=STEPS, weight_decay=0.1)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(THREE_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(THREE_NODES, system_config=FAST_HEALTH_CHECKS)
 
 
 def bf16_job(storage: str) -> TrainJob:

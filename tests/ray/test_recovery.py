@@ -17,6 +17,7 @@ from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, asymmetric_plan, reference_losses, wait_until_alive  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 SPEC = load_model("tiny-gpt")
@@ -25,11 +26,7 @@ NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count"
                                           {"name": "c", "device": "H20", "count": 2}]}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(NODES, system_config=FAST_HEALTH_CHECKS, changes_nodes=True)
 
 
 def elastic_job(storage: str, **kw) -> TrainJob:

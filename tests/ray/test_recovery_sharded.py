@@ -10,19 +10,15 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, reference_losses, sharded_plan  # noqa: E402
 from test_recovery import NODES, elastic_job, node_handle  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(420)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(NODES, system_config=FAST_HEALTH_CHECKS, changes_nodes=True)
 
 
 

@@ -8,23 +8,19 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from autohet_ray.checkpoint import find_manifest  # noqa: E402
-from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.elastic.keeper import get_keeper  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, reference_losses, stage  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 SPEC = load_model("tiny-gpt")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(THREE_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(THREE_NODES, system_config=FAST_HEALTH_CHECKS, changes_nodes=True)
 
 
 def plan_without_b() -> dict:

@@ -26,10 +26,7 @@ def _batch(step: int) -> dict:
 
 
 
-@pytest.fixture(scope="module")
-def train_cluster():
-    with train_cluster_for(__name__) as cluster:
-        yield cluster
+train_cluster = train_cluster_for(__name__)
 
 
 def _fit(loop, config: dict, storage, *, max_failures: int = 0):

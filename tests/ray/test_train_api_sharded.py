@@ -24,10 +24,7 @@ STEPS = 3
 
 
 
-@pytest.fixture(scope="module")
-def train_cluster():
-    with train_cluster_for(__name__) as cluster:
-        yield cluster
+train_cluster = train_cluster_for(__name__)
 
 
 def _loop(config: dict) -> None:

@@ -29,6 +29,7 @@ from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,11 +38,7 @@ MODEL = {"name": "data-gpt", "family": "gpt", "num_layers": 4, "hidden": 32, "nu
 STEPS = 5
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(THREE_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(THREE_NODES, system_config=FAST_HEALTH_CHECKS, changes_nodes=True)
 
 
 @pytest.fixture(scope="module")
