@@ -18,6 +18,7 @@ from autohet_ray.orchestrate import switch_ahead  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan, reference_losses  # noqa: E402
+from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -25,11 +26,7 @@ STEPS = 14
 NOTICE_AT = 2           # the step after which node b gets its notice
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from autohet_ray.emulate.cluster import emulated_cluster
-    with emulated_cluster(cluster_from_dict(THREE_NODES), system_config=FAST_HEALTH_CHECKS) as test_cluster:
-        yield test_cluster
+cluster = shared_cluster(THREE_NODES, system_config=FAST_HEALTH_CHECKS, changes_nodes=True)
 
 
 def switch_job(storage: str) -> TrainJob:
