@@ -75,3 +75,17 @@ def wait_until_alive(node_ids, timeout_s: float = 60.0) -> None:
     while not all(any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()) for node_id in node_ids):
         assert time.monotonic() < deadline, f"nodes {node_ids} not alive after {timeout_s} s"
         time.sleep(0.2)
+
+
+def actors_alive(actors) -> list[bool]:
+    """Per actor, whether it still answers (each must have a `where` method)."""
+    import ray
+    from ray.exceptions import RayActorError
+    out = []
+    for actor in actors:
+        try:
+            ray.get(actor.where.remote(), timeout=30)
+            out.append(True)
+        except RayActorError:
+            out.append(False)
+    return out

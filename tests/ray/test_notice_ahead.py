@@ -17,7 +17,7 @@ from autohet_ray.job.notice_ahead import NOTICE_MARGIN_S  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan, reference_losses  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, actors_alive, asymmetric_plan, reference_losses  # noqa: E402
 from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -39,18 +39,6 @@ def post_notice(ctl: Controller, name: str, in_s: float = 120.0):
     notice = {"action": "terminate", "provider": "aws", "deadline_s": time.time() + in_s}
     ray.get(board.post.remote(ctl.found.node_ids[name], notice), timeout=30)
     return board
-
-
-def alive(actors) -> list[bool]:
-    from ray.exceptions import RayActorError
-    out = []
-    for actor in actors:
-        try:
-            ray.get(actor.where.remote(), timeout=30)
-            out.append(True)
-        except RayActorError:
-            out.append(False)
-    return out
 
 
 def test_a_noticed_node_is_switched_off_with_groups_built_ahead(cluster, tmp_path):
@@ -109,7 +97,7 @@ def test_a_noticed_node_lost_before_the_switch_drops_the_preparation(cluster, tm
     finally:
         ctl.close()
     assert rec["lost_nodes"] == ["b"] and ctl.leaving is None
-    assert not any(alive(standby))                       # the preparation's workers were killed
+    assert not any(actors_alive(standby))                       # the preparation's workers were killed
     assert after == {"nodes": [], "flush_s": after["flush_s"]}
     assert rec["bytes_by_tier"].get("storage", 0) == 0 and rec["lost_steps"] <= 1
     ref = reference_losses(rec["restored_step"] + 3)
@@ -150,7 +138,7 @@ def test_a_loss_while_a_join_is_prepared_drops_it_and_recovers_onto_the_joined_n
         ctl.close()
     assert rec["lost_nodes"] == ["c"] and ctl.joining is None and after is None
     assert any(stage.startswith("b:") for p in rec["plan"] for stage in p), rec["plan"]   # the joined node is used
-    assert not any(alive(standby + prepared))            # the preparation's workers were killed
+    assert not any(actors_alive(standby + prepared))            # the preparation's workers were killed
     assert rec["bytes_by_tier"].get("storage", 0) == 0 and rec["lost_steps"] <= 1
     ref = reference_losses(rec["restored_step"] + 3)
     assert losses == pytest.approx(ref[:len(losses)], rel=1e-6)

@@ -17,7 +17,7 @@ from autohet_ray.model.spec import load_model  # noqa: E402
 from autohet_ray.orchestrate import switch_ahead  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.storage.spec import storage_spec  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan, reference_losses  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, actors_alive, asymmetric_plan, reference_losses  # noqa: E402
 from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
@@ -124,18 +124,6 @@ def test_a_node_lost_while_the_standby_restores_is_recovered_from_the_flushed_st
     assert summary["secured"]["step"] == STEPS and summary["secured"]["in_storage"]
 
 
-def alive(actors) -> list[bool]:
-    from ray.exceptions import RayActorError
-    out = []
-    for actor in actors:
-        try:
-            ray.get(actor.where.remote(), timeout=30)
-            out.append(True)
-        except RayActorError:
-            out.append(False)
-    return out
-
-
 class LosingNodeInFlush(Controller):
     """A controller whose node `victim` is removed (not gracefully) as a prepared switch starts its flush, and
     Ray declares it dead before the flush runs: the old workers there are gone before their newest step is
@@ -162,7 +150,7 @@ class LosingNodeInFlush(Controller):
 
     def _recover_switch(self, failure):
         report = super()._recover_switch(failure)
-        self.standby_alive = alive(self.standby.group.actors)
+        self.standby_alive = actors_alive(self.standby.group.actors)
         return report
 
 
