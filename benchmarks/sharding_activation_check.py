@@ -3,38 +3,91 @@ own modules keep: autograd's saved tensors of one Block (and of the Head with an
 storage in bf16 on CPU, as the difference between batch 4 and batch 2 at 256 tokens (weights and rope tables do not
 grow with the batch). Widths cut 16x so it runs in seconds; the per-token counts scale with the width.
 CPU runs torch's CPU flash-attention kernel (it saves q, k, v, the output and the log-sum-exp, as the CUDA flash
-kernel does); other CUDA-only paths are not checked. Prints one line per model.
+kernel does); other CUDA-only paths are not checked. Prints one line per model, then one JSON line.
 
     python benchmarks/sharding_activation_check.py
 """
 from __future__ import annotations
 
-import torch
+import json
 from dataclasses import replace
+
+import torch
+
 from autohet_ray.model import PRESETS
 from autohet_ray.model.costs import activation_bytes_per_token
 from autohet_ray.nn.layers import Block
 from autohet_ray.nn.model import Head
-def saved(fn, x):
+
+MODELS = ("llama-7b", "gpt3-2.7b", "llama2-70b")
+SEQ = 256
+WIDTH_CUT = 16
+
+
+def saved_bytes(fn, x: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves while running fn(x), not counting x's own."""
     seen = {}
-    def pack(t):
-        st = t.untyped_storage(); seen[st.data_ptr()] = st.nbytes(); return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         fn(x)
     seen.pop(x.untyped_storage().data_ptr(), None)
     return sum(seen.values())
-for name in ("llama-7b", "gpt3-2.7b", "llama2-70b"):
-    base = PRESETS[name]; gqa = base.num_kv_heads != base.num_heads
-    spec = replace(base, hidden=base.hidden // 16, ffn_hidden=base.ffn_hidden // 16, num_heads=8 if gqa else 2,
-                   num_kv_heads=1 if gqa else 2, vocab_size=base.vocab_size // 16, num_layers=1)
-    torch.manual_seed(0); s = 256
-    blk, head = Block(spec).to(torch.bfloat16), Head(spec).to(torch.bfloat16)
-    def loss(h):
-        logits = head(h); return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), torch.zeros(h.shape[0] * s, dtype=torch.long))
-    per = {}
-    for kind, fn in (("layer", blk), ("head", loss)):
-        a = [saved(fn, torch.randn(b, s, spec.hidden, dtype=torch.bfloat16, requires_grad=True)) for b in (2, 4)]
-        per[kind] = (a[1] - a[0]) / (2 * s)
-    m = {k: activation_bytes_per_token(spec, k, 1, 2) for k in per}
-    print(f"{name} at 1/16 width (h={spec.hidden}, f={spec.ffn_hidden}, heads {spec.num_heads}/{spec.num_kv_heads}): "
-          + "; ".join(f"{k} {per[k]:.0f} B/token measured vs {m[k]:.0f} modeled ({per[k]/m[k]:.3f}x)" for k in per))
+
+
+def narrow_spec(name: str):
+    """The preset cut WIDTH_CUT times in width, one layer, keeping whether it uses grouped-query attention."""
+    base = PRESETS[name]
+    grouped = base.num_kv_heads != base.num_heads
+    return replace(base, hidden=base.hidden // WIDTH_CUT, ffn_hidden=base.ffn_hidden // WIDTH_CUT,
+                   num_heads=8 if grouped else 2, num_kv_heads=1 if grouped else 2,
+                   vocab_size=base.vocab_size // WIDTH_CUT, num_layers=1)
+
+
+def per_token(fn, hidden: int) -> float:
+    """Saved bytes per token: batch 4 minus batch 2 (weights and rope tables do not grow with the batch)."""
+    sizes = [saved_bytes(fn, torch.randn(batch, SEQ, hidden, dtype=torch.bfloat16, requires_grad=True))
+             for batch in (2, 4)]
+    return (sizes[1] - sizes[0]) / (2 * SEQ)
+
+
+def check(name: str) -> dict:
+    """Measured and modeled saved bytes per token of one block and of the head with its fp32 loss."""
+    spec = narrow_spec(name)
+    torch.manual_seed(0)
+    block, head = Block(spec).to(torch.bfloat16), Head(spec).to(torch.bfloat16)
+
+    def head_loss(hidden_states):
+        logits = head(hidden_states)
+        targets = torch.zeros(hidden_states.shape[0] * SEQ, dtype=torch.long)
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets)
+
+    row = {"model": name, "width_cut": WIDTH_CUT, "hidden": spec.hidden, "ffn_hidden": spec.ffn_hidden,
+           "heads": spec.num_heads, "kv_heads": spec.num_kv_heads}
+    for kind, fn in (("layer", block), ("head", head_loss)):
+        measured = per_token(fn, spec.hidden)
+        modeled = activation_bytes_per_token(spec, kind, 1, 2)
+        row[kind] = {"measured_bytes_per_token": measured, "modeled_bytes_per_token": modeled,
+                     "ratio": round(measured / modeled, 3)}
+    return row
+
+
+def describe(row: dict) -> str:
+    parts = []
+    for kind in ("layer", "head"):
+        part = row[kind]
+        parts.append(f"{kind} {part['measured_bytes_per_token']:.0f} B/token measured vs "
+                     f"{part['modeled_bytes_per_token']:.0f} modeled ({part['ratio']:.3f}x)")
+    return (f"{row['model']} at 1/{row['width_cut']} width (h={row['hidden']}, f={row['ffn_hidden']}, "
+            f"heads {row['heads']}/{row['kv_heads']}): " + "; ".join(parts))
+
+
+if __name__ == "__main__":
+    rows = [check(model_name) for model_name in MODELS]
+    for row in rows:
+        print(describe(row))
+    print(json.dumps({"bench": "sharding_activation_check", "torch": torch.__version__, "seq_len": SEQ, "rows": rows}))
