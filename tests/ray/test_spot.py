@@ -192,8 +192,11 @@ def test_aws_watcher_waits_for_flush_then_drains_node_as_preemption(cluster):
         try:
             wait_for(lambda: len(imds.requests) >= 4, "the watcher never polled")
             assert ray.get(board.pending.remote()) == {}
+            noticed_at = time.time()
             imds.notice = notice_in(120)
-            wait_for(lambda: ray.get(board.pending.remote()), "the watcher never posted the notice")
+            pending = wait_for(lambda: ray.get(board.pending.remote()), "the watcher never posted the notice")
+            # the notice says when the watcher stops waiting for the flush and drains (the job's switch deadline)
+            assert noticed_at + 30 <= pending[node_id]["flush_by_s"] <= time.time() + 30
             time.sleep(0.5)                                                    # the watcher waits for the flush
             assert events(watcher) == ["notice"]
             ray.get(board.ack.remote(node_id))                                 # the controller flushed
