@@ -1,6 +1,7 @@
 """Where an elastic job's chunks go and who holds them: the snapshot routes of each rank (its node's store,
 peer node stores, the durable storage), which holder uploads a node-store step to the storage, and which
-chunks need a second node-store copy after a node loss. Pure bookkeeping; the Ray calls are in elastic/."""
+chunks need a second node-store copy after a node loss or before a node leaves. Pure bookkeeping; the Ray
+calls are in elastic/."""
 from __future__ import annotations
 
 from autohet_ray.checkpoint.peers import place_copies
@@ -83,6 +84,26 @@ def second_copies(records, node_of: dict[str, str], also_held: dict[str, set[str
         if len(holders) == 1:
             others = [n for n in live if n != holders[0]]
             copies.setdefault((holders[0], others[i % len(others)]), []).append(record.key)
+    return copies
+
+
+def hand_over_copies(records, staying: dict[str, str], leaving: dict[str, str]) -> dict[tuple, list[str]]:
+    """(source node, target node) -> keys: before the stores of nodes that leave on purpose (a spot notice, a
+    drain) are dropped, each chunk that fewer than two `staying` stores hold is copied to staying stores until
+    two hold it (one, with a single stayer), from a leaving holder when there is one (it trains no more), else
+    from a staying one. `staying`, `leaving`: store name -> node."""
+    stayers = sorted(set(staying.values()))
+    copies: dict[tuple[str, str], list[str]] = {}
+    for i, record in enumerate(records):
+        held = sorted({staying[r] for r in record.replicas if r in staying})
+        sources = sorted({leaving[r] for r in record.replicas if r in leaving}) or held
+        free = [n for n in stayers if n not in held]
+        need = min(2, len(stayers)) - len(held)
+        if need <= 0 or not sources:
+            continue
+        start = i % len(free)
+        for k, target in enumerate((free[start:] + free[:start])[:need]):
+            copies.setdefault((sources[k % len(sources)], target), []).append(record.key)
     return copies
 
 

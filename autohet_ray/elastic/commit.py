@@ -17,7 +17,7 @@ from autohet_ray.job.config import TrainJob
 from autohet_ray.checkpoint import collect_garbage, commit_step, find_manifest, scan_manifests
 from autohet_ray.checkpoint.copy_check import report_refused
 from autohet_ray.checkpoint.errors import CheckpointError, TierUnavailableError
-from autohet_ray.checkpoint.holdings import second_copies, spread_uploads
+from autohet_ray.checkpoint.holdings import hand_over_copies, second_copies, spread_uploads
 from autohet_ray.elastic.keeper import get_keeper, keeper_name, stop_dropped_keeper
 from autohet_ray.elastic.liveness import settled_ok
 from autohet_ray.elastic.tiers import build_tier
@@ -57,6 +57,32 @@ class Committer:
         spec = self.keeper_specs.pop(node, None)
         if spec is not None:
             self.dropped.drop(spec, newest if newest is not None else -1)
+
+    def hand_over(self, leaving: list[str], reason: str, timeout_s: float) -> int:
+        """Drop the stores of `leaving` nodes (alive: a notice or a drain) once each chunk of the newest committed
+        step they hold has two copies among the staying stores (copied from them, waited for up to `timeout_s`;
+        a copy not made by then is printed): a loss among the stayers right after cannot take the step's last
+        copy. Returns the bytes copied."""
+        newest = self.committed[-1] if self.committed else None
+        manifest = self.newest_manifest() if leaving and newest not in (None, *self.storage_committed) else None
+        names = {self.keeper_specs[node]["name"]: node for node in self.keepers}
+        staying = {name: node for name, node in names.items() if node not in leaving}
+        copies = hand_over_copies(manifest.records, staying, {n: v for n, v in names.items() if v in leaving}) \
+            if manifest is not None and staying else {}
+        refs = self.send_copies(copies, manifest)
+        ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        if late:
+            self.skip(newest, f"{len(late)} of the copies from the leaving stores of {leaving}", None,
+                      f"not made within {timeout_s:.0f} s; they go on while the job trains")
+            self.copies += late
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                self.skip(newest, f"a copy from the leaving stores of {leaving}", None, _cause(err))
+        for node in leaving:
+            self.drop_keeper(node, reason)
+        return self.copied_bytes(ready)
 
     def skip(self, step: int | None, what: str, tier: str | None, reason) -> None:
         """Record and print a failure the job continues past (a missed commit, upload or collection)."""

@@ -15,6 +15,7 @@ from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
+from autohet_ray.storage.dataset_cache import DEFAULT_CACHE_GB
 
 PROFILE_MODES = ("analytic", "measured")
 DTYPE_NAMES = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16", "fp32": "float32",
@@ -127,7 +128,7 @@ class TrainJob:
     """The longest any control call between the driver and its actors may wait (the notice board's post,
     pending and ack, a keeper's replication, the checkpoint collector at close): past it the call fails loudly
     instead of hanging the job."""
-    dataset_cache_gb: float = 50.0
+    dataset_cache_gb: float = DEFAULT_CACHE_GB
     """The node-store root's cache of s3:// datasets keeps at most this many GB: least recently used datasets
     that no running job holds are evicted first."""
     loss_grace_s: float = 3.0

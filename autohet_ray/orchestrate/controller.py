@@ -29,12 +29,11 @@ from autohet_ray.elastic.liveness import detect_failure
 from autohet_ray.elastic.recovery import healthy
 from autohet_ray.elastic.spot import draining_nodes, stop_watching, watch_nodes
 from autohet_ray.job.config import TrainJob
-from autohet_ray.job.notice_ahead import earliest_deadline, notice_ahead, switch_now
+from autohet_ray.job.notice_ahead import earliest_deadline, hand_over_wait_s, notice_ahead, switch_now
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
 from autohet_ray.metrics.tensorboard import TensorBoardLog
-from autohet_ray.orchestrate.data_prepare import held_dataset
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
 from autohet_ray.orchestrate import switch_ahead
@@ -43,6 +42,7 @@ from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, St
 from autohet_ray.recovery.policy import store_only_nodes
 from autohet_ray.recovery.states import State, transition
 from autohet_ray.storage import job_files
+from autohet_ray.storage.dataset_cache import held_dataset
 from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
@@ -264,8 +264,9 @@ class Controller(LiveJob):
         are dropped, as the switch would have."""
         report = self._recover(failure)
         report["total_s"] = time.perf_counter() - report.pop("started_at")
-        for node in [n for n, spec in self.keeper_specs.items() if spec["node_id"] in self.recovery.draining]:
-            self.committer.drop_keeper(node, "spot notice or drain: the node is leaving")
+        leaving = [n for n, spec in self.keeper_specs.items() if spec["node_id"] in self.recovery.draining]
+        report["handed_over_bytes"] = self.committer.hand_over(leaving, "spot notice or drain: the node is leaving",
+                                                               self.job.control_timeout_s)
         return report | {"during_switch": True}
 
     def _salvage(self, decision: Salvage) -> tuple[dict, dict[str, list]]:
@@ -346,14 +347,15 @@ class Controller(LiveJob):
         switch_ahead.drop_preparations(self, ("leaving",))
         self.flush()
         flush_s = report["flush_s"] if report else time.perf_counter() - start
+        handed_over = self.committer.hand_over(decision.leaving, "spot notice or drain: the node is leaving",
+                                               hand_over_wait_s(deadline, notices, leaving, time.time(), wait_s))
         for node_id in decision.ack:
             ray.get(board.ack.remote(node_id), timeout=wait_s)
         if not decision.leaving:
             return {"nodes": [], "flush_s": flush_s}
         report = report or self.replan(reason=f"spot notice: node(s) {decision.leaving} will be preempted")
-        for node in decision.leaving:
-            self.committer.drop_keeper(node, "spot notice or drain: the node is leaving")
-        return report | {"nodes": decision.leaving, "flush_s": flush_s, "notice_deadline_s": deadline}
+        return report | {"nodes": decision.leaving, "flush_s": flush_s, "notice_deadline_s": deadline,
+                         "handed_over_bytes": handed_over}
 
     def check_joins(self, plan: dict | None = None) -> dict | None:
         """Re-plan onto nodes of the cluster file that joined since the last plan (replacement spot nodes the

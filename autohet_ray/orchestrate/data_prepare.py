@@ -8,7 +8,6 @@ system; S3 inputs are read by the tasks), writes the shards in order as they arr
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sys
 import time
@@ -16,15 +15,12 @@ import time
 import ray
 
 from autohet_ray import ConfigError
-from autohet_ray.checkpoint.node_store import default_store_root
 from autohet_ray.data.index import check_val_fraction
 from autohet_ray.data.parts import group_into_parts, tokenize_files
 from autohet_ray.data.tokenize import (read_tokenizer_json, special_ids, tokenizer_from_json, train_byte_level_bpe,
                                        vocab_size_of)
 from autohet_ray.data.writer import DatasetWriter
-from autohet_ray.job.config import TrainJob
-from autohet_ray.storage.dataset_cache import DatasetHold, evict_to_cap
-from autohet_ray.storage.datasets import all_documents, dataset_output, download_dataset, list_inputs, read_source
+from autohet_ray.storage.datasets import all_documents, dataset_output, list_inputs, read_source
 
 DEFAULT_SHARD_BYTES = 16 << 20
 PROGRESS_EVERY_S = 2.0
@@ -38,34 +34,6 @@ def tokenize_part(files: list[tuple[str, bytes | None]], tokenizer_json: str, *,
     os.environ["RAYON_NUM_THREADS"] = "1"
     files = [(name, data if data is not None else read_source(name, endpoint_url)) for name, data in files]
     return tokenize_files(files, tokenizer_json, eos_id=eos_id, dtype=dtype, text_field=text_field)
-
-
-def local_dataset(data: str | None, endpoint_url: str | None = None) -> str | None:
-    """A local directory of the dataset `data`: the path itself, or the node store's cache of an s3:// dataset
-    (beside the node stores, shared by the jobs and resumes on this node; shards whose hash matches are not
-    fetched again)."""
-    return held_dataset(data, endpoint_url)[0]
-
-
-def held_dataset(data: str | None, endpoint_url: str | None = None,
-                 cache_gb: float = TrainJob.dataset_cache_gb) -> tuple[str | None, DatasetHold | None]:
-    """`local_dataset`, and for an s3:// dataset the caller's hold on its cached copy (release it when the job
-    ends): the cache is first trimmed to `cache_gb`, least recently used datasets that no job holds first."""
-    if data is None or not data.startswith("s3://"):
-        return data, None
-    directory = dataset_cache_dir(data, default_store_root())
-    os.makedirs(os.path.dirname(directory), exist_ok=True)
-    hold = DatasetHold(directory)              # held before the trim: no other job removes it meanwhile
-    try:
-        evict_to_cap(os.path.dirname(directory), int(cache_gb * 1e9), keep=directory)
-        return download_dataset(data, directory, endpoint_url=endpoint_url), hold
-    except BaseException:
-        hold.release()
-        raise
-
-
-def dataset_cache_dir(url: str, store_root: str) -> str:
-    return os.path.join(store_root, "datasets", hashlib.sha256(url.encode()).hexdigest()[:16])
 
 
 @contextlib.contextmanager

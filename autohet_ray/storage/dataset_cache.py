@@ -1,4 +1,5 @@
-"""The node's cache of s3:// datasets (`<node-store root>/datasets/<hash of the URL>`), capped in size.
+"""The node's cache of s3:// datasets (`<node-store root>/datasets/<hash of the URL>`), capped in size, and
+the local directory a job trains from (`held_dataset`).
 
 A job that trains on a cached dataset holds it: a shared `flock` on `<dataset dir>.lock` for as long as the job
 runs (the kernel drops it when the process ends, however it ends). Before a download the cache is trimmed to
@@ -7,11 +8,16 @@ dataset whose lock can be taken exclusively at once (no running job holds it) is
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import sys
 
+from autohet_ray.checkpoint.node_store import default_store_root
+from autohet_ray.storage.datasets import download_dataset
+
 LOCK_SUFFIX = ".lock"
+DEFAULT_CACHE_GB = 50.0           # a job's `dataset_cache_gb` unless it sets one
 
 
 class DatasetHold:
@@ -82,3 +88,31 @@ def _remove_if_unheld(path: str) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def local_dataset(data: str | None, endpoint_url: str | None = None) -> str | None:
+    """A local directory of the dataset `data`: the path itself, or the node store's cache of an s3:// dataset
+    (beside the node stores, shared by the jobs and resumes on this node; shards whose hash matches are not
+    fetched again)."""
+    return held_dataset(data, endpoint_url)[0]
+
+
+def held_dataset(data: str | None, endpoint_url: str | None = None,
+                 cache_gb: float = DEFAULT_CACHE_GB) -> tuple[str | None, DatasetHold | None]:
+    """`local_dataset`, and for an s3:// dataset the caller's hold on its cached copy (release it when the job
+    ends): the cache is first trimmed to `cache_gb`, least recently used datasets that no job holds first."""
+    if data is None or not data.startswith("s3://"):
+        return data, None
+    directory = dataset_cache_dir(data, default_store_root())
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    hold = DatasetHold(directory)              # held before the trim: no other job removes it meanwhile
+    try:
+        evict_to_cap(os.path.dirname(directory), int(cache_gb * 1e9), keep=directory)
+        return download_dataset(data, directory, endpoint_url=endpoint_url), hold
+    except BaseException:
+        hold.release()
+        raise
+
+
+def dataset_cache_dir(url: str, store_root: str) -> str:
+    return os.path.join(store_root, "datasets", hashlib.sha256(url.encode()).hexdigest()[:16])

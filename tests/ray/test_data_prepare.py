@@ -20,7 +20,7 @@ from autohet_ray.data.tokenize import special_ids, tokenizer_from_json
 from autohet_ray.checkpoint.node_store import STORE_ENV
 from autohet_ray.model import PRESETS
 from autohet_ray.data.training import TrainingData
-from autohet_ray.orchestrate.data_prepare import dataset_cache_dir, local_dataset
+from autohet_ray.storage.dataset_cache import dataset_cache_dir, local_dataset
 from autohet_ray.storage.datasets import download_dataset
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))

@@ -89,25 +89,49 @@ def test_a_standby_whose_setup_fails_is_counted_and_prepared_again(cluster, tmp_
     assert len(losses) == STEPS and losses == pytest.approx(reference_losses(STEPS), rel=1e-6)
 
 
+def remove_node(ctl: Controller, cluster, victim: str) -> None:
+    """Remove node `victim` (not gracefully) and wait until Ray declares it dead."""
+    node_id = ctl.found.node_ids[victim]
+    ctl.mark_fault()
+    cluster.remove_node(next(n for n in cluster.list_all_nodes() if n.node_id == node_id), allow_graceful=False)
+    deadline = time.monotonic() + 60
+    while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, "Ray never declared the removed node dead"
+        time.sleep(0.2)
+
+
+def ensure_node_c(cluster) -> None:
+    """Add node c back when a test before removed it."""
+    from autohet_ray.emulate.cluster import node_args
+    from ray_helpers import wait_until_alive
+    from autohet_ray.orchestrate.discovery import live_nodes
+    if "c" not in {n.name for n in live_nodes()}:
+        wait_until_alive([cluster.add_node(**node_args(cluster_from_dict(THREE_NODES).node("c"))).node_id])
+
+
 class LosingNodeInSwitch(Controller):
     """A controller whose node `victim` is removed (not gracefully) as the standby group of a prepared switch
-    starts restoring the flushed step."""
+    starts restoring the flushed step (`after_restore`: once that restore is done, before the leaving node's
+    store is dropped)."""
 
-    def __init__(self, job, cluster, victim: str):
+    def __init__(self, job, cluster, victim: str, *, after_restore: bool = False):
         super().__init__(job)
-        self.cluster, self.victim, self.completed_at_loss = cluster, victim, None
+        self.cluster, self.victim, self.after_restore, self.completed_at_loss = cluster, victim, after_restore, None
 
     def resume_on_group(self, restore):
-        if self.completed_at_loss is None and self.plan_source == "planned ahead" and self.leaving is not None:
+        switching = self.completed_at_loss is None and self.plan_source == "planned ahead" and self.leaving is not None
+        if switching:
             self.completed_at_loss = self.step_index
-            node_id = self.found.node_ids[self.victim]
-            self.mark_fault()
-            self.cluster.remove_node(next(n for n in self.cluster.list_all_nodes() if n.node_id == node_id),
-                                     allow_graceful=False)
-        return super().resume_on_group(restore)
+        if switching and not self.after_restore:
+            remove_node(self, self.cluster, self.victim)
+        report = super().resume_on_group(restore)
+        if switching and self.after_restore:
+            remove_node(self, self.cluster, self.victim)
+        return report
 
 
 def test_a_node_lost_while_the_standby_restores_is_recovered_from_the_flushed_step(cluster, tmp_path):
+    ensure_node_c(cluster)
     ctl = LosingNodeInSwitch(switch_job(str(tmp_path / "cloud")), cluster, "c")   # a: the head, b: noticed
     summary = noticed_run(ctl)
     assert summary["failure"] is None and ctl.completed_at_loss is not None
@@ -124,6 +148,24 @@ def test_a_node_lost_while_the_standby_restores_is_recovered_from_the_flushed_st
     assert summary["secured"]["step"] == STEPS and summary["secured"]["in_storage"]
 
 
+def test_a_node_lost_right_after_a_switch_loses_no_step_the_leaving_node_held(cluster, tmp_path):
+    """Node c dies once the standby group restored (b's notice), before any step commits under the new plan:
+    the chunks of the flushed step that b and c held are on no staying store unless b handed them over
+    before its store was dropped. They were: the step is restored from node a alone."""
+    ensure_node_c(cluster)
+    ctl = LosingNodeInSwitch(switch_job(str(tmp_path / "cloud")), cluster, "c", after_restore=True)
+    summary = noticed_run(ctl)
+    assert summary["failure"] is None and ctl.completed_at_loss is not None
+    switch = next(e for e in summary["events"] if e.get("nodes") == ["b"])
+    assert switch["groups_built_ahead"] and switch["handed_over_bytes"] > 0
+    lost = [e for e in summary["events"] if e.get("lost_nodes") == ["c"]]
+    assert len(lost) == 1 and not lost[0].get("during_switch"), summary["events"]
+    assert lost[0]["restored_step"] == ctl.completed_at_loss and lost[0]["lost_steps"] == 0
+    assert lost[0]["bytes_by_tier"].get("storage", 0) == 0                               # from node a's store
+    losses = [s["loss"] for s in summary["steps"]]
+    assert len(losses) == STEPS and losses == pytest.approx(reference_losses(STEPS), rel=1e-6)
+
+
 class LosingNodeInFlush(Controller):
     """A controller whose node `victim` is removed (not gracefully) as a prepared switch starts its flush, and
     Ray declares it dead before the flush runs: the old workers there are gone before their newest step is
@@ -138,14 +180,7 @@ class LosingNodeInFlush(Controller):
         standby = self.leaving.standby if self.leaving is not None else None
         if self.committed_at_loss is None and standby is not None and standby.ready():   # the switch begins
             self.committed_at_loss, self.standby = self.committer.committed[-1], standby
-            node_id = self.found.node_ids[self.victim]
-            self.mark_fault()
-            self.cluster.remove_node(next(n for n in self.cluster.list_all_nodes() if n.node_id == node_id),
-                                     allow_graceful=False)
-            deadline = time.monotonic() + 60
-            while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
-                assert time.monotonic() < deadline, "Ray never declared the removed node dead"
-                time.sleep(0.2)
+            remove_node(self, self.cluster, self.victim)
         return super().flush(*args, **kwargs)
 
     def _recover_switch(self, failure):
@@ -155,11 +190,7 @@ class LosingNodeInFlush(Controller):
 
 
 def test_a_node_lost_during_the_switchs_flush_is_recovered_from_the_newest_committed_step(cluster, tmp_path):
-    from autohet_ray.emulate.cluster import node_args
-    from ray_helpers import wait_until_alive
-    from autohet_ray.orchestrate.discovery import live_nodes
-    if "c" not in {n.name for n in live_nodes()}:                      # the test before lost it
-        wait_until_alive([cluster.add_node(**node_args(cluster_from_dict(THREE_NODES).node("c"))).node_id])
+    ensure_node_c(cluster)
     ctl = LosingNodeInFlush(switch_job(str(tmp_path / "cloud")), cluster, "c")
     summary = noticed_run(ctl)
     assert summary["failure"] is None and ctl.committed_at_loss is not None

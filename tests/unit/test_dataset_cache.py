@@ -14,7 +14,7 @@ import pytest
 from autohet_ray.checkpoint.node_store import STORE_ENV
 from autohet_ray.data import Dataset
 from autohet_ray.data.writer import DatasetWriter
-from autohet_ray.orchestrate.data_prepare import dataset_cache_dir, held_dataset
+from autohet_ray.storage.dataset_cache import dataset_cache_dir, held_dataset
 from autohet_ray.storage.dataset_cache import DatasetHold, evict_to_cap
 from autohet_ray.storage.datasets import download_dataset
 
