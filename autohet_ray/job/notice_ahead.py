@@ -20,6 +20,8 @@ from autohet_ray.job.plan_ahead import start_planning_ahead
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.recovery.report import report_failure
 
+STANDBY_TRIES = 3          # failed standby groups for one switch before it is made without standby workers
+
 
 def earliest_deadline(notices: dict[str, dict], drains: dict[str, int], node_ids: set[str]) -> float | None:
     """The earliest deadline (seconds since the epoch) that the notices (node id -> notice with "deadline_s")
@@ -115,12 +117,15 @@ def switch_when_ready(ctl, prep, reason: str, reuse: dict | None = None) -> dict
     if prep.standby is not None and prep.standby.error:     # prepared again from the next step boundary
         standby_failed(ctl, prep, reason)
         return None
-    if ctl.groups_ahead and prep.standby is None:
+    if ctl.groups_ahead and prep.standby is None and standby_tries_left(ctl.recovery.standby_failures, reason):
         prep.standby = side.Standby(ctl, plan, {n: list(a) for n, a in (reuse or {}).items()})
         return None
     extra = {"plan_source": "planned ahead", "prepared_s": time.perf_counter() - prep.since}
-    if prep.standby is None:
+    if prep.standby is None:                 # workers start after the flush (replan flushes first)
         hand_over(prep)
+        start = time.perf_counter()
+        ctl.flush()
+        extra["flush_s"] = time.perf_counter() - start
         return ctl.replan(reason=reason, plan=plan, extra=reuse) | extra
     return side.switch_to_standby(ctl, prep, reason) | extra
 
@@ -133,11 +138,22 @@ def hand_over(prep) -> None:
         prep.actors = {}
 
 
+def standby_tries_left(failures: list[str], reason: str) -> bool:
+    """Whether the switch for `reason` may build standby workers again: fewer than STANDBY_TRIES of its
+    standby groups failed (`failures`: the printed lines of every failure). After that the switch is made
+    without them, the way an unprepared one is: its workers start after the flush, and if they fail too
+    the job recovers as from any failed start."""
+    return sum(f"({reason})" in line for line in failures) < STANDBY_TRIES
+
+
 def standby_failed(ctl, prep, reason: str) -> None:
     """A standby group whose setup failed: printed with its cause, counted (the run summary's
-    `standby_failures`), and only its own preparation dropped (prepared again from the next check)."""
+    `standby_failures`), and only its own preparation dropped (prepared again from the next check, at most
+    STANDBY_TRIES times for one switch)."""
     name = "joining" if isinstance(prep, Joining) else "leaving"
-    what = f"the standby workers for the switch ({reason}) failed; preparing it again"
+    tries = sum(f"({reason})" in line for line in ctl.recovery.standby_failures) + 1   # this one included
+    then = "preparing it again" if tries < STANDBY_TRIES else "switching without standby workers from now on"
+    what = f"the standby workers for the switch ({reason}) failed ({tries} of {STANDBY_TRIES} tries); {then}"
     ctl.recovery.standby_failures.append(report_failure(ctl.step_index, what, None, prep.standby.error))
     ctl.switch_side.drop_preparations(ctl, (name,))
 

@@ -56,20 +56,20 @@ def noticed_run(ctl: Controller) -> dict:
 
 
 class KillingStandbys:
-    """switch_ahead, except that the first standby group it builds loses its last worker (ray.kill) at once,
-    while that worker's process still starts: the group's setup fails."""
+    """switch_ahead, except that the first `kills` standby groups it builds lose their last worker (ray.kill) at
+    once, while that worker's process still starts: their setup fails."""
 
-    def __init__(self):
-        self.killed = []
+    def __init__(self, kills: int = 1):
+        self.killed, self.kills = [], kills
 
     def __getattr__(self, name):
         return getattr(switch_ahead, name)
 
     def Standby(self, ctl, plan, reuse):          # noqa: N802 - stands in for the class
         standby = switch_ahead.Standby(ctl, plan, reuse)
-        if not self.killed:
+        if len(self.killed) < self.kills:
             self.killed.append(standby.group.actors[-1])
-            ray.kill(self.killed[0])
+            ray.kill(self.killed[-1])
         return standby
 
 
@@ -107,6 +107,22 @@ def ensure_node_c(cluster) -> None:
     from autohet_ray.orchestrate.discovery import live_nodes
     if "c" not in {n.name for n in live_nodes()}:
         wait_until_alive([cluster.add_node(**node_args(cluster_from_dict(THREE_NODES).node("c"))).node_id])
+
+
+def test_a_switch_whose_standby_fails_three_times_is_made_without_one(cluster, tmp_path):
+    from autohet_ray.job.notice_ahead import STANDBY_TRIES
+    ensure_node_c(cluster)
+    ctl = Controller(switch_job(str(tmp_path / "cloud")))
+    ctl.switch_side = side = KillingStandbys(kills=100)
+    summary = noticed_run(ctl)
+    assert summary["failure"] is None and len(side.killed) == STANDBY_TRIES
+    assert len(summary["standby_failures"]) == STANDBY_TRIES
+    assert "(3 of 3 tries); switching without standby workers" in summary["standby_failures"][-1]
+    switches = [e for e in summary["events"] if e.get("nodes") == ["b"]]
+    assert len(switches) == 1 and not switches[0].get("groups_built_ahead") and switches[0]["lost_steps"] == 0
+    assert all(stage.split(":")[0] in "ac" for p in switches[0]["plan"] for stage in p), switches[0]["plan"]
+    losses = [s["loss"] for s in summary["steps"]]
+    assert len(losses) == STEPS and losses == pytest.approx(reference_losses(STEPS), rel=1e-6)
 
 
 class LosingNodeInSwitch(Controller):

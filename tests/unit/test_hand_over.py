@@ -66,3 +66,14 @@ def test_the_wait_for_the_copies_ends_10_s_before_the_notice_or_the_watchers_flu
     assert hand_over_wait_s(1120.0, notices, {"id-b"}, 1000.0, cap_s=30.0) == 30.0
     assert hand_over_wait_s(1120.0, notices, {"id-b"}, 1059.0, cap_s=30.0) == 1.0     # at least 1 s
     assert hand_over_wait_s(None, {}, {"id-b"}, 1000.0, cap_s=30.0) == 30.0          # a drain without deadline
+
+
+def test_a_switch_builds_standby_workers_at_most_three_times():
+    from autohet_ray.job.notice_ahead import STANDBY_TRIES, standby_tries_left
+    reason = "spot notice: node(s) ['b'] will be preempted"
+    line = f"autohet: step 4: the standby workers for the switch ({reason}) failed (1 of 3 tries); ..."
+    other = "autohet: step 4: the standby workers for the switch (node(s) ['d'] joined) failed (1 of 3 tries)"
+    assert STANDBY_TRIES == 3
+    assert standby_tries_left([line, line, other], reason)
+    assert not standby_tries_left([line, other, line, line], reason)
+    assert standby_tries_left([other, other, other], reason)         # another switch's failures do not count
