@@ -72,9 +72,9 @@ QUICK = [0, 3, 12, 17, 23, 29]
 _1A2V = (("A100-40GB", 1), ("V100", 2))
 # (nodes, model, layers, seq_len, global batch, micro-batch or None for auto, schedule), planned with recompute=auto
 RECOMPUTE_INSTANCES = [     # in each the optimum recomputes on some stage
-    (_1A2V, "llama-7b", 8, 8192, 4, None, "1f1b"), (_1A2V, "llama-7b", 8, 32768, 4, None, "1f1b"),
+    (_1A2V, "llama-7b", 8, 8192, 4, None, "1f1b"), (_1A2V, "llama-7b", 8, 40960, 4, None, "1f1b"),
     ((("A10", 2), ("V100", 1)), "gpt3-2.7b", 6, 65536, 4, None, "1f1b"),
-    ((("A10", 2), ("V100", 2)), "llama-7b", 8, 32768, 4, 1, "1f1b"),
+    ((("A10", 2), ("V100", 2)), "llama-7b", 8, 40960, 4, 1, "1f1b"),
     ((("A10", 2), ("L40S", 1)), "llama-7b", 6, 65536, 4, None, "1f1b"),
 ]
 

@@ -2,9 +2,10 @@
 
 Layer kinds: "embedding" (first stage), "layer" (one transformer layer), "head" (last stage: final norm,
 output projection, loss). FLOPs count a multiply-add as 2; backward = 2 x forward. Activation bytes are
-what one token keeps for backward in bf16 with flash/SDPA attention (no s^2 score matrix), following
-Korthikanti et al. 2022 without sequence parallelism: norm inputs and residual masks are replicated across
-TP ranks, the rest is sharded.
+what one token keeps for backward in bf16: exactly what autograd saves for the runtime's own modules
+(nn/layers.py: flash/SDPA attention without an s^2 score matrix, fused-style RMSNorm and SwiGLU), without
+sequence parallelism: norm outputs and the residual are replicated across TP ranks, the rest is sharded.
+tests/unit/test_activation_memory.py counts the saved tensors of one block against this.
 """
 from __future__ import annotations
 
@@ -54,16 +55,28 @@ def weight_grad_share(spec: ModelSpec, kind: str, seq_len: int) -> float:
 
 def activation_bytes_per_token(spec: ModelSpec, kind: str, tp: int, element_bytes: int = ACT_BYTES) -> float:
     """Bytes one token keeps for backward on one rank of a TP group of `tp` (`element_bytes`: the training
-    dtype's activation element; default bf16)."""
+    dtype's activation element; default bf16). Each kind counts what it saves besides its own input: that
+    input is the previous kind's output, counted there (the embedding's output, each layer's residual out)."""
     h, f = spec.hidden, spec.ffn_hidden
     if kind == "embedding":
-        return element_bytes * h
+        return element_bytes * h                                   # its output, the first layer's input
     if kind == "head":
-        return element_bytes * h + 4.0 * spec.vocab_size / tp      # fp32 logits for the loss
-    replicated = 5 * h                                             # 2 norm inputs, 2 linear inputs, masks
-    mlp = (3 if spec.family == "llama" else 2) * f                 # act in/out (+ gate for SwiGLU)
-    sharded = 2 * h + 2 * spec.kv_hidden + h + mlp                 # q, k, v, attn out, MLP intermediates
-    return element_bytes * (replicated + sharded / tp)
+        return element_bytes * h + 4.0 * spec.vocab_size / tp      # final norm's output; fp32 logits for the loss
+    assert kind == "layer", kind
+    # Elements per token. Replicated on every TP rank: the attention norm's output (the qkv input), the
+    # residual after attention (the MLP norm's input) and the MLP norm's output (its first linear's input);
+    # bert's post-norm block: the first norm's input and output and the second norm's input.
+    replicated = 3 * h
+    # Sharded: q, k and v (only the kv heads: SDPA's enable_gqa, no repeat; for gpt/bert the fused qkv output
+    # they are views of) and the attention output (the output projection's input).
+    attention = 2 * h + 2 * spec.kv_hidden
+    # Sharded: llama the gate_up output (2f, silu is recomputed) and the down projection's input (f);
+    # gpt/bert the fc1 output (GELU's input) and GELU's output (fc2's input).
+    mlp = 3 * f if spec.family == "llama" else 2 * f
+    # Per-token norm statistics, in the activation dtype: RMSNorm's 1/rms, LayerNorm's mean and 1/std.
+    norm_stats = 2 * (1 if spec.family == "llama" else 2)
+    log_sum_exp = 4.0 * spec.num_heads / tp                        # bytes: flash attention's fp32 row statistics
+    return element_bytes * (replicated + norm_stats + (attention + mlp) / tp) + log_sum_exp
 
 
 def recompute_activation_bytes_per_token(spec: ModelSpec, element_bytes: int = ACT_BYTES) -> float:

@@ -16,6 +16,28 @@ from torch import nn
 from autohet_ray.model.spec import ModelSpec
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * weight, keeping only x and the per-token rsqrt for backward (as fused GPU
+    RMSNorm kernels do); autograd's own graph would also keep the normalized x, one more hidden-sized tensor."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, inv_rms, weight)
+        return x * inv_rms * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, inv_rms, weight = ctx.saved_tensors
+        normalized = x * inv_rms
+        grad_weight = (grad * normalized).sum_to_size(weight.shape) if ctx.needs_input_grad[1] else None
+        grad_normalized = grad * weight
+        grad_inv_rms = (grad_normalized * x).sum(-1, keepdim=True)
+        grad_mean_square = -0.5 * grad_inv_rms * inv_rms.pow(3)
+        grad_x = grad_normalized * inv_rms + grad_mean_square.expand_as(x) / x.shape[-1] * (2 * x)
+        return grad_x, grad_weight, None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -23,7 +45,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
 def make_norm(spec: ModelSpec, dim: int) -> nn.Module:
@@ -64,9 +86,8 @@ class Attention(nn.Module):
         v = qkv[..., g + 1, :].transpose(1, 2)
         if self.rotary:
             q, k = apply_rotary(q, self.rope_theta), apply_rotary(k, self.rope_theta)
-        if g > 1:
-            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            v = v.contiguous()      # else attention keeps v as a view of (so the whole of) the fused qkv output
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=g > 1)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -81,6 +102,23 @@ class GeluMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
 
 
+class _SwiGLUFunction(torch.autograd.Function):
+    """silu(gate) * up from the interleaved gate_up output [..., f, 2], keeping only that output for backward
+    (silu is recomputed there, as fused GPU SwiGLU kernels do); autograd's graph would also keep silu(gate)."""
+
+    @staticmethod
+    def forward(ctx, gate_up):
+        ctx.save_for_backward(gate_up)
+        return F.silu(gate_up[..., 0]) * gate_up[..., 1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (gate_up,) = ctx.saved_tensors
+        gate, up = gate_up[..., 0], gate_up[..., 1]
+        grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        return torch.stack([grad_gate, grad * F.silu(gate)], dim=-1)
+
+
 class SwiGLU(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -88,8 +126,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gate_up(x).unflatten(-1, (-1, 2))
-        return self.down(F.silu(h[..., 0]) * h[..., 1])
+        return self.down(_SwiGLUFunction.apply(self.gate_up(x).unflatten(-1, (-1, 2))))
 
 
 class Block(nn.Module):

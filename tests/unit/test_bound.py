@@ -80,7 +80,7 @@ def test_bound_rejects_unknown_schedule_bad_batch_and_other_seq_len():
 RECOMPUTE_CASES = [
     ((("A100-40GB", 1), ("V100", 2)), "llama-7b", 8, 8192, 4),       # recomputing one stage is faster
     ((("A10", 2), ("V100", 1)), "gpt3-2.7b", 6, 65536, 4),           # nothing fits without it
-    ((("A100-40GB", 1), ("V100", 2)), "llama-7b", 8, 32768, 4),      # nothing fits without it; the bound falls
+    ((("A100-40GB", 1), ("V100", 2)), "llama-7b", 8, 40960, 4),      # nothing fits without it; the bound falls
 ]
 
 
