@@ -22,6 +22,10 @@ KEY_OF_FIXTURE: dict[str, str] = {}
 # module name -> the shape key of the cluster that any of its collected tests asks for
 KEY_OF_COLLECTED: dict[str, str] = {}
 SETTLE_S = 15.0          # how long a previous job's actors may take to release their resources
+# Ray's own detached singleton that Ray Train (through Ray Data's autoscaling) creates on a first run and every later
+# run reuses (get_if_exists); it holds no resources. Part of the cluster once made: waiting for it to go would
+# cost every module after a Ray Train module SETTLE_S and a fresh cluster.
+RAY_SINGLETONS = ({"namespace": "AutoscalingCoordinator", "name": "AutoscalingCoordinator"},)
 
 
 def cluster_key(spec: dict, system_config, head_cpus: float, cpus_per_gpu: float) -> str:
@@ -146,9 +150,10 @@ class SharedClusters:
 
     @staticmethod
     def _idle() -> bool:
-        """No named actor (a detached keeper outlives its driver) and every logical resource free."""
+        """No named actor (a detached keeper outlives its driver) but Ray's own singletons, and every logical
+        resource free."""
         import ray
-        if ray.util.list_named_actors(all_namespaces=True):
+        if any(actor not in RAY_SINGLETONS for actor in ray.util.list_named_actors(all_namespaces=True)):
             return False
         total, free = ray.cluster_resources(), ray.available_resources()
         return all(free.get(name, 0) == amount for name, amount in total.items()
