@@ -58,7 +58,7 @@ class Committer:
         if spec is not None:
             self.dropped.drop(spec, newest if newest is not None else -1)
 
-    def hand_over(self, leaving: list[str], reason: str, timeout_s: float) -> int:
+    def hand_over_stores(self, leaving: list[str], reason: str, timeout_s: float) -> int:
         """Drop the stores of `leaving` nodes (alive: a notice or a drain) once each chunk of the newest committed
         step they hold has two copies among the staying stores (copied from them, waited for up to `timeout_s`;
         a copy not made by then is printed): a loss among the stayers right after cannot take the step's last

@@ -66,7 +66,7 @@ def switch_now(ctl, deadline_s: float | None, notices: dict[str, dict], leaving:
 def hand_over_wait_s(deadline_s: float | None, notices: dict[str, dict], leaving: set[str], now_s: float,
                      cap_s: float) -> float:
     """How long a switch waits for the copies that keep the newest committed step on two staying node stores
-    (elastic/commit.py `hand_over`) before acknowledging the notice: until 10 s before the notices' deadline or
+    (elastic/commit.py `hand_over_stores`) before acknowledging the notice: until 10 s before the notices' deadline or
     its watchers' flush timeout, at most `cap_s`, at least 1 s (the copies go on after that)."""
     by = switch_deadline(deadline_s, [notices[i]["flush_by_s"] for i in leaving if "flush_by_s" in notices.get(i, {})])
     return cap_s if by is None else max(1.0, min(cap_s, by - now_s - 10.0))

@@ -47,6 +47,8 @@ from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
 
+LEAVING = "spot notice or drain: the node is leaving"     # why a leaving node's store is dropped (printed)
+
 
 class Controller(LiveJob):
     def __init__(self, job: TrainJob, *, job_id: str | None = None, profile=None):
@@ -265,8 +267,7 @@ class Controller(LiveJob):
         report = self._recover(failure)
         report["total_s"] = time.perf_counter() - report.pop("started_at")
         leaving = [n for n, spec in self.keeper_specs.items() if spec["node_id"] in self.recovery.draining]
-        report["handed_over_bytes"] = self.committer.hand_over(leaving, "spot notice or drain: the node is leaving",
-                                                               self.job.control_timeout_s)
+        report["handed_over_bytes"] = self.committer.hand_over_stores(leaving, LEAVING, self.job.control_timeout_s)
         return report | {"during_switch": True}
 
     def _salvage(self, decision: Salvage) -> tuple[dict, dict[str, list]]:
@@ -347,8 +348,8 @@ class Controller(LiveJob):
         switch_ahead.drop_preparations(self, ("leaving",))
         self.flush()
         flush_s = report["flush_s"] if report else time.perf_counter() - start
-        handed_over = self.committer.hand_over(decision.leaving, "spot notice or drain: the node is leaving",
-                                               hand_over_wait_s(deadline, notices, leaving, time.time(), wait_s))
+        handed_over = self.committer.hand_over_stores(
+            decision.leaving, LEAVING, hand_over_wait_s(deadline, notices, leaving, time.time(), wait_s))
         for node_id in decision.ack:
             ray.get(board.ack.remote(node_id), timeout=wait_s)
         if not decision.leaving:
