@@ -18,25 +18,11 @@ from autohet_ray.model import PRESETS
 from autohet_ray.model.costs import activation_bytes_per_token
 from autohet_ray.nn.layers import Block
 from autohet_ray.nn.model import Head
+from autohet_ray.nn.saved_bytes import saved_bytes
 
 MODELS = ("llama-7b", "gpt3-2.7b", "llama2-70b")
 SEQ = 256
 WIDTH_CUT = 16
-
-
-def saved_bytes(fn, x: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves while running fn(x), not counting x's own."""
-    seen = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn(x)
-    seen.pop(x.untyped_storage().data_ptr(), None)
-    return sum(seen.values())
 
 
 def narrow_spec(name: str):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from autohet_ray.model.costs import activation_bytes_per_token
 from autohet_ray.model.spec import ModelSpec
+from autohet_ray.nn.saved_bytes import saved_bytes
 from autohet_ray.runtime.parallelize import build_stage_model
 from autohet_ray.runtime.tp import TPContext
 
@@ -30,21 +31,6 @@ SPECS = {
     "gpt3": replace(BASE, name="act-gpt3", family="gpt", ffn_hidden=1024),
     "bert": replace(BASE, name="act-bert", family="bert", ffn_hidden=1024),
 }
-
-
-def saved_bytes(block: torch.nn.Module, x: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves while block(x) runs, not counting x's own."""
-    storages = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        block(x)
-    storages.pop(x.untyped_storage().data_ptr(), None)
-    return sum(storages.values())
 
 
 def measured_bytes_per_token(spec: ModelSpec, tp: TPContext) -> float:
