@@ -61,9 +61,9 @@ def secure_nodes_first(ctl, signal_name: str) -> dict:
         copies = ctl.committer.copies
         ray.wait(copies, num_returns=len(copies), timeout=FAST_TIMEOUT_S)
         places = newest_places(ctl)
+    then = "" if places["in_storage"] else " Copying it to the storage now."
     print(f"autohet: {signal_name}: {describe_places(ctl.job.storage, places)}; if this process is killed now, "
-          f"`{resume_command_of(ctl)}` continues from it. Copying it to the storage now.", file=sys.stderr,
-          flush=True)
+          f"`{resume_command_of(ctl)}` continues from it.{then}", file=sys.stderr, flush=True)
     return places
 
 
