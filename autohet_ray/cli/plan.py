@@ -16,7 +16,7 @@ from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, plan_from_dict
 from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
 from autohet_ray.planner.background import lower_bound_in_background
-from autohet_ray.planner.workers import use_helper_process
+from autohet_ray.planner.workers import stop_helper_process, use_helper_process
 from autohet_ray.planner.search import token_cap_sizes
 from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import load_profile
@@ -85,17 +85,22 @@ def cmd_plan(args) -> int:
                    schedules=schedules, recompute=args.recompute, optimizer_sharding=args.optimizer_sharding)
     bound = lower_bound_in_background(goal=goal, cluster=cluster, **request)
     use_helper_process()          # the inputs are checked: a second core for the search (planner/workers.py)
-    # the time limit covers the whole command: what loading took is spent already
-    result, baselines = plan_with_baselines(cluster=cluster, micro_batch=args.micro_batch, goal=goal,
-                                            time_limit_s=args.time_limit - (time.perf_counter() - started),
-                                            **request)
+    try:
+        # the time limit covers the whole command: what loading took is spent already
+        result, baselines = plan_with_baselines(cluster=cluster, micro_batch=args.micro_batch, goal=goal,
+                                                time_limit_s=args.time_limit - (time.perf_counter() - started),
+                                                **request)
+        money = None
+        if goal.prices is not None:
+            money = money_report(result, baselines, cluster, goal, seq_len,
+                                 request | {"micro_batch": args.micro_batch})
+    finally:
+        stop_helper_process()     # a caller of cli.main in its own process keeps no planner process behind
     if args.out:
         with open(args.out, "w") as f:
             f.write(result.plan.to_json())
     bound_all = bound.result()
-    money = None
-    if goal.prices is not None:
-        money = money_report(result, baselines, cluster, goal, seq_len, request | {"micro_batch": args.micro_batch})
+    if money is not None:
         money["lower_bound_usd_per_million_tokens"] = _per_million(bound_all, args.global_batch, seq_len)
     report = plan_report(result, baselines, wall_s=time.perf_counter() - started) | {
         "lower_bound_iteration_s": bound_all["iteration_s"], "dtype": profile.meta.get("dtype", "bfloat16")} | (

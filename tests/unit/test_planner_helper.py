@@ -62,3 +62,15 @@ def test_a_plan_is_the_same_with_and_without_the_helper():
         assert _plan(cluster, model, profile) == alone
     finally:
         workers.stop_helper_process()
+
+
+def test_autohet_plan_called_in_process_leaves_no_helper_process_behind(capsys):
+    """`cli.main(["plan", ...])` from Python (a notebook, a test) stops its helper when the command ends: a
+    helper left running would keep serving later plans in that process from its own copy of the modules."""
+    import json
+    from autohet_ray import cli
+    assert workers.helper() is None
+    assert cli.main(["plan", "--cluster", "jobs/clusters/paper-24.yaml", "--model", "gpt3-1.3b",
+                     "--global-batch", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["pipelines"]
+    assert workers.helper() is None
