@@ -75,14 +75,10 @@ class Committer:
             self.skip(newest, f"{len(late)} of the copies from the leaving stores of {leaving}", None,
                       f"not made within {timeout_s:.0f} s; they go on while the job trains")
             self.copies += late
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayError as err:
-                self.skip(newest, f"a copy from the leaving stores of {leaving}", None, _cause(err))
+        copied = self.copied_bytes(ready, f"a copy from the leaving stores of {leaving}")
         for node in leaving:
             self.drop_keeper(node, reason)
-        return self.copied_bytes(ready)
+        return copied
 
     def skip(self, step: int | None, what: str, tier: str | None, reason) -> None:
         """Record and print a failure the job continues past (a missed commit, upload or collection)."""
@@ -201,22 +197,27 @@ class Committer:
                                                                   keeper_name(dst["job_id"], dst["node_id"])))
         return refs
 
-    def copied_bytes(self, refs: list) -> int:
-        """The bytes the settled keeper copies `refs` made; each copy they refused is printed (and kept in
-        `skipped`)."""
+    def copied_bytes(self, refs: list, what: str) -> int:
+        """The bytes the settled keeper copies `refs` made. Each copy that failed (its keeper died, the call
+        raised) or that a keeper refused (a digest mismatch) is printed and kept in `skipped`; `what` names
+        the copies in that line."""
         total = 0
+        newest = self.committed[-1] if self.committed else None
         for ref in refs:
-            if settled_ok(ref):
+            try:
                 out = ray.get(ref)
-                report_refused(out["refused"], self.skipped)
-                total += out["bytes"]
+            except ray.exceptions.RayError as err:
+                self.skip(newest, what, None, _cause(err))
+                continue
+            report_refused(out["refused"], self.skipped)
+            total += out["bytes"]
         return total
 
     def settle_copies(self) -> None:
         """Report the background re-replications that finished (refused copies printed), keep the rest."""
         if self.copies:
             ready, self.copies = ray.wait(self.copies, num_returns=len(self.copies), timeout=0)
-            self.copied_bytes(ready)
+            self.copied_bytes(ready, "a background copy between node stores")
 
     def promote(self, step: int, timeout_s: float = 600.0) -> int:
         """Copy committed node-store step `step` to the storage and commit it there: every chunk is uploaded

@@ -71,7 +71,7 @@ def test_a_dropped_keeper_is_stopped_once_a_newer_step_is_committed(cluster, tmp
         committer.drop_keeper("c")              # declared lost after a stall; its node (and keeper) live on
         assert committer.rereplicate_newest() > 0
         ray.wait(committer.copies, num_returns=len(committer.copies), timeout=60)
-        assert committer.copied_bytes(committer.copies) > 0            # step 5's second copies: on h
+        assert committer.copied_bytes(committer.copies, "a second copy") > 0            # step 5's second copies: on h
         committer.dropped.wait(5.0)
         assert keeper_alive(cluster["c"]) and os.path.isdir(dropped_dir)   # step 5 may still need it: kept
         committer.commit_fast(6, [ray.get(rank.save.remote(6, whole6, owned, (cluster["b"], "keeper-b"),
@@ -93,6 +93,28 @@ def test_a_dropped_keeper_is_stopped_once_a_newer_step_is_committed(cluster, tmp
             helpers.assert_bit_exact(state, full6)
     finally:
         ray.kill(rank, no_restart=True)
+        committer.close()
+        for node_id in cluster.values():
+            stop_keeper(JOB, node_id)
+
+
+@ray.remote(num_cpus=0)
+def failing_copy():
+    raise OSError("disk full on the target store")
+
+
+def test_a_copy_that_fails_is_printed_and_counts_no_bytes(cluster, tmp_path, capsys):
+    specs = {name: keeper_spec(JOB, node_id, name) for name, node_id in cluster.items()}
+    committer = Committer(keeper_specs=specs, storage=storage_spec(str(tmp_path)), extra={}, gc_every=0)
+    try:
+        ref = failing_copy.remote()
+        ray.wait([ref], timeout=60)
+        assert committer.copied_bytes([ref], "a stage-in copy for the next plan") == 0
+        assert len(committer.skipped) == 1
+        assert "a stage-in copy for the next plan" in committer.skipped[0]
+        assert "disk full on the target store" in committer.skipped[0]
+        assert "a stage-in copy for the next plan" in capsys.readouterr().err
+    finally:
         committer.close()
         for node_id in cluster.values():
             stop_keeper(JOB, node_id)
