@@ -1,7 +1,7 @@
 """The Ray side of prepared switches (job/notice_ahead.py): the next plan's workers join their process groups
 and build their engines (Standby) while the current plan trains; at the switch the old workers flush and exit
-and the standby ones restore the flushed step from the node stores. Standby actors request no GPU (emulated
-here); docs/recovery.md says what they cost on real GPUs."""
+and the standby ones restore the flushed step from the node stores. Standby actors request no GPU from Ray; on a
+real GPU node each is pinned to a GPU of its own (WorkerGroup); docs/recovery.md says what they cost there."""
 from __future__ import annotations
 
 import threading
@@ -28,7 +28,8 @@ class Standby:
             ctl.job, found=self.found, profile=ctl.profile, priced_model=ctl.priced_model,
             seq_len=ctl.priced_seq_len, plan=plan, first=False, cache=ctl.plan_cache)
         self.group = WorkerGroup(ctl.executed_plan(self.plan), self.found.node_ids, reuse=dict(reuse or {}),
-                                 loss_grace_s=ctl.job.loss_grace_s, gpus=0.0)
+                                 loss_grace_s=ctl.job.loss_grace_s, gpus=0.0,
+                                 real_gpu_nodes=frozenset(n.name for n in self.found.nodes if not n.emulated))
         pacers = rank_pacers(self.plan, self.found.cluster, ctl.priced_model, ctl.profile, self.evaluation,
                              time_scale=ctl.time_scale or ctl.job.time_scale,
                              iteration_wall_s=ctl.job.iteration_wall_s)[0] if ctl.job.paced else None

@@ -30,7 +30,7 @@ from autohet_ray.metrics.step import rank_measurements, start_peak_memory
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.abort import collective_abort
-from autohet_ray.runtime.device import default_backend
+from autohet_ray.runtime.device import default_backend, node_gpu_id
 from autohet_ray.runtime.engine import Engine
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
@@ -42,7 +42,11 @@ def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
 
 
 class Worker:
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, gpu_index: int | None = None):
+        """`gpu_index`: (a standby worker on a real GPU node, which Ray gives no GPU) the node's GPU it takes over
+        at the switch; it becomes this process's device 0 before anything starts CUDA."""
+        if gpu_index is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = node_gpu_id(gpu_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.rank, self.engine, self.snapshotter, self.pacer = rank, None, None, None
         self.handles: dict = {}          # step -> SnapshotHandle; threads share it: only under _handles_lock
         self._handles_lock = threading.Lock()
@@ -53,7 +57,8 @@ class Worker:
     def where(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"rank": self.rank, "node_id": ctx.get_node_id(), "pid": os.getpid(),
-                "labels": dict(ctx.get_node_labels()), "cuda": torch.cuda.is_available()}
+                "labels": dict(ctx.get_node_labels()), "cuda": torch.cuda.is_available(),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def host_store(self, world_size: int, timeout_s: float, loopback: bool = True) -> tuple[str, int]:
         """Start the rendezvous store here (as rank 0) before any rank joins: a rank whose client connects

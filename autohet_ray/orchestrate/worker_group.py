@@ -17,6 +17,7 @@ from autohet_ray.elastic.liveness import NodeWatch, raylet_addresses, settled_ok
 from autohet_ray.orchestrate.actor_calls import gather_in_rank_order
 from autohet_ray.orchestrate.worker import Worker
 from autohet_ray.plan.schema import Plan
+from autohet_ray.runtime.device import standby_gpu_indices
 
 ABORT_WAIT_S = 2.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -51,11 +52,12 @@ def rank_slots(plan: Plan) -> list[dict]:
 
 class WorkerGroup:
     def __init__(self, plan: Plan, node_ids: dict[str, str], *, reuse: dict[str, list] | None = None,
-                 loss_grace_s: float, gpus: float = 1.0):
+                 loss_grace_s: float, gpus: float = 1.0, real_gpu_nodes: frozenset[str] = frozenset()):
         """`loss_grace_s`: how long a node's raylet may stay silent before the node counts as lost (see
         NodeWatch). `reuse`: node name -> idle actors (reset) already on that node; they take ranks there first (no
         process start). The ones left over stay in `reuse` for the caller to kill. `gpus`: what each new actor
-        requests (0 for a standby group built beside the running one, orchestrate/switch_ahead.py)."""
+        requests (0 for a standby group built beside the running one, orchestrate/switch_ahead.py); then
+        each new actor on a `real_gpu_nodes` node (not emulated) is pinned to a GPU of its own there (see Worker)."""
         self.plan, self.slots = plan, rank_slots(plan)
         names = sorted({s["node"] for s in self.slots})
         addresses = raylet_addresses(node_ids[name] for name in names)
@@ -63,12 +65,13 @@ class WorkerGroup:
         self.node_watch = NodeWatch(self.raylets, loss_grace_s, node_ids={name: node_ids[name] for name in names})
         reuse = reuse if reuse is not None else {}
         self.actors, self.num_reused = [], 0
+        pinned = standby_gpu_indices(self.slots, reuse, real_gpu_nodes) if gpus == 0 else {}
         for rank, slot in enumerate(self.slots):
             if reuse.get(slot["node"]):
                 self.actors.append(reuse[slot["node"]].pop())
                 self.num_reused += 1
                 continue
-            self.actors.append(worker_actor(node_ids[slot["node"]], rank, gpus))
+            self.actors.append(worker_actor(node_ids[slot["node"]], rank, gpus, gpu_index=pinned.get(rank)))
 
     def describe(self, rank: int) -> str:
         s = self.slots[rank]
@@ -182,10 +185,12 @@ def _worker_class():
                       concurrency_groups={"control": 2})(Worker)
 
 
-def worker_actor(node_id: str, rank: int, gpus: float = 1.0):
-    """A new worker process on that node (`gpus`: one GPU), as `rank` until a setup gives it another."""
+def worker_actor(node_id: str, rank: int, gpus: float = 1.0, gpu_index: int | None = None):
+    """A new worker process on that node (`gpus`: one GPU), as `rank` until a setup gives it another
+    (`gpu_index`: see Worker)."""
     pinned = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return _worker_class().options(scheduling_strategy=pinned, num_gpus=gpus).remote(rank)
+    return _worker_class().options(scheduling_strategy=pinned, num_gpus=gpus).remote(rank, gpu_index)
+
 
 
 def kill_actors(actors: list, wait_s: float = 0.0) -> None:

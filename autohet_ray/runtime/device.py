@@ -14,6 +14,31 @@ CPU_DTYPES = (torch.bfloat16, torch.float32, torch.float64)
 CUDA_DTYPES = (torch.bfloat16, torch.float32, torch.float64)
 
 
+def node_gpu_id(index: int, visible: str | None) -> str:
+    """The id of a node's `index`-th GPU as Ray names it: the entry of the node's CUDA_VISIBLE_DEVICES (`visible`,
+    inherited from its raylet; unset: all its GPUs, named by index). A process that Ray gave no GPU and that sets
+    CUDA_VISIBLE_DEVICES to it before CUDA starts has that GPU as its device 0, as a one-GPU actor has."""
+    if not visible:
+        return str(index)
+    ids = [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
+    if not 0 <= index < len(ids):
+        raise ValueError(f"GPU {index} of this node does not exist: its CUDA_VISIBLE_DEVICES is {visible!r} "
+                         f"({len(ids)} GPU(s), 0 to {len(ids) - 1})")
+    return ids[index]
+
+
+def standby_gpu_indices(slots: list[dict], reuse: dict[str, list], real_gpu_nodes: frozenset[str]) -> dict[int, int]:
+    """rank -> the GPU index on its node, for the new actors of a group that Ray gives no GPU, on real GPU nodes:
+    on each node, in rank order, GPU 0, 1, ... (a node with reused actors, a joined one, gets no new actors)."""
+    taken: dict[str, int] = {}
+    out = {}
+    for rank, slot in enumerate(slots):
+        node = slot["node"]
+        if node in real_gpu_nodes and not reuse.get(node):
+            out[rank] = taken[node] = taken.get(node, -1) + 1
+    return out
+
+
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 

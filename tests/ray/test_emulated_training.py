@@ -40,6 +40,22 @@ def test_discovery_reads_labels(three_node_cluster):
     assert found.emulated and found.single_host
 
 
+def test_a_standby_worker_given_no_gpu_takes_the_gpu_it_is_pinned_to(three_node_cluster):
+    """A worker Ray gives no GPU (a standby one) sees only the node's GPU it is pinned to, as its device 0; the
+    node's CUDA_VISIBLE_DEVICES is its raylet's, which this process started."""
+    from autohet_ray.orchestrate.worker_group import kill_actors, worker_actor
+    from autohet_ray.runtime.device import node_gpu_id
+    node_c = discover().node_ids["c"]
+    pinned, unpinned = worker_actor(node_c, 0, gpus=0.0, gpu_index=1), worker_actor(node_c, 1, gpus=0.0)
+    try:
+        seen = ray.get([pinned.where.remote(), unpinned.where.remote()], timeout=120)
+        assert seen[0]["cuda_visible_devices"] == node_gpu_id(1, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        assert seen[1]["cuda_visible_devices"] == os.environ.get("CUDA_VISIBLE_DEVICES")     # left as Ray left it
+        assert ray.available_resources().get("GPU", 0) == ray.cluster_resources()["GPU"]      # no GPU taken
+    finally:
+        kill_actors([pinned, unpinned], wait_s=10)
+
+
 def test_emulated_asymmetric_training_matches_reference_and_leaves_its_model(three_node_cluster, tmp_path):
     import torch
     ctl = Controller(job(time_scale=1.0, storage=storage_spec(str(tmp_path)), checkpoint_every=2))
