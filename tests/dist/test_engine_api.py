@@ -72,16 +72,23 @@ def _aborted(rank: int, world_size: int) -> list[str]:
     batch = make_batch(SPEC, plan, 0)
     if rank == 1:
         return ["stage 1 skipped the step"]
-    threading.Timer(0.2, engine.abort).start()
-    engine.executor.bridge.send_activation = lambda out: time.sleep(0.1)    # slow stage 0 down, no peer needed
+    sent = []
+
+    def send_activation(out):             # no peer needed; another thread aborts during the second send
+        sent.append(out)
+        if len(sent) == 2:
+            aborter = threading.Thread(target=engine.abort)
+            aborter.start()
+            aborter.join()
+    engine.executor.bridge.send_activation = send_activation
     start = time.perf_counter()
     try:
         engine.train_step(batch)
-        return ["no error"]
+        return [f"no error after {len(sent)} sends"]
     except StepAborted as exc:
-        return [f"aborted after {time.perf_counter() - start:.2f} s: {exc}"]
+        return [f"aborted after {len(sent)} sends, {time.perf_counter() - start:.2f} s: {exc}"]
 
 
 def test_abort_stops_a_running_step_at_the_next_action():
     message = run_world(_aborted, 2)[0][0]
-    assert message.startswith("aborted after 0.") and "before" in message, message
+    assert message.startswith("aborted after 2 sends") and "before" in message, message
