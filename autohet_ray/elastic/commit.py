@@ -198,11 +198,9 @@ class Committer:
         return refs
 
     def copied_bytes(self, refs: list, what: str) -> int:
-        """The bytes the settled keeper copies `refs` made. Each copy that failed (its keeper died, the call
-        raised) or that a keeper refused (a digest mismatch) is printed and kept in `skipped`; `what` names
-        the copies in that line."""
-        total = 0
-        newest = self.committed[-1] if self.committed else None
+        """The bytes the settled keeper copies `refs` made. Each copy that failed (its keeper died, the call raised)
+        or that a keeper refused (a digest mismatch) is printed and kept in `skipped`; `what` names the copies."""
+        total, newest = 0, (self.committed[-1] if self.committed else None)
         for ref in refs:
             try:
                 out = ray.get(ref)

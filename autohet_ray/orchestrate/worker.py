@@ -43,11 +43,10 @@ def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
 
 class Worker:
     def __init__(self, rank: int, gpu_index: int | None = None):
-        """`gpu_index`: (a standby worker on a real GPU node, which Ray gives no GPU) the node's GPU it takes over
-        at the switch; it becomes this process's device 0 before anything starts CUDA."""
+        """`gpu_index`: a standby worker's GPU on a real node (Ray gives it none): its device 0, before CUDA starts."""
         if gpu_index is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = node_gpu_id(gpu_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        self.rank, self.engine, self.snapshotter, self.pacer = rank, None, None, None
+        self.rank, self.engine, self.snapshotter, self.pacer, self.pinned_gpu = rank, None, None, None, gpu_index
         self.handles: dict = {}          # step -> SnapshotHandle; threads share it: only under _handles_lock
         self._handles_lock = threading.Lock()
         self._copy_wait_s = 0.0
@@ -81,6 +80,9 @@ class Worker:
         if rank is not None:
             self.rank = rank
         backend = default_backend()
+        if self.pinned_gpu is not None and backend != "nccl":   # Ray reset it (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO)
+            raise RuntimeError(f"this standby worker is pinned to its node's GPU {self.pinned_gpu} but sees no GPU "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
         os.environ["LOCAL_RANK"] = "0"                 # the store is passed explicitly
         if socket_ifname:
             os.environ.update(GLOO_SOCKET_IFNAME=socket_ifname, NCCL_SOCKET_IFNAME=socket_ifname)

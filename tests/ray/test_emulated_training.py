@@ -42,7 +42,8 @@ def test_discovery_reads_labels(three_node_cluster):
 
 def test_a_standby_worker_given_no_gpu_takes_the_gpu_it_is_pinned_to(three_node_cluster):
     """A worker Ray gives no GPU (a standby one) sees only the node's GPU it is pinned to, as its device 0; the
-    node's CUDA_VISIBLE_DEVICES is its raylet's, which this process started."""
+    node's CUDA_VISIBLE_DEVICES is its raylet's, which this process started. Where it then sees no GPU (here: a
+    CPU host), its setup fails, naming why, instead of training on the CPU."""
     from autohet_ray.orchestrate.worker_group import kill_actors, worker_actor
     from autohet_ray.runtime.device import node_gpu_id
     node_c = discover().node_ids["c"]
@@ -52,6 +53,9 @@ def test_a_standby_worker_given_no_gpu_takes_the_gpu_it_is_pinned_to(three_node_
         assert seen[0]["cuda_visible_devices"] == node_gpu_id(1, os.environ.get("CUDA_VISIBLE_DEVICES"))
         assert seen[1]["cuda_visible_devices"] == os.environ.get("CUDA_VISIBLE_DEVICES")     # left as Ray left it
         assert ray.available_resources().get("GPU", 0) == ray.cluster_resources()["GPU"]      # no GPU taken
+        with pytest.raises(ray.exceptions.RayTaskError, match="pinned to its node's GPU 1 but sees no GPU"):
+            ray.get(pinned.setup.remote(master_addr="127.0.0.1", master_port=1, world_size=1, plan={}, model_spec={},
+                                        seed=0, dtype="auto", collective_timeout_s=5), timeout=60)   # (this CPU host)
     finally:
         kill_actors([pinned, unpinned], wait_s=10)
 
