@@ -40,7 +40,7 @@ class LiveRecovery(Recovery):
         start, refs, self.staging = time.perf_counter(), self.staging, []
         ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0] if refs else []
         return {"stage_in_wait_s": time.perf_counter() - start,
-                "stage_in_bytes": committer.copied_bytes(ready, "a stage-in copy for the next plan") if ready else 0}
+                "stage_in_bytes": committer.copied_bytes(ready, "a stage-in copy for the next plan")}
 
 
 def healthy(group, node_ids: dict[str, str], store_nodes: tuple[str, ...], checks: int = 3,

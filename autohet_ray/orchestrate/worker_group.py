@@ -192,7 +192,6 @@ def worker_actor(node_id: str, rank: int, gpus: float = 1.0, gpu_index: int | No
     return _worker_class().options(scheduling_strategy=pinned, num_gpus=gpus).remote(rank, gpu_index)
 
 
-
 def kill_actors(actors: list, wait_s: float = 0.0) -> None:
     for actor in actors:
         ray.kill(actor, no_restart=True)
