@@ -1,9 +1,10 @@
 """The planner against the independent exhaustive search (tests/exhaustive.py) under money goals
 (cost/money.py), on tiny instances (MONEY_INSTANCES, 31): `cost` ($ per token; the planner may
 leave GPUs out, and the searcher tries every subset of them) and `budget` (the most samples/s within 75% of
-what all the GPUs cost). The gap is planner key / optimum key - 1 (key: $ per iteration, or seconds under a
-budget); the bar is <= 1% on every instance. Prices: TEST_PRICES below (on-demand list-like figures, spot at
-40%), with every instance's first node on spot. Analytic profile: predictions of the cost model.
+what all the nodes cost). The gap is planner key / optimum key - 1 (key: $ per iteration, or seconds under a
+budget); the bar is <= 1% on every instance. Prices: TEST_PRICES below (on-demand list-like figures per GPU, spot
+at 40%), with every instance's first node on spot; each node is billed whole, as an instance of its GPUs
+(cost/money.py), so a plan that uses one GPU of a 2-GPU node pays for both. Analytic profile: predictions of the cost model.
 
     python benchmarks/money_optimality.py [--goal cost|budget] [--only 0,3,...]
 """
@@ -22,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from autohet_ray import ConfigError  # noqa: E402
 from autohet_ray.cluster import cluster_from_dict  # noqa: E402
-from autohet_ray.cost.money import Goal, Price, cluster_usd_per_hour  # noqa: E402
+from autohet_ray.cost.money import Goal, Price, Prices, cluster_usd_per_hour  # noqa: E402
 from autohet_ray.model import PRESETS  # noqa: E402
 from autohet_ray.planner import plan_with_baselines  # noqa: E402
 from autohet_ray.profile.analytic import analytic_profile  # noqa: E402
@@ -31,7 +32,7 @@ from optimality_bench import BAR, PROFILED_MICRO_BATCHES, describe  # noqa: E402
 
 ON_DEMAND = {"H800": 12.29, "H100": 12.29, "H200": 14.0, "H20": 5.12, "A100-80GB": 5.12, "A100-40GB": 4.09,
              "V100": 3.06, "L40S": 3.77, "A10": 1.21}
-TEST_PRICES = {d: Price(on_demand=p, spot=round(0.4 * p, 2)) for d, p in ON_DEMAND.items()}
+TEST_PRICES = Prices.of_gpus({d: Price(on_demand=p, spot=round(0.4 * p, 2)) for d, p in ON_DEMAND.items()})
 BUDGET_SHARE = 0.75
 _2A1H = (("A100-80GB", 2), ("H20", 1))
 _2H1A = (("H800", 2), ("A100-80GB", 1))

@@ -22,7 +22,8 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
   by the one H200 measurement scaled linearly (an extrapolation; `snapshot_overhead_sweep`, `snapshot_rate_runtime`).
 - Checkpoint-restart: by default a join does not restart it (--join-policy; `checkpoint_restart_by_join_policy`).
 - Cost: USD per million tokens for ours, checkpoint-restart and the same job on on-demand GPUs only
-  (jobs/clusters/prices.yaml); every alive node of the fleet is billed to the systems replayed on it.
+  (jobs/clusters/prices.yaml); every alive node of the fleet is billed, whole (its instance), to the systems
+  replayed on it.
 - Plan-ahead, on by default as in the controller (--no-plan-ahead; `plan_ahead_option`): a join's, and a
   noticed removal's, plan, workers and process groups are built while the current plan trains; the switch pays
   switch_s (default: the emulated prepared switch of spot_replay_switch_cost.py, labelled; swept 1/3/10/30 s in
@@ -56,7 +57,7 @@ from autohet_ray.replay.figures import (H200_FILE, H200_OVERHEAD_PER_GB_S, RUNTI
                                         SNAPSHOT_OVERHEAD_BASIS, costed_figures)
 from autohet_ray.replay.notice_figures import bar_row, measured_switch, notice_figures
 from autohet_ray.replay.planning import PlanCache, pool_sizes, real_planner
-from autohet_ray.replay.prices import fleet_cost_usd, load_prices
+from autohet_ray.replay.prices import fleet_cost_usd, load_prices, node_usd_per_s
 from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_goodput, run_systems, variants,
                                     young_daly_period_s)
 from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, ReplayConfig
@@ -295,7 +296,8 @@ def build_report(args, cluster, model, timeline, pools, plans, config, out) -> d
                   "gpus_used": p.gpus_used, "hit_time_limit": p.hit_time_limit,
                   "bytes_per_node_GB": round(p.bytes_per_node / GB, 1)} for s, p in plans.plans.items()]
     full = plans.get(timeline.pool_nodes)
-    samples_od_usd = sum(gpn[i] * timeline.pool_nodes[i] * prices[n].on_demand for i, n in enumerate(names))
+    od_node_usd = [3600 * c for c in node_usd_per_s(prices, names, gpn, (False,) * len(names))]   # per node-hour
+    samples_od_usd = sum(n * c for n, c in zip(timeline.pool_nodes, od_node_usd))
     return {
         "simulated": True, "profile": "analytic (every samples/s is a cost-model prediction)",
         "cluster": cluster.name, "gpus": cluster.num_gpus, "model": model.name, "global_batch": args.global_batch,

@@ -33,10 +33,11 @@ Pruning, each provably safe (it drops only plans that cannot beat the incumbent,
   allocations and options is priced.
 
 With a money goal (cost/money.py Goal: $ per token, a budget, a throughput floor) every plan is ranked by the
-goal's key: $ per iteration = $/hour of the GPUs the partition uses x its iteration time (or the time, under a
-budget). A partition's GPUs are known before its plans are, so each time bound above becomes the incumbent's
-key over the partition's $/hour (a pipeline's own options, cached across partitions, use its own $/hour: a
-partition holding it costs at least that much, so nothing it drops could count). Partitions over the budget
+goal's key: $ per iteration = $/hour of the nodes the partition uses a GPU of, each billed whole (its instance),
+x its iteration time (or the time, under a budget). A partition's nodes are known before its plans are, so each
+time bound above becomes the incumbent's key over the partition's $/hour (a pipeline's own options, cached across
+partitions, use its own nodes' $/hour: a partition holding it uses those nodes and maybe more, so it costs at
+least that much, and nothing it drops could count). Partitions over the budget
 are skipped, and plans slower than the floor are not kept.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ import itertools
 import math
 
 from autohet_ray.cost.evaluate import evaluate_plan, stage_link_time
-from autohet_ray.cost.money import THROUGHPUT, node_gpu_price
+from autohet_ray.cost.money import THROUGHPUT, node_usd_per_hour
 from autohet_ray.cost.memory import stage_peak_memory
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
@@ -148,10 +149,10 @@ class _Search:
         return self.goal.key(plan, self.cluster, ev.iteration_time_s)
 
     def usd(self, groups) -> float:
-        """$/hour of a set of (node, TP degree) groups (0 for plain throughput)."""
+        """$/hour of the nodes a set of (node, TP degree) groups sits on, each whole (0 for plain throughput)."""
         if self.goal.plain:
             return 0.0
-        return sum(t * node_gpu_price(self.cluster, self.goal.prices, n) for n, t in groups)
+        return sum(node_usd_per_hour(self.cluster, self.goal.prices, n) for n in {n for n, _ in groups})
 
     def limit(self, usd: float) -> float:
         """Iteration seconds a plan of GPUs costing `usd` per hour must beat to beat the incumbent."""

@@ -1,14 +1,15 @@
 """Money on the command line: the --prices / --objective / --max-cost-per-hour / --min-samples-per-s options of
 `autohet plan` and `autohet train`, and the plan's money report: its $/hour and $ per million tokens beside each
-baseline's, the GPUs it leaves out with what each would add, and the nodes to rent (the fleet answer)."""
+baseline's, the GPUs it leaves out with what each would add, and the instances to rent (the fleet answer: whole
+instances, as cost/money.py bills them)."""
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 
 from autohet_ray import ConfigError
-from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_gpu_price,
-                                    plan_usd_per_hour, usd_per_million_tokens)
+from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_rental,
+                                    node_usd_per_hour, plan_usd_per_hour, usd_per_million_tokens)
 from autohet_ray.job.config import TrainJob
 from autohet_ray.planner import plan_training
 from autohet_ray.planner.workers import run_split
@@ -17,13 +18,15 @@ LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
 
 
 def add_money_options(parser) -> None:
-    parser.add_argument("--prices", help="prices file: $ per GPU-hour per device type, on-demand and spot "
-                                         "(e.g. jobs/clusters/prices.yaml); nodes marked spot: true pay spot")
+    parser.add_argument("--prices", help="prices file: $ per instance-hour per instance type (with its GPUs), or "
+                                         "per GPU-hour per device type, on-demand and spot (e.g. "
+                                         "jobs/clusters/prices.yaml); a plan pays for every node it uses, whole; "
+                                         "nodes marked spot: true pay spot")
     parser.add_argument("--objective", default=TrainJob.objective, choices=OBJECTIVES,
                         help="throughput (most samples/s) or cost (least $ per token; may leave GPUs or whole "
                              f"nodes out); default {TrainJob.objective}")
     parser.add_argument("--max-cost-per-hour", type=float, metavar="USD",
-                        help="budget: the fastest plan whose GPUs cost at most this per hour (needs --prices)")
+                        help="budget: the fastest plan whose instances cost at most this per hour (needs --prices)")
     parser.add_argument("--min-samples-per-s", type=float, metavar="N",
                         help="throughput floor: the cheapest plan per token that reaches it (needs --prices)")
 
@@ -38,22 +41,29 @@ def _money(plan, samples_per_s: float, cluster, goal: Goal, seq_len: int) -> dic
             "usd_per_million_tokens": round(usd_per_million_tokens(usd, samples_per_s, seq_len), 6)}
 
 
-def left_out(plan, cluster, goal: Goal) -> list[dict]:
-    """GPUs the plan does not use, per class (device type, spot or on-demand): which nodes, how many."""
+def _gpus_used(plan) -> dict[str, int]:
     used: dict[str, int] = {}
     for p in plan.pipelines:
         for s in p.stages:
             used[s.node] = used.get(s.node, 0) + s.tp
+    return used
+
+
+def left_out(plan, cluster, goal: Goal) -> list[dict]:
+    """GPUs the plan does not use, per class (device type, spot or on-demand, on nodes it uses or not): which
+    nodes, how many, and what renting them adds per hour (nothing on the nodes used: they are paid for whole)."""
+    used = _gpus_used(plan)
     classes: dict[tuple, dict] = {}
     for n in cluster.nodes:
         free = n.count - used.get(n.name, 0)
         if free > 0:
             row = classes.setdefault((n.device, n.spot, n.name in used),
                                      {"device": n.device, "spot": n.spot, "gpus": 0, "nodes": [],
-                                      "of_used_nodes": n.name in used,
-                                      "usd_per_gpu_hour": node_gpu_price(cluster, goal.prices, n.name)})
+                                      "of_used_nodes": n.name in used, "usd_per_hour": 0.0})
             row["gpus"] += free
             row["nodes"].append(n.name)
+            if n.name not in used:
+                row["usd_per_hour"] = round(row["usd_per_hour"] + node_usd_per_hour(cluster, goal.prices, n.name), 4)
     return list(classes.values())
 
 
@@ -92,8 +102,18 @@ def _what_it_adds(names: list[str], result, used: dict, seed, cluster, goal: Goa
                           cluster=sub, time_limit_s=LEFT_OUT_TIME_LIMIT_S, incumbents=(seed,))
     except ConfigError as err:
         return {"reason": str(err)}
-    money = _money(r.plan, r.evaluation.samples_per_s, sub, goal, seq_len)
+    money = _money(r.plan, r.evaluation.samples_per_s, cluster, goal, seq_len)   # billed for its whole nodes
     return {"samples_per_s": round(r.evaluation.samples_per_s - result.evaluation.samples_per_s, 3), **money}
+
+
+def rent(plan, cluster, goal: Goal) -> list[dict]:
+    """The instances a plan rents: every node it uses, whole (its instance type, GPUs, $/hour)."""
+    out = []
+    for name, gpus in _gpus_used(plan).items():
+        node, rental = cluster.node(name), node_rental(cluster.node(name), goal.prices)
+        out.append({"node": name, "instance": rental.instance, "device": node.device, "spot": node.spot,
+                    "gpus": rental.gpus, "gpus_used": gpus, "usd_per_hour": round(rental.usd_per_hour, 4)})
+    return out
 
 
 def money_report(result, baselines: dict, cluster, goal: Goal, seq_len: int, request: dict) -> dict:
@@ -102,19 +122,14 @@ def money_report(result, baselines: dict, cluster, goal: Goal, seq_len: int, req
     report = {"objective": goal.objective, "max_usd_per_hour": goal.max_usd_per_hour,
               "min_samples_per_s": goal.min_samples_per_s,
               "plan": _money(result.plan, result.evaluation.samples_per_s, cluster, goal, seq_len),
-              "all_gpus_usd_per_hour": round(cluster_usd_per_hour(cluster, goal.prices), 4),
+              "all_nodes_usd_per_hour": round(cluster_usd_per_hour(cluster, goal.prices), 4),
               "baselines": {n: _money(b.plan, b.evaluation.samples_per_s, cluster, goal, seq_len)
                             for n, b in baselines.items() if b.evaluation is not None}}
     rows = left_out(result.plan, cluster, goal)
     if rows:
         what_each_adds(result, cluster, goal, request, seq_len, rows)
     report["left_out"] = rows
-    used: dict[str, int] = {}
-    for p in result.plan.pipelines:
-        for s in p.stages:
-            used[s.node] = used.get(s.node, 0) + s.tp
-    report["rent"] = [{"node": name, "device": cluster.node(name).device, "spot": cluster.node(name).spot,
-                       "gpus": gpus} for name, gpus in used.items()]
+    report["rent"] = rent(result.plan, cluster, goal)
     report["left_out_time_s"] = round(time.perf_counter() - started, 3)
     return report
 
@@ -126,7 +141,8 @@ def _spot(flag: bool) -> str:
 def money_lines(report: dict, titles: dict) -> list[str]:
     plan = report["plan"]
     lines = [f"cost: ${plan['usd_per_hour']:.2f}/hour, ${plan['usd_per_million_tokens']:.4f} per million tokens "
-             f"(objective {report['objective']}; all GPUs would cost ${report['all_gpus_usd_per_hour']:.2f}/hour)"]
+             f"(objective {report['objective']}; billed per instance, all nodes would cost "
+             f"${report['all_nodes_usd_per_hour']:.2f}/hour)"]
     for name, money in report["baselines"].items():
         lines.append(f"  vs {titles.get(name, name):<29}: ${money['usd_per_hour']:8.2f}/hour, "
                      f"${money['usd_per_million_tokens']:.4f} per million tokens")
@@ -141,6 +157,16 @@ def money_lines(report: dict, titles: dict) -> list[str]:
                 plan["usd_per_million_tokens"]:
             gain += " (cheaper per token than the plan: a longer --time-limit may find it)"
         lines.append(f"left out: {row['gpus']}x {row['device']} ({_spot(row['spot'])}) {where}; {gain}")
-    rent = report["rent"]
-    lines.append("rent: " + ", ".join(f"{r['node']} ({r['gpus']}x {r['device']}, {_spot(r['spot'])})" for r in rent))
+    lines.append("rent: " + rent_line(report["rent"]))
     return lines
+
+
+def rent_line(rented: list[dict]) -> str:
+    """The instances to rent, per instance type and market: how many, which nodes, the GPUs the plan uses."""
+    kinds: dict[tuple, list[dict]] = {}
+    for r in rented:
+        kinds.setdefault((r["instance"], r["device"], r["gpus"], r["spot"]), []).append(r)
+    return "; ".join(f"{len(rows)}x {instance or 'node'} ({gpus}x {device}, {_spot(spot)}: "
+                     f"{', '.join(r['node'] for r in rows)}; uses {sum(r['gpus_used'] for r in rows)} of "
+                     f"{gpus * len(rows)} GPUs, ${sum(r['usd_per_hour'] for r in rows):.2f}/hour)"
+                     for (instance, device, gpus, spot), rows in kinds.items())

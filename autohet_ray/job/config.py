@@ -84,10 +84,13 @@ class TrainJob:
     token, from `prices`; it may leave GPUs or whole nodes out, so a node that joins is used only if it lowers
     the $ per token)."""
     prices: dict | None = None
-    """Contents of a prices file ({prices: {GPU type: {on_demand, spot}}}, $ per GPU-hour; cost/money.py); nodes
-    marked `spot: true` in the cluster file pay the spot price. Needed by objective "cost" and the two limits."""
+    """Contents of a prices file ({instances: {TYPE: {device, gpus, on_demand, spot}}}, $ per instance-hour, or
+    {prices: {GPU type: {on_demand, spot}}}, $ per GPU-hour; cost/money.py): a plan pays for each node it uses,
+    whole; nodes marked `spot: true` in the cluster file pay the spot price. Needed by objective "cost" and the
+    two limits."""
     max_cost_per_hour: float | None = None
-    """A budget in $/hour for the GPUs the plan uses: the fastest plan within it (needs `prices`)."""
+    """A budget in $/hour for the nodes the plan uses (whole instances): the fastest plan within it (needs
+    `prices`)."""
     min_samples_per_s: float | None = None
     """A throughput floor: the cheapest plan per token that reaches it (needs `prices`)."""
     profile: str = "analytic"

@@ -6,13 +6,14 @@ whole cluster finishes by D subject to the GPUs of each type, and to packing TP 
 every type and TP degree t, groups of degree >= t must fit in the nodes' room for groups that large.
 The smallest D whose optimum reaches the global batch is found by bisection.
 
-With prices (GroupingMoney): each type's GPUs cost the cheapest first (spot nodes before on-demand ones), a
-convex piecewise-linear $/hour of the GPUs used. A budget bounds it; the "cost" mode instead minimizes it
+With prices (GroupingMoney) nodes are rented whole (cost/money.py bills per instance): an integer r_c per class
+of identical nodes (type, GPUs, $/hour) says how many are rented, the packing rows above count only the room of
+rented nodes, and the $/hour is sum_c price_c r_c. A budget bounds it; the "cost" mode instead minimizes it
 subject to finishing the batch by D (the caller scans D: $ per iteration is about $/hour x D).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyscipopt import Model, quicksum
 
@@ -30,43 +31,37 @@ class Grouping:
 
 
 @dataclass(frozen=True)
+class NodeClass:
+    """Identical nodes, rented whole: `nodes` of them, each `gpus` GPUs of `device` at `usd_per_hour`."""
+    device: str
+    gpus: int
+    usd_per_hour: float
+    nodes: int
+
+
+@dataclass(frozen=True)
 class GroupingMoney:
-    pieces: dict[str, tuple[tuple[float, float], ...]]   # device -> (slope, offset): $/h >= slope * gpus + offset
+    classes: tuple[NodeClass, ...]
     budget: float | None = None                             # $/hour at most
     minimize_cost: bool = False
+    cover: dict[str, tuple[float, ...]] = field(default_factory=dict)   # device -> [n]: least $/hour of n GPUs
 
 
-def price_pieces(prices_by_node: list[tuple[str, int, float]]) -> dict[str, tuple[tuple[float, float], ...]]:
-    """The convex $/hour of n GPUs of each type, cheapest nodes first: (device, GPUs, $/GPU-hour) per node."""
-    out = {}
-    for device in dict.fromkeys(d for d, _, _ in prices_by_node):
-        rows = sorted((p, c) for d, c, p in prices_by_node if d == device)
-        pieces = []
-        for k, (price, _) in enumerate(rows):
-            below = sum((price - p) * c for p, c in rows[:k])   # what the cheaper nodes save against this price
-            pieces.append((price, -below))
-        out[device] = tuple(pieces)
-    return out
-
-
-def _add_money(model, n, usage, usable, cluster: Cluster, money: GroupingMoney):
-    """The $/hour expression of the GPUs used, with its budget."""
-    costs = []
-    for device in cluster.device_types():
-        used = quicksum(c * k[1] * n[i] for i in usable for k, c in usage[i] if k[0] == device)
-        cost = model.addVar(lb=0, name=f"usd_{device}")
-        for slope, offset in money.pieces[device]:
-            model.addCons(cost >= slope * used + offset)
-        costs.append(cost)
-    total = quicksum(costs)
+def _add_rentals(model, money: GroupingMoney):
+    """The rented nodes of each class (integer variables) and their $/hour, with its budget."""
+    rented = {c: model.addVar(vtype="I", lb=0, ub=cls.nodes, name=f"rent_{c}") for c, cls in enumerate(money.classes)}
+    total = quicksum(cls.usd_per_hour * rented[c] for c, cls in enumerate(money.classes))
     if money.budget is not None:
         model.addCons(total <= money.budget * (1 + 1e-9), name="budget")
-    return total
+    return rented, total
 
 
-def _room(cluster: Cluster, device: str, tp: int) -> int:
-    """GPUs of `device` usable by groups of degree >= tp (each node holds whole groups only)."""
-    return sum((n.count // tp) * tp for n in cluster.nodes if n.device == device)
+def _room(cluster: Cluster, device: str, tp: int, rented=None, money: GroupingMoney | None = None):
+    """GPUs of `device` usable by groups of degree >= tp (each node holds whole groups only); with `rented`,
+    those of the rented nodes (an expression)."""
+    if rented is None:
+        return sum((n.count // tp) * tp for n in cluster.nodes if n.device == device)
+    return quicksum((cls.gpus // tp) * tp * rented[c] for c, cls in enumerate(money.classes) if cls.device == device)
 
 
 def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microbatches: int, deadline_s: float,
@@ -80,14 +75,15 @@ def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microb
     n = {i: model.addVar(vtype="I", lb=0, name=f"n_{i}") for i in usable}
     degrees = sorted({k[1] for t in templates for k in t.kinds})
     usage = {i: templates[i].usage().items() for i in usable}
+    rented, usd = _add_rentals(model, money) if money is not None else (None, None)
     for device in cluster.device_types():
         for tp in degrees:
             terms = [c * k[1] * n[i] for i in usable for k, c in usage[i] if k[0] == device and k[1] >= tp]
             if terms:
-                model.addCons(quicksum(terms) <= _room(cluster, device, tp), name=f"room_{device}_{tp}")
+                model.addCons(quicksum(terms) <= _room(cluster, device, tp, rented, money),
+                              name=f"room_{device}_{tp}")
     model.addCons(quicksum(n.values()) <= total_microbatches, name="one_microbatch_per_pipeline")
     capacity = quicksum(caps[i] * n[i] for i in usable)
-    usd = _add_money(model, n, usage, usable, cluster, money) if money is not None else None
     if money is not None and money.minimize_cost:
         model.addCons(capacity >= total_microbatches, name="finish_the_batch")
         model.setObjective(usd, "minimize")
@@ -100,6 +96,8 @@ def solve_grouping(templates: list[TemplateEval], cluster: Cluster, total_microb
         sol = model.createSol()
         for i, var in n.items():
             model.setSolVal(sol, var, warm_start.get(i, 0))
+        for c, var in (rented or {}).items():
+            model.setSolVal(sol, var, money.classes[c].nodes)      # every node rented: the plain room
         model.addSol(sol)          # stored before presolve: SCIP starts from it (trySol needs a later stage)
     model.optimize()
     timed_out = model.getStatus() == "timelimit"

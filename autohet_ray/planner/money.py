@@ -1,5 +1,5 @@
-"""The planner's side of money (cost/money.py has the prices and the Goal): the grouping program's $/hour, the
-deadlines scanned for the cheapest plan, the estimates that rank candidate groupings, and the one line that
+"""The planner's side of money (cost/money.py has the prices and the Goal): the grouping program's nodes, rented
+whole, and their $/hour, the deadlines scanned for the cheapest plan, the estimates that rank candidate groupings, and the one line that
 says what a goal no plan meets would need.
 
 Cheapest plan: $ per iteration = $/hour x seconds per iteration. For each deadline D of a geometric scan from
@@ -12,24 +12,43 @@ import math
 from dataclasses import replace
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.money import Goal, check_priced, node_gpu_price, plan_usd_per_hour
+from autohet_ray.cost.money import Goal, check_priced, node_usd_per_hour, plan_usd_per_hour
 from autohet_ray.plan.schema import Plan
-from autohet_ray.planner.grouping import Grouping, GroupingMoney, price_pieces, solve_grouping
+from autohet_ray.planner.grouping import Grouping, GroupingMoney, NodeClass, solve_grouping
 
 SCAN_POINTS = 16           # deadlines scanned from the fastest grouping's to the slowest single pipeline's
 SCAN_RATIO_MIN = 1.04      # adjacent deadlines differ by at least this factor
 
 
 def grouping_money(goal: Goal, cluster: Cluster) -> GroupingMoney | None:
+    """The grouping program's money: the cluster's classes of identical nodes (rented whole), the budget, and
+    the least $/hour of whole nodes that hold n GPUs of each type."""
     if goal.plain:
         return None
-    by_node = [(n.device, n.count, node_gpu_price(cluster, goal.prices, n.name)) for n in cluster.nodes]
-    return GroupingMoney(price_pieces(by_node), budget=goal.max_usd_per_hour, minimize_cost=False)
+    classes: dict[tuple, int] = {}
+    for n in cluster.nodes:
+        key = (n.device, n.count, node_usd_per_hour(cluster, goal.prices, n.name))
+        classes[key] = classes.get(key, 0) + 1
+    return GroupingMoney(tuple(NodeClass(d, g, usd, k) for (d, g, usd), k in classes.items()),
+                         budget=goal.max_usd_per_hour, minimize_cost=False, cover=_covers(classes))
+
+
+def _covers(classes: dict[tuple, int]) -> dict[str, tuple[float, ...]]:
+    """Per device, [n]: the least $/hour of whole nodes holding at least n of its GPUs (0/1 knapsack cover)."""
+    out = {}
+    for device in dict.fromkeys(d for d, _, _ in classes):
+        nodes = [(g, usd) for (d, g, usd), k in classes.items() if d == device for _ in range(k)]
+        least = [0.0] + [math.inf] * sum(g for g, _ in nodes)
+        for gpus, usd in nodes:
+            for n in range(len(least) - 1, 0, -1):
+                least[n] = min(least[n], least[max(0, n - gpus)] + usd)
+        out[device] = tuple(least)
+    return out
 
 
 def usage_usd_per_hour(gpus: dict[str, int], money: GroupingMoney) -> float:
-    """$/hour of using this many GPUs of each type, cheapest nodes first."""
-    return sum(max(s * n + o for s, o in money.pieces[d]) for d, n in gpus.items() if n > 0)
+    """$/hour of the whole nodes that hold this many GPUs of each type, at the least."""
+    return sum(money.cover[d][n] if n < len(money.cover[d]) else math.inf for d, n in gpus.items() if n > 0)
 
 
 def grouping_gpus(counts: dict[int, int], templates) -> dict[str, int]:
@@ -78,11 +97,11 @@ def cheapest_groupings(templates, cluster: Cluster, total: int, money: GroupingM
 
 def on_cheapest_nodes(plan: Plan, cluster: Cluster, goal: Goal) -> Plan:
     """The plan moved, node for node, onto the cheapest of identical nodes (same type, GPUs and NIC): a spot
-    node before an on-demand one. Identical nodes price the same in the cost model."""
+    node before an on-demand one. Identical nodes are equally fast in the cost model."""
     if goal.prices is None:
         return plan
     used = list(dict.fromkeys(s.node for p in plan.pipelines for s in p.stages))
-    price = lambda name: node_gpu_price(cluster, goal.prices, name)  # noqa: E731
+    price = lambda name: node_usd_per_hour(cluster, goal.prices, name)  # noqa: E731
     shape = lambda name: (cluster.node(name).device, cluster.node(name).count,  # noqa: E731
                           cluster.node(name).nic_gbps)
     moved: dict[str, str] = {}

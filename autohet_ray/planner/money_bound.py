@@ -1,12 +1,13 @@
 """The lower bound (planner/bound.py) for every goal of cost/money.py: the least $ per iteration of any plan,
 the least iteration time of any plan within a budget, and whether a budget or a throughput floor can be met at
-all. GPUs are priced per class (device type and spot or on-demand node), and the relaxation chooses how many of
-each class to use (u, continuous, at most the class's GPUs).
+all. GPUs are priced per class (device type and price per GPU: a node's instance price over its GPUs), and the
+relaxation chooses how many of each class to use (u, continuous, at most the class's GPUs).
 
 Why it holds. Take any plan with iteration time T that uses u_c GPUs of class c. The proof of bound.py, with
 the N_d devices of a type replaced by the u_c devices the plan uses of each class (each stage sits on one node,
 so on one class), makes (its relaxation point, u, T) a feasible point of LP(T): the fluid program with
-busy_c <= u_c T and held_c <= u_c capacity_c. So its $/hour is at least C(T), the least sum p_c u_c of LP(T).
+busy_c <= u_c T and held_c <= u_c capacity_c. The plan pays for whole nodes (cost/money.py), at least for the GPUs
+it uses at their nodes' price per GPU, so its $/hour is at least C(T), the least sum p_c u_c of LP(T).
 LP(T) only loosens as T grows, so C is non-increasing. For T in [t_k, t_k+1] of a grid starting at bound.py's
 T_min: $ per iteration = $/hour x T >= C(t_k+1) t_k; for T >= t_K: >= C(inf) t_K, with C(inf) the memory-only
 program. Within a budget X: C(T) <= X, so T is at least the least t with C(t) <= X (bisected; the lower end of
@@ -18,7 +19,7 @@ import math
 
 import cvxpy as cp
 
-from autohet_ray.cost.money import Goal, node_gpu_price
+from autohet_ray.cost.money import Goal, node_usd_per_hour
 from autohet_ray.planner.bound import SOLVER_SLACK, lower_bound_iteration_s, type_coefficients
 
 GRID_RATIO = 1.02           # adjacent grid points differ by this factor: the bound is within 2% of the grid's
@@ -30,7 +31,7 @@ def _classes(cluster, goal: Goal, coeffs_of: dict) -> list[tuple[float, int, obj
     out: dict[tuple, int] = {}
     for n in cluster.nodes:
         if coeffs_of.get(n.device) is not None:
-            key = (n.device, node_gpu_price(cluster, goal.prices, n.name))
+            key = (n.device, node_usd_per_hour(cluster, goal.prices, n.name) / n.count)
             out[key] = out.get(key, 0) + n.count
     return [(price, count, coeffs_of[device]) for (device, price), count in out.items()]
 

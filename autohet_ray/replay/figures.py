@@ -8,7 +8,7 @@ from dataclasses import replace
 from autohet_ray.replay.accounting import ideal_samples
 from autohet_ray.replay.phases import GB, PhaseModel
 from autohet_ray.replay.planning import PlanCache
-from autohet_ray.replay.prices import (Price, fleet_cost_usd, held_cost_usd, on_demand_cost_usd,
+from autohet_ray.replay.prices import (Prices, fleet_cost_usd, held_cost_usd, on_demand_cost_usd,
                                       usd_per_million_tokens)
 from autohet_ray.replay.run import goodput_of, on_demand_timeline
 from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, Ours, ReplayConfig, snapshot_overhead
@@ -166,8 +166,8 @@ def plan_ahead_row(timeline: Timeline, plans: PlanCache, config: ReplayConfig, n
 
 
 def cost_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, gpus_per_node: tuple[int, ...],
-                 spot_pools: tuple[bool, ...], prices: dict[str, Price], seq_len: int, ledgers: dict) -> dict:
-    """USD per million tokens: the spot fleet (every alive node billed, spot pools at the spot price) for ours
+                 spot_pools: tuple[bool, ...], prices: Prices, seq_len: int, ledgers: dict) -> dict:
+    """USD per million tokens: the spot fleet (every alive node billed whole, spot pools at the spot price) for ours
     and checkpoint-restart; every node on demand for the whole window for the same job on on-demand GPUs, run
     by checkpoint-restart (no loss to recover from, no snapshot overhead), its launch paid."""
     fleet = fleet_cost_usd(timeline, gpus_per_node, spot_pools, prices)
@@ -221,7 +221,7 @@ def capped_planning_row(timeline: Timeline, plans: PlanCache, config: ReplayConf
 
 
 def costed_figures(timeline: Timeline, plans: PlanCache, config: ReplayConfig, *, emulated: PhaseModel,
-                   gpus_per_node: tuple[int, ...], spot_pools: tuple[bool, ...], prices: dict[str, Price],
+                   gpus_per_node: tuple[int, ...], spot_pools: tuple[bool, ...], prices: Prices,
                    seq_len: int, ledgers: dict, planning_cap_s: float, join_cost: dict | None = None) -> dict:
     """Goodput with its costs in: the emulated phases beside the stated ones, the snapshot overhead, the
     baseline's join policies, plan-ahead and the other gap closers, USD per million tokens, and the 0.90 bar."""

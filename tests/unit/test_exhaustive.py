@@ -7,7 +7,7 @@ import pytest
 
 from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.cost import evaluate_plan
-from autohet_ray.cost.money import Goal, Price, cluster_usd_per_hour
+from autohet_ray.cost.money import Goal, Price, Prices, cluster_usd_per_hour
 from autohet_ray.model import PRESETS
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.profile import analytic_profile
@@ -150,19 +150,21 @@ def test_exhaustive_search_with_recomputation_matches_naive_brute_force():
     assert exhaustive_best(cluster, model, profile, 2, model.max_seq_len, [1], schedules=("1f1b",)) is None
 
 
-_PRICES = {"H800": Price(on_demand=12.29, spot=4.92), "H20": Price(on_demand=5.12, spot=2.05),
-           "A100-40GB": Price(on_demand=4.09, spot=1.64), "V100": Price(on_demand=3.06, spot=1.22),
-           "H100": Price(on_demand=12.29, spot=4.92), "L40S": Price(on_demand=3.77, spot=1.51)}
-GOALS = {"cost": dict(objective="cost"), "budget": dict(max_usd_per_hour=0.6),     # of all the GPUs' $/hour
-         "floor": dict(min_samples_per_s=0.5)}                                           # of the fastest plan's
+_PRICES = Prices.of_gpus({"H800": Price(on_demand=12.29, spot=4.92), "H20": Price(on_demand=5.12, spot=2.05),
+                          "A100-40GB": Price(on_demand=4.09, spot=1.64), "V100": Price(on_demand=3.06, spot=1.22),
+                          "H100": Price(on_demand=12.29, spot=4.92), "L40S": Price(on_demand=3.77, spot=1.51)})
+GOALS = {"cost": dict(objective="cost"), "budget": dict(max_usd_per_hour=0.6),     # of all the nodes' $/hour
+         "floor": dict(min_samples_per_s=0.05)}                                          # of the fastest plan's
+# CASES[0] with the single H20 first (on spot): its 2-GPU H800 node, billed whole, is what the goals weigh
+MONEY_CASES = [((("H20", 1), ("H800", 2)), *CASES[0][1:]), CASES[1], CASES[2]]
 
 
 @pytest.mark.parametrize("goal", list(GOALS))
 @pytest.mark.parametrize("case", [0, 1, 2])
 def test_exhaustive_search_matches_naive_brute_force_for_money_goals(case, goal):
     """The goal's key ($ per iteration, or seconds within a budget / above a floor) over every plan, every
-    subset of GPUs included; the first node is on spot."""
-    nodes, name, layers, batch, mbs, schedules = CASES[case]
+    subset of GPUs included, each node billed whole; the first node is on spot."""
+    nodes, name, layers, batch, mbs, schedules = MONEY_CASES[case]
     cluster = cluster_from_dict({"name": "tiny", "network": {"inter_node_gbps": 200},
                                  "nodes": [{"name": f"n{i}", "device": d, "count": c, "spot": i == 0}
                                            for i, (d, c) in enumerate(nodes)]})

@@ -10,7 +10,7 @@ import pytest
 
 from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.cost.evaluate import best_schedule, evaluate_plan, fits_in_memory
-from autohet_ray.cost.money import Goal, Price
+from autohet_ray.cost.money import Goal, Price, Prices
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.cost.timeline import simulate, simulate_summary
 from autohet_ray.model import PRESETS
@@ -121,8 +121,8 @@ def test_memory_screen_and_best_schedule_agree_with_the_full_evaluation(nodes, m
     assert fits_seen == ({True, False} if some_do_not_fit else {True})
 
 
-PRICES = {"A100-80GB": Price(on_demand=5.12, spot=2.05), "H20": Price(on_demand=5.12, spot=2.05),
-          "H800": Price(on_demand=12.29, spot=4.92)}
+PRICES = Prices.of_gpus({"A100-80GB": Price(on_demand=5.12, spot=2.05), "H20": Price(on_demand=5.12, spot=2.05),
+                         "H800": Price(on_demand=12.29, spot=4.92)})
 
 
 @pytest.mark.parametrize("keep", [1, 6])

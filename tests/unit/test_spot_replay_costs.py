@@ -8,7 +8,7 @@ import pytest
 from autohet_ray.replay.figures import capped_planning_row, cost_figures, snapshot_sweep
 from autohet_ray.replay.phases import PhaseModel
 from autohet_ray.replay.planning import PlanCache, PlannedState
-from autohet_ray.replay.prices import Price
+from autohet_ray.cost.money import Instance, Price, Prices
 from autohet_ray.replay.run import run_systems
 from autohet_ray.replay.systems import ReplayConfig
 from autohet_ray.replay.timeline import build_timeline
@@ -116,16 +116,18 @@ def test_a_loss_during_the_background_build_cancels_the_switch():
 
 
 def test_usd_per_million_tokens_for_the_three_systems():
+    """Billed per instance: a node of 4 GPUs runs on (and pays for) the smallest instance type that holds them."""
     timeline, plans, cfg, out = replay(JOIN)
-    prices = {"H100": Price(on_demand=10.0, spot=4.0)}
-    seq_len, gpus = 100, 8
+    prices = Prices(instances=(Instance(name="8x", device="H100", gpus=8, price=Price(on_demand=80.0, spot=32.0)),
+                               Instance(name="16x", device="H100", gpus=16, price=Price(on_demand=1.0, spot=1.0))))
+    seq_len, gpus = 100, 4
     got = cost_figures(timeline, plans, cfg, gpus_per_node=(gpus,), spot_pools=(True,), prices=prices,
                        seq_len=seq_len, ledgers=out["ledgers"])
-    fleet = gpus * 4.0 * (500.7 * 1 + (1000 - 500.7) * 2) / 3600
+    fleet = 32.0 * (500.7 * 1 + (1000 - 500.7) * 2) / 3600
     assert got["fleet_usd"] == pytest.approx(fleet, abs=0.01)
     ours_tokens = out["ledgers"]["ours"].committed_samples * seq_len
     assert got["usd_per_million_tokens"]["ours"] == pytest.approx(fleet / ours_tokens * 1e6, abs=1e-4)
-    od_usd = 2 * gpus * 10.0 * 1000 / 3600                   # both nodes on demand, the whole window
+    od_usd = 2 * 80.0 * 1000 / 3600                   # both nodes on demand, the whole window
     od_tokens = FAST * (1000 - launch_s(FAST)) * seq_len
     assert got["usd_per_million_tokens"]["on_demand_only"] == pytest.approx(od_usd / od_tokens * 1e6, abs=1e-4)
 
@@ -192,7 +194,7 @@ def test_held_node_billing_counts_only_the_nodes_a_plan_holds():
     cfg = ReplayConfig(global_batch=BATCH, phases=PHASES, checkpoint_every_s=100.0)
     plans = PlanCache(lambda s: replace(fake_planner(s[:1]), state=s, nodes_used=(s[0], 0)))
     out = run_systems(timeline, plans, cfg)
-    prices = {"H100": Price(on_demand=10.0, spot=4.0), "H20": Price(on_demand=3.0, spot=1.0)}
+    prices = Prices.of_gpus({"H100": Price(on_demand=10.0, spot=4.0), "H20": Price(on_demand=3.0, spot=1.0)})
     got = cost_figures(timeline, plans, cfg, gpus_per_node=(8, 8), spot_pools=(True, False), prices=prices,
                        seq_len=100, ledgers=out["ledgers"])
     switch = 500.7                                                  # ours holds 1 node, then 2 from the join on
