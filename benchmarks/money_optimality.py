@@ -4,7 +4,8 @@ leave GPUs out, and the searcher tries every subset of them) and `budget` (the m
 what all the nodes cost). The gap is planner key / optimum key - 1 (key: $ per iteration, or seconds under a
 budget); the bar is <= 1% on every instance. Prices: TEST_PRICES below (on-demand list-like figures per GPU, spot
 at 40%), with every instance's first node on spot; each node is billed whole, as an instance of its GPUs
-(cost/money.py), so a plan that uses one GPU of a 2-GPU node pays for both. Analytic profile: predictions of the cost model.
+(cost/money.py), so a plan that uses one GPU of a 2-GPU node pays for both. Analytic profile: predictions of the
+cost model.
 
     python benchmarks/money_optimality.py [--goal cost|budget] [--only 0,3,...]
 """

@@ -1,6 +1,6 @@
 """The planner's side of money (cost/money.py has the prices and the Goal): the grouping program's nodes, rented
-whole, and their $/hour, the deadlines scanned for the cheapest plan, the estimates that rank candidate groupings, and the one line that
-says what a goal no plan meets would need.
+whole, and their $/hour, the deadlines scanned for the cheapest plan, the estimates that rank candidate
+groupings, and the one line that says what a goal no plan meets would need.
 
 Cheapest plan: $ per iteration = $/hour x seconds per iteration. For each deadline D of a geometric scan from
 the fastest grouping's deadline up to the slowest single pipeline's, SCIP finds the cheapest grouping that
@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.cost.money import Goal, check_priced, node_usd_per_hour, plan_usd_per_hour
+from autohet_ray.cost.money import Goal, check_priced, node_usd_per_hour, plan_nodes, plan_usd_per_hour
 from autohet_ray.plan.schema import Plan
 from autohet_ray.planner.grouping import Grouping, GroupingMoney, NodeClass, solve_grouping
 
@@ -100,7 +100,7 @@ def on_cheapest_nodes(plan: Plan, cluster: Cluster, goal: Goal) -> Plan:
     node before an on-demand one. Identical nodes are equally fast in the cost model."""
     if goal.prices is None:
         return plan
-    used = list(dict.fromkeys(s.node for p in plan.pipelines for s in p.stages))
+    used = plan_nodes(plan)
     price = lambda name: node_usd_per_hour(cluster, goal.prices, name)  # noqa: E731
     shape = lambda name: (cluster.node(name).device, cluster.node(name).count,  # noqa: E731
                           cluster.node(name).nic_gbps)

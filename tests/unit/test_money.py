@@ -151,10 +151,11 @@ def test_budget_gives_the_fastest_plan_within_it_and_the_bound_agrees():
 
 
 def test_unmet_budget_and_floor_say_what_they_would_need():
+    """The cheapest plan per token pays for a whole 2-GPU node."""
     cluster = _cluster(("H800", 2, {}), ("H20", 2, {"spot": True}))
     job = _job(cluster)
     with pytest.raises(ConfigError, match=r"no plan found fits a budget of \$1/hour .* the plan cheapest per token "
-                                          r"costs \$24.58/hour .* raise --max-cost-per-hour to 24.58 for it$"):   # the whole node
+                                          r"costs \$24.58/hour .* raise --max-cost-per-hour to 24.58 for it$"):
         plan_training(**job, global_batch=16, goal=Goal(prices=PRICES, max_usd_per_hour=1.0))
     with pytest.raises(ConfigError, match=r"no plan reaches 100000 samples/s .* the fastest found gives"):
         plan_training(**job, global_batch=16, goal=Goal(prices=PRICES, min_samples_per_s=1e5))
