@@ -1,4 +1,6 @@
-"""`ray start --head` (an emulated GPU node) + `ray job submit --working-dir . -- python jobs/train.py` end to end.
+"""`ray start --head` (an emulated GPU node) + `ray job submit --working-dir . -- python jobs/train.py` end to end, with
+a cluster file of node types only (jobs/local-1.yaml) on a node that carries no autohet.io/node label, as an
+autoscaler's nodes do: discovery finds it by its accelerator label and GPUs and names it by its Ray node id.
 
 The head runs with `--block` and is stopped by SIGTERM to that process (it drains and stops its own processes)
 rather than `ray stop`, which would stop every Ray cluster of this user on the machine.
@@ -6,6 +8,7 @@ rather than `ray stop`, which would stop every Ray cluster of this user on the m
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.timeout(240)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
-LABELS = "ray.io/accelerator-type=H800,autohet.io/node=a,autohet.io/emulated=true"
+LABELS = "ray.io/accelerator-type=H800,autohet.io/emulated=true"          # no node name
 
 
 def _free_port() -> int:
@@ -88,3 +91,4 @@ def test_ray_job_submit_train_end_to_end(ray_head):
     logs = client.get_job_logs("autohet-e2e")
     assert status == JobStatus.SUCCEEDED, logs[-3000:]
     assert "step 2/2: loss" in logs and "(emulated" in logs and '"emulated": true' in logs
+    assert re.search(r"\b[0-9a-f]{56}\b", logs)      # the plan's node, named by its Ray node id
