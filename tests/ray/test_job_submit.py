@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +18,12 @@ import urllib.request
 
 import pytest
 
+from autoscaling_cluster import free_port
+
 pytestmark = pytest.mark.timeout(240)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 LABELS = "ray.io/accelerator-type=H800,autohet.io/emulated=true"          # no node name
-
-
-def _free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port > 20000:          # Ray's worker ports default to 10002-19999
-            return port
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -50,7 +42,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 @pytest.fixture
 def ray_head(tmp_path):
-    dash, client, agent = _free_port(), _free_port(), _free_port()
+    dash, client, agent = free_port(), free_port(), free_port()
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")     # `python` in the job = this venv's python
     env.pop("RAY_ADDRESS", None)
     env["RAY_AUTH_MODE"] = "disabled"     # a ~/.ray/auth_token left by another local cluster must not turn it on
