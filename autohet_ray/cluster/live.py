@@ -83,6 +83,13 @@ def _describe_live(nodes: list[LiveNode]) -> str:
     return ", ".join(f"{n.name} ({n.num_gpus}x {n.device_type}{', spot' if n.spot else ''})" for n in nodes) or "none"
 
 
+def _type_needs(node_type: NodeType) -> str:
+    """A type and what its nodes carry, for messages."""
+    market = SPOT_MARKET if node_type.spot else ON_DEMAND_MARKET
+    return (f"{node_type.name!r} ({node_type.count}x {node_type.device}, {market}: nodes with "
+            f"{ACCELERATOR_LABEL}={label_value(node_type.device)}, {MARKET_LABEL}={market} and {node_type.count} GPUs)")
+
+
 def type_of(types: tuple[NodeType, ...], node: LiveNode) -> NodeType | None:
     """The first of `types` that `node` is an instance of: same GPU type, GPUs per node and market."""
     for node_type in types:
@@ -124,9 +131,8 @@ def _match_file(base: Cluster, nodes: list[LiveNode], prefer: frozenset[str]) ->
             kept.append(replace(live, name=live.node_id))
             cluster_nodes.append(type_instance(types[type_name], live.node_id))
     if not cluster_nodes:
-        raise ConfigError(f"no live Ray node matches a node type of the cluster file ("
-                          f"{', '.join(f'{t.name}: {t.count}x {t.device}, ' + (SPOT_MARKET if t.spot else ON_DEMAND_MARKET) for t in base.types)}"
-                          f"); live GPU nodes: {_describe_live(nodes)}")
+        raise ConfigError(f"no live Ray node matches a node type of the cluster file "
+                          f"({'; '.join(_type_needs(t) for t in base.types)}); live GPU nodes: {_describe_live(nodes)}")
     return replace(base, nodes=tuple(cluster_nodes)), tuple(kept)
 
 
@@ -137,12 +143,8 @@ def check_types(found: Discovered, live: list[LiveNode], *, autoscaled: bool) ->
         have = sum(n.node_type == node_type.name for n in found.cluster.nodes)
         need = node_type.min_nodes if autoscaled else max(node_type.min_nodes, 1)
         if have < need:
-            raise ConfigError(
-                f"node type {node_type.name!r} ({node_type.count}x {node_type.device}, "
-                f"{SPOT_MARKET if node_type.spot else ON_DEMAND_MARKET}) matches {have} live Ray node(s), needs {need}: a node "
-                f"of it carries {ACCELERATOR_LABEL}={label_value(node_type.device)}, {MARKET_LABEL}="
-                f"{SPOT_MARKET if node_type.spot else ON_DEMAND_MARKET} and {node_type.count} GPUs; live GPU nodes: "
-                f"{_describe_live(live)}")
+            raise ConfigError(f"node type {_type_needs(node_type)} matches {have} live Ray node(s), needs {need}; "
+                              f"live GPU nodes: {_describe_live(live)}")
 
 
 def describe(base: Cluster | None, nodes: list[LiveNode], prefer: frozenset[str] = frozenset()) -> Discovered:

@@ -61,8 +61,9 @@ def test_a_type_that_matches_no_live_node_is_one_line():
     with pytest.raises(ConfigError) as err:
         check_types(found, live, autoscaled=False)
     message = str(err.value)
-    assert "node type 'h100-spot' (8x H100, spot) matches 0 live Ray node(s), needs 1" in message
-    assert "ray.io/market-type=spot" in message and "\n" not in message
+    assert "node type 'h100-spot' (8x H100, spot: nodes with ray.io/accelerator-type=H100, " \
+           "ray.io/market-type=spot and 8 GPUs) matches 0 live Ray node(s), needs 1" in message
+    assert "\n" not in message
     check_types(found, live, autoscaled=True)         # the autoscaler may bring it: only min counts
     with pytest.raises(ConfigError, match="no live Ray node matches a node type"):
         describe(cluster_from_dict(TYPES), gpu_nodes([raw_node(3, "V100", None)]))
