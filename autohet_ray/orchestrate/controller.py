@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections import Counter
 import time
 from dataclasses import replace
 
@@ -68,8 +67,6 @@ class Controller(LiveJob):
         self.joining, self.leaving = None, None   # a join's and a notice's preparation (Joining, Leaving)
         self.switch_side = switch_ahead        # the Ray side of the prepared switches job/notice_ahead.py makes
         self.fleet: Fleet | None = None        # the autoscaler request (job.request_fleet), once started
-        self.declined: tuple[str, set[str]] = ("", set())   # (state key, joined nodes its plan leaves out)
-        self.idle_types: dict[str, str | None] = {}          # declined node -> its node type (given back)
 
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start node stores, plan, place and (with restore='cloud_only' or
@@ -161,8 +158,7 @@ class Controller(LiveJob):
     def _ask_fleet(self, *, lost: bool = False) -> None:
         """The running plan's fleet (job.request_fleet): a lost node's replacement asked for, idle nodes given back."""
         if self.fleet is not None:
-            idle = Counter(t for n, t in self.idle_types.items() if t is not None and n in self.declined_now())
-            self.fleet.after_plan(self.found.cluster, {s["node"] for s in self.group.slots}, lost=lost, idle=idle)
+            self.fleet.after_plan(self.found.cluster, {s["node"] for s in self.group.slots}, lost=lost)
 
     def _between_steps(self, on_event) -> list[dict]:
         """Spot notices / drains first (flush, then re-plan without those nodes), then nodes that joined."""
@@ -385,12 +381,10 @@ class Controller(LiveJob):
         instead of planning."""
         assert self.state is State.RUNNING, self.state
         try:
-            available = self.discover()
+            available = set(self.discover().node_ids)
         except ConfigError:          # no usable node at all: the next step fails and is recovered as a loss
             return None
-        self.idle_types = {n.name: n.node_type for n in available.cluster.nodes if n.name in self.declined_now()}
-        grow = self.recovery.on_joins({n.name for n in self.found.nodes} | self.declined_now(),
-                                      set(available.node_ids))
+        grow = self.recovery.on_joins({n.name for n in self.found.nodes}, available)
         if self.joining is not None and (grow is None or self.joining.base != state_key(self.found.cluster)):
             switch_ahead.drop_preparations(self, ("joining",))   # the nodes left, or a node was lost meanwhile
         if grow is None:
@@ -399,12 +393,6 @@ class Controller(LiveJob):
             report = switch_ahead.join_ahead(self, grow.joined)
             return None if report is None else {"joined": grow.joined, **report}
         return {"joined": grow.joined, **self.replan(reason=f"node(s) {grow.joined} joined", plan=plan)}
-
-    def declined_now(self) -> set[str]:
-        """Joined nodes the planner left out of the state the job runs (switch_ahead.join_ahead): not joined
-        again until a loss, a notice or a join changes that state."""
-        key, names = self.declined
-        return names if key == state_key(self.found.cluster) else set()
 
     def mark_fault(self) -> None:
         """Tests and benchmarks note when they inject a failure (detection is timed from here)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 
 from ray.autoscaler.sdk import request_resources
 
@@ -45,12 +44,10 @@ class Fleet:
                 pass
             time.sleep(POLL_S)
 
-    def after_plan(self, cluster: Cluster, plan_nodes: set[str], *, lost: bool = False,
-                   idle: Counter | None = None) -> None:
-        """Re-ask once a plan runs on `cluster` (the live nodes found), using the nodes in `plan_nodes`; `idle`: per
-        type, live nodes outside `cluster` the planner declined. After a loss (`lost`) the standing request is
-        sent again: it names the lost node's replacement."""
-        live, used = nodes_by_type(cluster) + (idle or Counter()), nodes_by_type(cluster, plan_nodes)
+    def after_plan(self, cluster: Cluster, plan_nodes: set[str], *, lost: bool = False) -> None:
+        """Re-ask once a plan runs on `cluster` (the live nodes found), using the nodes in `plan_nodes`; after a
+        loss (`lost`) the standing request is sent again: it names the lost node's replacement."""
+        live, used = nodes_by_type(cluster), nodes_by_type(cluster, plan_nodes)
         counts = next_counts(self.types, self.counts, live, used)
         why = "a replacement for the lost node(s)" if lost else (
             "nodes the plan leaves idle given back" if any(counts[t] < self.counts[t] for t in counts) else "")

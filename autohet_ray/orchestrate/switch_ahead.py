@@ -99,16 +99,9 @@ def prepare_join(ctl, joined: list[str], earlier: Joining | None) -> Joining:
 
 
 def join_ahead(ctl, joined: list[str]) -> dict | None:
-    """A join prepared while the job trains: the switch's report once plan, workers and node stores are up. When
-    the plan made for the state with the joined nodes uses none of them (they do not pay under the job's
-    objective), the preparation is dropped and the nodes are declined (ctl.declined) until the state changes."""
+    """A join prepared while the job trains: the switch's report once plan, workers and node stores are up."""
     if ctl.joining is None or ctl.joining.joined != joined:       # more joined (or fewer): extend
         ctl.joining = prepare_join(ctl, joined, ctl.joining)
-    plan = ctl.joining.plan(ctl.plan_cache)
-    if plan is not None and not {s["node"] for p in plan["pipelines"] for s in p["stages"]} & set(joined):
-        drop_preparations(ctl, ("joining",))
-        ctl.declined = (state_key(ctl.found.cluster), set(joined))
-        return None
     started = ctl.joining.started
     if started and len(ray.wait(started, num_returns=len(started), timeout=0)[0]) < len(started):
         return None                           # train on; switch at a later step boundary
