@@ -1,8 +1,9 @@
 """Names Ray uses for GPU types and nodes (plain strings; no Ray import).
 
-A GPU node says its GPU type with the `ray.io/accelerator-type` label (set by Ray on real GPU nodes) and, on
-emulated or labelled clusters, its cluster-file node name with `autohet.io/node`. Every node has
-`ray.io/node-id`; placement pins bundles with it.
+A GPU node says its GPU type with the `ray.io/accelerator-type` label (set by Ray on real GPU nodes), its market
+with `ray.io/market-type` (`spot` or `on-demand`; Ray does not set it: the autoscaler's node types and KubeRay's
+groups do) and, on emulated or labelled clusters, its cluster-file node name with `autohet.io/node`. Every node
+has `ray.io/node-id`; placement pins bundles with it.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import re
 
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
 NODE_ID_LABEL = "ray.io/node-id"
+MARKET_LABEL = "ray.io/market-type"
+SPOT_MARKET, ON_DEMAND_MARKET = "spot", "on-demand"
 NODE_NAME_LABEL = "autohet.io/node"
 EMULATED_LABEL = "autohet.io/emulated"
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"

@@ -10,7 +10,8 @@ import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from autohet_ray.checkpoint.node_store import sweep_node_stores
-from autohet_ray.cluster.labels import ACCELERATOR_LABEL, EMULATED_LABEL, NODE_NAME_LABEL, gpu_resource, label_value
+from autohet_ray.cluster.labels import (ACCELERATOR_LABEL, EMULATED_LABEL, MARKET_LABEL, NODE_NAME_LABEL, ON_DEMAND_MARKET,
+                                        SPOT_MARKET, gpu_resource, label_value)
 from autohet_ray.cluster.spec import Cluster, Node
 
 # Ray's test cluster gives each node a 150 MiB object store, far below a real node's; keepers hold
@@ -20,11 +21,18 @@ EMULATED_OBJECT_STORE_BYTES = 768 << 20
 
 def node_args(node: Node, *, num_cpus: float = 0, cpus_per_gpu: float = 0) -> dict:
     """Ray test-cluster node options standing for `node`: fake GPUs, a per-type custom resource and labels (and
-    logical CPUs, `cpus_per_gpu` per GPU, for frameworks such as Ray Train's CPU workers that ask for CPUs)."""
+    logical CPUs, `cpus_per_gpu` per GPU, for frameworks such as Ray Train's CPU workers that ask for CPUs). An
+    instance of a node type carries no node name, as an autoscaler's node does: discovery names it by its id."""
     return {"num_cpus": num_cpus + cpus_per_gpu * node.count, "num_gpus": node.count,
             "object_store_memory": EMULATED_OBJECT_STORE_BYTES, "resources": {gpu_resource(node.device): node.count},
-            "labels": {ACCELERATOR_LABEL: label_value(node.device), NODE_NAME_LABEL: node.name,
-                       EMULATED_LABEL: "true"}}
+            "labels": emulated_labels(node.device, spot=node.spot)
+                      | ({NODE_NAME_LABEL: node.name} if node.node_type is None else {})}
+
+
+def emulated_labels(device: str, *, spot: bool) -> dict[str, str]:
+    """The labels of an emulated node of `device`: what discovery reads (cluster/live.py)."""
+    return {ACCELERATOR_LABEL: label_value(device), MARKET_LABEL: SPOT_MARKET if spot else ON_DEMAND_MARKET,
+            EMULATED_LABEL: "true"}
 
 
 @contextlib.contextmanager

@@ -36,8 +36,9 @@ class TrainJob:
     """The model that runs: a preset name, a model YAML or hf:DIR (a Hugging Face config.json); kept as its
     ModelSpec fields."""
     cluster: dict
-    """The cluster file (nodes, GPU types, links), or its contents inline; every node must be a live Ray node
-    labelled autohet.io/node=<name>."""
+    """The cluster file (named nodes and/or node types, GPU types, links), or its contents inline; every named
+    node must be a live Ray node labelled autohet.io/node=<name>; a node type's instances are the live nodes that
+    match it (GPU type, GPUs per node, market), named by their Ray node ids."""
     global_batch: int
     """Samples per step."""
     data: str | None = None
@@ -142,6 +143,12 @@ class TrainJob:
     and planned away before it goes)."""
     spot_provider: str = "aws"
     """Whose instance metadata spot_watch reads: "aws", "gcp", "azure", or "auto" (tries each)."""
+    request_fleet: bool = False
+    """Ask the Ray autoscaler (its public SDK, request_resources) for the nodes of the cluster file's node types
+    that the plan needs: each type's max at the start, a reclaimed node's replacement, and less once the plan
+    leaves nodes of a type idle (they do not pay). The job waits up to fleet_wait_s for its first nodes."""
+    fleet_wait_s: float = 300.0
+    """request_fleet: how long the start waits for the requested nodes (it then trains on those that came)."""
     max_recoveries: int = 5
     """Recoveries allowed while the job makes no progress (see recovery_window_steps); one more failure then
     stops the job (its newest committed step secured first)."""
@@ -170,7 +177,7 @@ class TrainJob:
                     or getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
         for name in ("loss_grace_s", "detect_timeout_s", "setup_timeout_s", "collective_timeout_s",
-                     "plan_time_limit_s", "control_timeout_s", "dataset_cache_gb"):
+                     "plan_time_limit_s", "control_timeout_s", "dataset_cache_gb", "fleet_wait_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0 seconds")
         if self.iteration_wall_s is not None and not self.iteration_wall_s > 0:

@@ -22,6 +22,8 @@ from dataclasses import replace
 
 import ray
 
+from autohet_ray import ConfigError
+from autohet_ray.cluster.live import check_types
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
 from autohet_ray.elastic.keeper import stop_keeper
@@ -34,6 +36,8 @@ from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
 from autohet_ray.metrics.tensorboard import TensorBoardLog
+from autohet_ray.orchestrate.discovery import live_nodes
+from autohet_ray.orchestrate.fleet import Fleet
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
 from autohet_ray.orchestrate import switch_ahead
@@ -62,13 +66,18 @@ class Controller(LiveJob):
         self.groups_ahead = True             # ... the next plan's process groups too (switch_ahead.Standby)
         self.joining, self.leaving = None, None   # a join's and a notice's preparation (Joining, Leaving)
         self.switch_side = switch_ahead        # the Ray side of the prepared switches job/notice_ahead.py makes
+        self.fleet: Fleet | None = None        # the autoscaler request (job.request_fleet), once started
 
     def start(self, *, restore: str | None = None) -> dict:
         """Discover, profile once, start node stores, plan, place and (with restore='cloud_only' or
         'local_first') load the newest committed step. Returns the launch report."""
         assert self.state is State.NEW, self.state
         self.recovery.drained(draining_nodes())
+        if self.job.request_fleet and self.base_cluster.types:
+            self.fleet = Fleet(self.base_cluster)
+            self.fleet.start(self.discover, self.job.fleet_wait_s)
         self.found = self.discover(confirm=True)
+        check_types(self.found, live_nodes(), autoscaled=self.fleet is not None)
         if self.profile is None:
             from autohet_ray.orchestrate.profiling import job_profile  # lazy: torch, for a measured profile only
             self.profile = job_profile(self.job, found=self.found, priced_model=self.priced_model,
@@ -121,10 +130,12 @@ class Controller(LiveJob):
             if spot_provider:
                 self.watch_spot(provider=spot_provider)
             while self.step_index < steps:
+                self._ask_fleet()
                 if self.job.elastic:
                     events += self._between_steps(on_event)
                 metrics = self.step()
                 if "recovery" in metrics:
+                    self._ask_fleet(lost=True)
                     events.append(metrics["recovery"])
                     on_event("recovered", metrics["recovery"])
                 on_event("step", metrics)
@@ -143,6 +154,11 @@ class Controller(LiveJob):
                 "storage_committed": self.committer.storage_committed[-1:] if self.committer else [],
                 "standby_failures": list(self.recovery.standby_failures),
                 **run_figures(self.history, self.job.paced, self.job.global_batch)}
+
+    def _ask_fleet(self, *, lost: bool = False) -> None:
+        """The running plan's fleet (job.request_fleet): a lost node's replacement asked for, idle nodes given back."""
+        if self.fleet is not None:
+            self.fleet.after_plan(self.found.cluster, {s["node"] for s in self.group.slots}, lost=lost)
 
     def _between_steps(self, on_event) -> list[dict]:
         """Spot notices / drains first (flush, then re-plan without those nodes), then nodes that joined."""
@@ -359,13 +375,16 @@ class Controller(LiveJob):
                          "handed_over_bytes": handed_over}
 
     def check_joins(self, plan: dict | None = None) -> dict | None:
-        """Re-plan onto nodes of the cluster file that joined since the last plan (replacement spot nodes the
-        autoscaler brought); None when none joined, or while the join is prepared (orchestrate/switch_ahead.py).
-        `plan`: run this plan instead of planning."""
+        """Re-plan onto nodes that joined since the last plan: named nodes of the cluster file back again, and any
+        live node of one of its node types, whatever its id (replacement spot nodes the autoscaler brought); None
+        when none joined, or while the join is prepared (orchestrate/switch_ahead.py). `plan`: run this plan
+        instead of planning."""
         assert self.state is State.RUNNING, self.state
-        grow = self.recovery.on_joins({n.name for n in self.found.nodes},
-                                      set(self.recovery.dead_nodes(self.base_cluster)),
-                                      [n.name for n in self.base_cluster.nodes])
+        try:
+            available = set(self.discover().node_ids)
+        except ConfigError:          # no usable node at all: the next step fails and is recovered as a loss
+            return None
+        grow = self.recovery.on_joins({n.name for n in self.found.nodes}, available)
         if self.joining is not None and (grow is None or self.joining.base != state_key(self.found.cluster)):
             switch_ahead.drop_preparations(self, ("joining",))   # the nodes left, or a node was lost meanwhile
         if grow is None:

@@ -30,10 +30,12 @@ def live_nodes(raw_nodes: list[dict] | None = None) -> list[LiveNode]:
     return gpu_nodes(raws, refused_raylets(raws))
 
 
-def discover(base: Cluster | None = None, raw_nodes: list[dict] | None = None) -> Discovered:
+def discover(base: Cluster | None = None, raw_nodes: list[dict] | None = None,
+             prefer: frozenset[str] = frozenset()) -> Discovered:
     """The live cluster from labels and resources; with `base` (a cluster file), its links and custom devices,
-    checked against Ray. `discover_confirmed` also asks each node's device."""
-    return describe(base, live_nodes(raw_nodes))
+    checked against Ray, and its node types' live instances (`prefer`: node ids a type keeps first).
+    `discover_confirmed` also asks each node's device."""
+    return describe(base, live_nodes(raw_nodes), prefer)
 
 
 def _probe() -> dict:

@@ -68,8 +68,9 @@ class LiveJob:
         if missing and confirm and not self.job.elastic:   # a plain job runs on the file's nodes, all of them
             discover(self.base_cluster, usable)            # the ConfigError naming what Ray has instead
         cluster = without_nodes(self.base_cluster, missing)
-        found = discover(cluster, usable)
-        return describe(cluster, confirm_nodes(list(found.nodes))) if confirm else found
+        prefer = frozenset(self.found.node_ids.values()) if self.found is not None else frozenset()
+        found = discover(cluster, usable, prefer)
+        return describe(cluster, confirm_nodes(list(found.nodes)), prefer) if confirm else found
 
     def _record_job(self) -> None:
         """The job id, its config and its profile, in the storage (for resume and every re-plan)."""

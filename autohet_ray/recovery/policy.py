@@ -113,9 +113,10 @@ class Recovery:
         return Drain(sorted(pending), noticed)
 
     @staticmethod
-    def on_joins(current: set[str], dead: set[str], names: list[str]) -> Grow | None:
-        """Nodes of the cluster file (`names`) live again since the last plan (`current`); None when none."""
-        joined = sorted(n for n in names if n not in current | dead)
+    def on_joins(current: set[str], available: set[str]) -> Grow | None:
+        """Nodes the job may use now (`available`: named nodes of the cluster file and live instances of its node
+        types, whatever their ids) that the last plan (`current`) did not have; None when none."""
+        joined = sorted(available - current)
         return Grow(joined) if joined else None
 
     # -- what the next plan may use --------------------------------------------------------------------------
@@ -124,10 +125,10 @@ class Recovery:
         self.draining |= set(node_ids)
 
     def dead_nodes(self, cluster, usable: list[dict]) -> list[str]:
-        """Nodes of `cluster` (the cluster file) with no usable live Ray node (`usable`: the `ray.nodes()` entries
-        of live nodes the job may use)."""
+        """Named nodes of `cluster` (the cluster file) with no usable live Ray node (`usable`: the `ray.nodes()`
+        entries of live nodes the job may use). A node type's instances are whichever live nodes match it."""
         names = {(raw.get("Labels") or {}).get("autohet.io/node") for raw in usable}
-        return [n.name for n in cluster.nodes if n.name not in names]
+        return [n.name for n in cluster.nodes if n.node_type is None and n.name not in names]
 
 
 def store_only_nodes(stores, slots: list[dict]) -> tuple[str, ...]:

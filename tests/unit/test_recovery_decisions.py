@@ -165,6 +165,8 @@ def test_a_notice_for_a_node_the_job_does_not_use_is_only_acknowledged():
     assert rec.draining == {"id-z"}          # it joined but was never planned onto: it never will be
 
 
-def test_joined_nodes_are_those_of_the_cluster_file_neither_used_nor_dead():
-    assert Recovery.on_joins({"a"}, {"c"}, ["a", "b", "c", "d"]) == Grow(joined=["b", "d"])
-    assert Recovery.on_joins({"a", "b"}, {"c"}, ["a", "b", "c"]) is None
+def test_joined_nodes_are_the_available_ones_the_plan_does_not_use():
+    assert Recovery.on_joins({"a"}, {"a", "b", "d"}) == Grow(joined=["b", "d"])
+    assert Recovery.on_joins({"a", "b"}, {"a", "b"}) is None
+    replacement = "f" * 51 + "00003"              # an autoscaled node, named by its Ray node id
+    assert Recovery.on_joins({"f" * 51 + "00001"}, {"f" * 51 + "00001", replacement}) == Grow(joined=[replacement])
