@@ -24,7 +24,7 @@ import time
 from autohet_ray.cluster.labels import gpu_resource
 from autohet_ray.testbed.host import (CPU_ROOT, FREEZER_ROOT, NODE_STORE_ROOT, PREFIX, STATE_DIR, cgroup_pids, enter_ns, enter_ns,
                                       check_host, our_namespaces, remove_cgroup_tree, sh, write)
-from autohet_ray.testbed.spec import CFS_PERIOD_US, Testbed
+from autohet_ray.testbed.spec import CFS_PERIOD_US, Testbed, parse_testbed
 
 SWITCH_NS, HEAD_NS, S3_NS = f"{PREFIX}-sw", f"{PREFIX}-head", f"{PREFIX}-s3"
 IFNAME = "tb0"                     # every namespace's veth has this name inside it (GLOO_SOCKET_IFNAME)
@@ -70,10 +70,10 @@ def driver_env() -> dict:
             "AUTOHET_TESTBED_CLUSTER": CLUSTER_PATH, "RAY_USAGE_STATS_ENABLED": "0", **S3_CREDENTIALS}
 
 
-def _tbf(ns: str, dev: str, mbit: float) -> None:
+def _tbf(ns: str, dev: str, mbit: float, verb: str = "add") -> None:
     rate_Bps = mbit * 1e6 / 8
     burst = max(int(rate_Bps / 100), 32 << 10)           # 10 ms worth, at least 32 KiB (a GSO packet or two)
-    sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit", "burst", str(burst),
+    sh("tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "tbf", "rate", f"{mbit}mbit", "burst", str(burst),
        "latency", "200ms")
 
 
@@ -212,16 +212,48 @@ def up(bed: Testbed, *, timeout_s: float = 90.0) -> dict:
                           "--num-gpus", "0", "--include-dashboard=false", "--system-config", json.dumps(HEALTH_CHECKS)],
                 env, "the Ray head", timeout_s)
     for node, info in zip(bed.nodes, nodes):       # one at a time: Ray's registration window is 30 s
-        labels = {"ray.io/accelerator-type": node.device, "autohet.io/node": node.name,
-                  "autohet.io/emulated": "true", "autohet.io/testbed": bed.name}
-        _start_node(info["ns"], [
-            "--address", ray_address(), "--node-ip-address", info["ip"], "--num-cpus", "0",
-            "--num-gpus", str(node.count), "--resources", json.dumps({gpu_resource(node.device): node.count}),
-            "--labels", ",".join(f"{k}={v}" for k, v in labels.items())],
-            env | {"AUTOHET_DEVICE_CGROUPS": info["cpu_cgroup"]}, f"ray start on node {node.name}", timeout_s)
+        _start_raylet(bed, node, info, timeout_s)
     in_namespace(HEAD_NS, _WAIT_READY.format(timeout=timeout_s, endpoint=s3_endpoint(), bucket=BUCKET,
                                              address=ray_address(), nodes=len(bed.nodes)), timeout_s=timeout_s + 30)
     return state
+
+
+def _start_raylet(bed: Testbed, node, info: dict, timeout_s: float) -> None:
+    labels = {"ray.io/accelerator-type": node.device, "autohet.io/node": node.name,
+              "autohet.io/emulated": "true", "autohet.io/testbed": bed.name}
+    _start_node(info["ns"], [
+        "--address", ray_address(), "--node-ip-address", info["ip"], "--num-cpus", "0",
+        "--num-gpus", str(node.count), "--resources", json.dumps({gpu_resource(node.device): node.count}),
+        "--labels", ",".join(f"{k}={v}" for k, v in labels.items())],
+        driver_env() | {"AUTOHET_DEVICE_CGROUPS": info["cpu_cgroup"]}, f"ray start on node {node.name}", timeout_s)
+
+
+def revive(name: str, timeout_s: float = 90.0) -> None:
+    """A replacement for vanished node `name`: its frozen processes killed, its link up, a new raylet (a new
+    Ray node id) in its namespace."""
+    state = read_state()
+    bed = parse_testbed(state["testbed"], cores=os.cpu_count())
+    info = next(n for n in state["nodes"] if n["name"] == name)
+    pids = cgroup_pids(info["freezer"])
+    _signal(pids, signal.SIGKILL)
+    write(os.path.join(info["freezer"], "freezer.state"), "THAWED")
+    _wait_gone(pids, 10)
+    sh("ip", "-n", SWITCH_NS, "link", "set", info["port"], "up")
+    _start_raylet(bed, bed.node(name), info, timeout_s)
+
+
+def set_storage_rate(mbit: float) -> None:
+    """The S3 link's rate (both directions), changed in place."""
+    for ns, dev in ((S3_NS, IFNAME), (SWITCH_NS, "p1")):
+        _tbf(ns, dev, mbit, verb="change")
+
+
+def drive(argv: list[str], *, timeout_s: float | None = None) -> subprocess.CompletedProcess:
+    """Run `argv` as a driver in the head's namespace (the testbed's environment, its freezer cgroup); its
+    stdout captured, its stderr passed through."""
+    procs = os.path.join(_freezer(f"{HEAD_NS}-driver"), "cgroup.procs")
+    return subprocess.run([*enter_ns(HEAD_NS), *argv], env=os.environ | driver_env(), stdout=subprocess.PIPE,
+                          text=True, timeout=timeout_s, preexec_fn=lambda: write(procs, os.getpid()))
 
 
 def read_state() -> dict:
