@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -207,7 +208,8 @@ def main() -> int:
     ap.add_argument("--homogeneous", default=os.path.join(REPO, "jobs", "testbeds", "paper-mix-homogeneous.yaml"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--global-batch", type=int, default=32)
+    ap.add_argument("--global-batch", type=int, default=40, help="a multiple of 5: Megatron-LM on all 5 devices "
+                                                                     "is data-parallel 5")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--storage-mbit", default="16,64,256")
     ap.add_argument("--vanish", default="h20", help="the node that vanishes")
@@ -217,6 +219,8 @@ def main() -> int:
     ap.add_argument("--profile", default="analytic", help=argparse.SUPPRESS)
     ap.add_argument("--model", default=MODEL, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # the testbed is taken down on the way out
+    signal.signal(signal.SIGINT, signal.default_int_handler)     # also when started in the background
     if args.inner_recover:
         return inner_recover(args)
     skip = set(filter(None, args.skip.split(",")))

@@ -62,3 +62,23 @@ def test_a_bad_testbed_file_is_one_line_and_exit_2(tmp_path, capsys, change, mes
     assert main(["testbed", "up", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message.split("=")[0] in err, err
+
+
+def test_a_worker_joins_the_cgroup_of_the_device_ray_gave_it(tmp_path, monkeypatch):
+    from autohet_ray.runtime.device import join_device_cgroup
+    monkeypatch.delenv("AUTOHET_DEVICE_CGROUPS", raising=False)
+    assert join_device_cgroup(["1"]) is None                          # off a testbed: nothing to join
+    (tmp_path / "dev1").mkdir()
+    monkeypatch.setenv("AUTOHET_DEVICE_CGROUPS", str(tmp_path))
+    assert join_device_cgroup([]) is None                             # a worker that takes no device
+    assert join_device_cgroup(["1"]) == str(tmp_path / "dev1" / "cgroup.procs")
+    assert (tmp_path / "dev1" / "cgroup.procs").read_text() == str(os.getpid())
+    with pytest.raises(RuntimeError, match="exactly one device"):
+        join_device_cgroup(["0", "1"])
+
+
+def test_under_a_quota_a_timed_rep_spans_twenty_periods():
+    from autohet_ray.profile.measure import reps_per_block
+    assert reps_per_block(0.002, None) == 1                           # no quota: one rep, the fastest kept
+    assert reps_per_block(0.002, 0.010) == 100                        # 20 periods of 10 ms in 2 ms reps
+    assert reps_per_block(0.5, 0.010) == 1
