@@ -264,7 +264,8 @@ def main() -> int:
             "phases": {rate: {mode: {k: r[mode][k] for k in (*PHASES, "whole_s")} for mode in ("local_first", "cloud_only")}
                        for rate, r in rec.items()},
             "whole_recovery_ratio": {rate: round(r["whole_recovery_ratio"], 3) for rate, r in rec.items()},
-            "lost_steps": max(r[m]["lost_steps"] for r in rec.values() for m in ("local_first", "cloud_only")),
+            "lost_steps": max(r["lost_steps"] for r in locals_),          # committed steps, local-first
+            "lost_steps_cloud_only": max(r["cloud_only"]["lost_steps"] for r in rec.values()),   # S3 lags
             "storage_bytes_local_first": max(r["storage_bytes"] for r in locals_),
             "loss_grace_s": locals_[0]["loss_grace_s"]}
     report = {"measured": measured, "predicted": predicted,
