@@ -6,6 +6,8 @@ Every test belongs to exactly one tier, by its folder unless it is marked otherw
           `plan` solves its lower bound in a child process), a subprocess killed mid-upload, a fresh interpreter.
 - `dist`  (tests/dist): several torch processes (gloo on CPU), each result compared with one process.
 - `ray`   (tests/ray): a local Ray cluster.
+- `testbed` (tests/testbed): a heterogeneous testbed on this machine (root: network namespaces, cgroups; CI runs
+          it as root, elsewhere it is skipped with the reason).
 A `unit` test that starts a process fails at once, naming the tier it belongs to.
 """
 import _posixsubprocess
@@ -19,8 +21,8 @@ import pytest
 # tests/exhaustive.py (the brute-force planner reference) is imported by tests and benchmarks
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-TIERS = ("unit", "cli", "dist", "ray")
-TIER_OF_FOLDER = {"unit": "unit", "cli": "cli", "dist": "dist", "ray": "ray"}
+TIERS = ("unit", "cli", "dist", "ray", "testbed")
+TIER_OF_FOLDER = {"unit": "unit", "cli": "cli", "dist": "dist", "ray": "ray", "testbed": "testbed"}
 
 
 def pytest_configure(config):
@@ -28,6 +30,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cli: a whole command or another program run end to end on one machine")
     config.addinivalue_line("markers", "dist: several torch processes (gloo on CPU)")
     config.addinivalue_line("markers", "ray: a local Ray cluster")
+    config.addinivalue_line("markers", "testbed: a heterogeneous testbed of CPU shares and shaped links (root)")
 
 
 def tier_of(item) -> str:

@@ -13,6 +13,7 @@ from autohet_ray.cli.money import add_money_options
 from autohet_ray.cli.options import add_options
 from autohet_ray.cli.plan import cmd_evaluate, cmd_plan, cmd_show
 from autohet_ray.cli.resume import add_resume_parser, cmd_resume
+from autohet_ray.cli.testbed import add_testbed_parser, cmd_testbed
 from autohet_ray.cli.train import cmd_profile_local, cmd_profile_ray, cmd_train
 from autohet_ray.config_io import check_writable
 from autohet_ray.job.config import TrainJob
@@ -73,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     add_resume_parser(sub)
     add_data_parser(sub)
     add_export_parser(sub)
+    add_testbed_parser(sub)
     return ap
 
 
@@ -112,7 +114,8 @@ def _message(exc: ConfigError) -> str:
 
 
 COMMANDS = {"plan": cmd_plan, "evaluate": cmd_evaluate, "show": cmd_show, "train": cmd_train, "data": cmd_data,
-            "resume": cmd_resume, "export": cmd_export}
+            "resume": cmd_resume, "export": cmd_export,
+            "testbed": cmd_testbed}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,7 @@ from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile, profile_from_dict
 from autohet_ray.profile.link_probe import probe_link
 from autohet_ray.profile.measure import measure_profile, software_versions
+from autohet_ray.runtime.device import join_device_cgroup
 from autohet_ray.runtime.update_rate import update_s_per_param
 
 
@@ -47,6 +48,7 @@ LINK_BYTES = 4 << 20
 class ProfileActor:
     def __init__(self):
         torch.set_num_threads(1)
+        join_device_cgroup(ray.get_gpu_ids())        # a testbed device computes at its CPU share
 
     def device_name(self) -> str:
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else (platform.processor() or "cpu")

@@ -30,7 +30,7 @@ from autohet_ray.metrics.step import rank_measurements, start_peak_memory
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.abort import collective_abort
-from autohet_ray.runtime.device import default_backend, node_gpu_id
+from autohet_ray.runtime.device import default_backend, join_device_cgroup, node_gpu_id
 from autohet_ray.runtime.engine import Engine
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
@@ -51,13 +51,14 @@ class Worker:
         self._handles_lock = threading.Lock()
         self._copy_wait_s = 0.0
         torch.set_num_threads(1)
+        self.device_cgroup = join_device_cgroup(ray.get_gpu_ids()) if gpu_index is None else None
 
     @ray.method(concurrency_group="control")
     def where(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"rank": self.rank, "node_id": ctx.get_node_id(), "pid": os.getpid(),
                 "labels": dict(ctx.get_node_labels()), "cuda": torch.cuda.is_available(),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "device_cgroup": self.device_cgroup}
 
     def host_store(self, world_size: int, timeout_s: float, loopback: bool = True) -> tuple[str, int]:
         """Start the rendezvous store here (as rank 0) before any rank joins: a rank whose client connects

@@ -6,11 +6,14 @@ those from the links. `autohet profile --local` then re-times compute and collec
 them (runtime/in_situ_cost.py); profiling on Ray keeps these figures. Forward and
 backward are timed separately (a few warm-up reps, then the fastest of the timed reps: the one least disturbed
 by other work on the host; on a dedicated GPU the reps agree within a few percent, on a shared CPU the median
-would measure the other processes). Memory: parameter bytes of the shard, and the bytes autograd saves for
+would measure the other processes). A process under a CFS quota (a testbed device: its cgroup's share of a core)
+runs at full speed until its quota of a period is spent, then waits for the next: there each timed rep is the
+mean of a block of reps spanning BLOCK_PERIODS periods, so it pays its share of the waits. Memory: parameter bytes of the shard, and the bytes autograd saves for
 backward during the forward (counted through `torch.autograd.graph.saved_tensors_hooks`, each storage once, parameters excluded).
 """
 from __future__ import annotations
 
+import math
 import platform
 import time
 from dataclasses import dataclass
@@ -29,6 +32,36 @@ from autohet_ray.profile.shards import build_shard
 
 WARMUP_REPS = 2
 TIMED_REPS = 7
+BLOCK_PERIODS = 20          # a timed block under a CFS quota spans this many quota periods
+
+
+def cpu_quota_period_s() -> float | None:
+    """The CFS period (seconds) of this process's cgroup v1 cpu quota where it has one (a testbed device),
+    else None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            base = f"/sys/fs/cgroup/cpu{path}"
+            try:
+                with open(f"{base}/cpu.cfs_quota_us") as q, open(f"{base}/cpu.cfs_period_us") as p:
+                    quota, period = int(q.read()), int(p.read())
+            except OSError:
+                return None
+            return period / 1e6 if quota > 0 else None
+    return None
+
+
+def reps_per_block(rep_s: float, period_s: float | None) -> int:
+    """How many reps of `rep_s` seconds one timed rep averages: 1 off a quota; enough to span BLOCK_PERIODS
+    quota periods under one."""
+    if period_s is None or rep_s <= 0:
+        return 1
+    return max(1, math.ceil(BLOCK_PERIODS * period_s / rep_s))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,21 +107,26 @@ def _time_module(run, inputs, device: torch.device, params: list[torch.Tensor]) 
     the first does (one more read and write of the weights' size)."""
     fwds, bwds, act = [], [], 0
     exclude = {p.untyped_storage().data_ptr() for p in params}
+    period_s, block = cpu_quota_period_s(), 1
     for rep in range(WARMUP_REPS + TIMED_REPS):
-        x = inputs()
-        counter = _SavedBytes(exclude)
-        sync_device(device)
-        t0 = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-            out = run(x)
-        sync_device(device)
-        t1 = time.perf_counter()
-        out.backward(torch.ones_like(out))
-        sync_device(device)
-        t2 = time.perf_counter()
-        if rep >= WARMUP_REPS:
-            fwds.append(t1 - t0)
-            bwds.append(t2 - t1)
+        fwd = bwd = 0.0
+        for _ in range(block):
+            x = inputs()
+            counter = _SavedBytes(exclude)
+            sync_device(device)
+            t0 = time.perf_counter()
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                out = run(x)
+            sync_device(device)
+            t1 = time.perf_counter()
+            out.backward(torch.ones_like(out))
+            sync_device(device)
+            fwd, bwd = fwd + t1 - t0, bwd + time.perf_counter() - t1
+        if rep == WARMUP_REPS - 1:
+            block = reps_per_block((fwd + bwd) / block, period_s)
+        elif rep >= WARMUP_REPS:
+            fwds.append(fwd / block)
+            bwds.append(bwd / block)
             act = counter.bytes
     return _Timing(fwd_s=min(fwds), bwd_s=min(bwds), activation_bytes=act)
 

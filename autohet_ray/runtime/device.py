@@ -39,6 +39,21 @@ def standby_gpu_indices(slots: list[dict], reuse: dict[str, list], real_gpu_node
     return out
 
 
+def join_device_cgroup(gpu_ids: list) -> str | None:
+    """On a testbed node (its raylet's AUTOHET_DEVICE_CGROUPS: the node's cgroup v1 cpu directory, one `dev<i>`
+    per device), move this process into the CPU cgroup of the one device Ray gave it, so it computes at that
+    device's share; the path joined, or None off a testbed or for a process that takes no device."""
+    root = os.environ.get("AUTOHET_DEVICE_CGROUPS")
+    if not root or not gpu_ids:
+        return None
+    if len(gpu_ids) != 1:
+        raise RuntimeError(f"a testbed worker takes exactly one device; Ray gave it {gpu_ids}")
+    path = os.path.join(root, f"dev{gpu_ids[0]}", "cgroup.procs")
+    with open(path, "w") as f:                # cgroup v1: moves every thread of the process
+        f.write(str(os.getpid()))
+    return path
+
+
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 

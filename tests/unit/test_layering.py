@@ -28,6 +28,7 @@ FLOORS = [
     {"elastic"},                                                  # Ray side of recovery
     {"emulate"},                                                  # device emulation
     {"orchestrate"},                                              # Ray glue, the controller
+    {"testbed"},                                                  # CPU shares, shaped links, a raylet per netns
     {"cli"},
 ]
 FLOOR = {layer: level for level, layers in enumerate(FLOORS) for layer in layers}
