@@ -130,10 +130,10 @@ def _shape(plan: Plan) -> list[dict]:
                         for s in p.stages]} for k, p in enumerate(plan.pipelines)]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--top", type=int, default=8)
-    top = parser.parse_args().top
+    top = parser.parse_args(argv).top
     cluster, prices, model, profile = _setup()
     request = dict(model=model, profile=profile, global_batch=BATCH, seq_len=model.max_seq_len,
                    time_limit_s=TIME_LIMIT_S)

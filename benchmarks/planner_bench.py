@@ -25,15 +25,14 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from autohet_ray.cluster import cluster_from_dict, load_cluster  # noqa: E402
-from autohet_ray.cost.breakdown import breakdown_line, time_breakdown  # noqa: E402
-from autohet_ray.model import PRESETS  # noqa: E402
-from autohet_ray.planner import plan_with_baselines, strongest_baseline  # noqa: E402
-from autohet_ray.planner.search import plan_training, token_cap_sizes  # noqa: E402
-from autohet_ray.profile import analytic_profile  # noqa: E402
-from exhaustive import exhaustive_best  # noqa: E402
+from autohet_ray.cluster import cluster_from_dict, load_cluster
+from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
+from autohet_ray.model import PRESETS
+from autohet_ray.planner import plan_with_baselines, strongest_baseline
+from autohet_ray.planner.search import plan_training, token_cap_sizes
+from autohet_ray.profile import analytic_profile
+from tests.exhaustive import exhaustive_best
 
 CLUSTERS = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "clusters"
 PAPER = {("bert-large", "megatron"): 1.38, ("gpt3-1.3b", "megatron"): 1.53, ("gpt3-1.3b", "whale"): 1.27,
@@ -244,12 +243,12 @@ def _rounded(row: dict) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few rows of each table")
     ap.add_argument("--only", choices=["optimality", "scaling", "money", "gains", "sweep", "deep"],
                     help="run one table")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.only:
         table = {"optimality": optimality, "scaling": scaling, "money": money_scaling, "gains": gains,
                  "sweep": batch_sweep, "deep": deep_search}[args.only]

@@ -65,11 +65,11 @@ def _bench_rank(rank: int, world_size: int, plan: Plan, steps: int) -> dict:
     return {mode: _run(rank, plan, mode, steps, batch) for mode in MODES}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--microbatches", type=int, default=4)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     ranks = run_world(_bench_rank, 4, make_plan(args.microbatches), args.steps)
     out = {"steps": args.steps, "microbatches": args.microbatches}
     for mode in MODES:

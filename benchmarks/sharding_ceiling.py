@@ -35,25 +35,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
-import sys
 import time
 from dataclasses import replace
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from sharding_gains import CLUSTERS, FLEETS  # noqa: E402
-
-from autohet_ray import ConfigError  # noqa: E402
-from autohet_ray.cluster import load_cluster  # noqa: E402
-from autohet_ray.cost.evaluate import best_schedule  # noqa: E402
-from autohet_ray.cost.sharding import RING_SHARES  # noqa: E402
-from autohet_ray.cost.terms import plan_tables  # noqa: E402
-from autohet_ray.model import PRESETS  # noqa: E402
-from autohet_ray.planner.bound import lower_bound_iteration_s  # noqa: E402
-from autohet_ray.planner.search import plan_training, token_cap_sizes  # noqa: E402
-from autohet_ray.profile import analytic_profile  # noqa: E402
-from autohet_ray.profile.analytic import with_micro_batches  # noqa: E402
-from autohet_ray.profile.precision import PRECISIONS  # noqa: E402
+from autohet_ray import ConfigError
+from autohet_ray.cluster import load_cluster
+from autohet_ray.cost.evaluate import best_schedule
+from autohet_ray.cost.sharding import RING_SHARES
+from autohet_ray.cost.terms import plan_tables
+from autohet_ray.model import PRESETS
+from autohet_ray.planner.bound import lower_bound_iteration_s
+from autohet_ray.planner.search import plan_training, token_cap_sizes
+from autohet_ray.profile import analytic_profile
+from autohet_ray.profile.analytic import with_micro_batches
+from autohet_ray.profile.precision import PRECISIONS
+from benchmarks.sharding_gains import CLUSTERS, FLEETS
 
 CEILING_MEMORY_GB = 1e6            # 1 PB per device: no plan of these models comes near it
 ZERO1_DTYPE = "bfloat16-zero1-ceiling"
@@ -198,7 +194,7 @@ def _line(row) -> str:
             f" | {shown}")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per search")
     ap.add_argument("--global-batch", type=int)
@@ -207,7 +203,7 @@ def main() -> None:
     ap.add_argument("--no-auto", action="store_true", help="skip the `auto` search (ceiling seeded with none)")
     ap.add_argument("--activation-scale", type=float, default=1.0,
                     help="what-if: every layer's kept activations times this (default 1: as modeled)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     print(f"{'model':<11} {'fleet':<18} {'B':>4} {'S':>5} {'none':>8} {'auto':>8} {'zero1':>8} {'z/none':>6} "
           f"{'memory':>8} {'m/none':>6} {'bound z':>8}  plans of none | zero1 | memory (pipelines, TP degrees, "

@@ -75,13 +75,13 @@ def _bound(model, cluster, profile, batch, seq, mode) -> float:
     return batch / t
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per search (none: one; auto: several)")
     ap.add_argument("--global-batch", type=int, help="every fleet at this global batch (default: each its own)")
     ap.add_argument("--seq-len", type=int, help="every fleet at this sequence length (default: each its own)")
     ap.add_argument("--rows", help="comma-separated row indices to run (default: all)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     picked = [FLEETS[int(i)] for i in args.rows.split(",")] if args.rows else FLEETS
     rows = []
     print(f"{'model':<11} {'fleet':<18} {'none s/s':>8} {'':>31}   {'auto s/s':>8} {'':>31}   gain    "

@@ -42,11 +42,11 @@ def one_step(tier, state, spare, step):
     return phases, {(i.name, i.chunk): i.blob for i in items}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tensors", type=int, default=10)
     ap.add_argument("--steps", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     state = {f"t{i}": (torch.randn(*SHAPE), SHAPE, Chunk.whole(SHAPE)) for i in range(args.tensors)}
     mib = args.tensors * SHAPE[0] * SHAPE[1] * 4 / 2**20

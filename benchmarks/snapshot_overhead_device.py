@@ -29,7 +29,7 @@ from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
 from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.engine import Engine
-from gpu_profile_check import add_stage_arguments, one_rank_world, one_stage_plan, stage_setup
+from benchmarks.gpu_profile_check import add_stage_arguments, one_rank_world, one_stage_plan, stage_setup
 
 MODES = ("off", "background", "sync")
 

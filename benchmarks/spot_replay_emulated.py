@@ -24,7 +24,6 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 TRACES = os.path.join(os.path.dirname(REPO), "shared", "traces")
 
 CLUSTER = {"name": "spot-replay-3-type", "nodes": [

@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 
-from spot_replay_join_cost import FAST_HEALTH_CHECKS, NODES, PRICED_AS, measure_join, set_node_b
+from autohet_ray.emulate.cluster import FAST_HEALTH_CHECKS
+from benchmarks.spot_replay_join_cost import NODES, PRICED_AS, measure_join, set_node_b
 
 MODES = ("notice_at_once", "notice_prepared", "join_prepared_groups_rebuilt", "join_prepared_groups_ahead")
 PHASES = ("switch_s", "flush_s", "stop_s", "replan_s", "restart_s", "keepers_s", "fetch_s", "load_s",

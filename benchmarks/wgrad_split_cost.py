@@ -71,7 +71,7 @@ def _one(model, x, grad, now, store) -> dict:
     return {"forward": t1 - t0, "backward": t2 - t1, "wgrad": t3 - t2}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="preset name or YAML (default: a small GPT for CPU)")
     ap.add_argument("--layers", type=int, default=4)
@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=12)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     spec = load_model(args.model) if args.model else CPU_MODEL
     spec = dataclasses.replace(spec, num_layers=max(args.layers, 1), max_seq_len=max(args.seq_len, 1))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
