@@ -15,7 +15,7 @@ Checks, all priced by the cost model with the analytic profile (predictions, not
    one without at micro-batch 1), a shape the planner's search does not build, over their layer splits and
    sample shares.
 
-    python benchmarks/budget_bar.py [--top 8]
+    python -m benchmarks run budget-bar -- [--top 8]
 
 It prints one JSON line; `bar_met` holds when some setting's plan within the budget reaches the bar against
 that setting's full-fleet plan (`settings[...].bar_met`).

@@ -13,7 +13,7 @@ validation batches (by default 62 x 8 windows of 129 tokens: nearly the whole va
 first file). The two plans run side by side on disjoint fake GPUs (--sequential: one after the other). The bar: the validation loss falls below ln(4096)/2 = 4.159 within the run, and the two
 curves agree within 1e-4 (relative) at every evaluation point. Prints both curves; ends with one JSON line.
 
-    .venv/bin/python benchmarks/convergence_bench.py [--steps 3600] [--eval-every 300] [--lr 1e-2] [--dtype float64]
+    python -m benchmarks run convergence -- [--steps 3600] [--eval-every 300] [--lr 1e-2] [--dtype float64]
 
 At lr 1e-2 both bars cannot hold at once: training amplifies the plans' rounding differences (different sums in
 TP and across pipelines) about 1e9-fold in the 25 steps where warm-up peaks, in fp64 as in fp32, so the curves

@@ -28,7 +28,7 @@ pipelines of several stages each need at least 4 cores; with more cores, raise -
 by a pair of two-stage pipelines with different boundaries.
 Ends with one JSON line: max_abs_error (the largest |measured / predicted - 1|, each the mean over passes) and
 the per-plan figures of every pass.
-Run: .venv/bin/python benchmarks/cost_model_accuracy.py [--steps 12] [--passes 2] [--cores 2] [--nice -15]
+Run: python -m benchmarks run cost-model-accuracy -- [--steps 12] [--passes 2] [--cores 2] [--nice -15]
 """
 from __future__ import annotations
 

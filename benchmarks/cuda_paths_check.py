@@ -2,7 +2,7 @@
 moments and gradients) and is compared, step by step, with the same run in fp32 on the CPU (gloo), on the
 same batches and seed. One GPU allows one NCCL rank, so no NCCL collective here crosses ranks.
 
-    python benchmarks/cuda_paths_check.py [--steps 30]
+    python -m benchmarks run cuda-paths-check -- [--steps 30]
 Ends with one JSON line: the largest relative loss gap bf16-on-CUDA vs fp32-on-CPU, the dtypes seen, and the
 mean step time on each device (after 3 warm-up steps).
 """

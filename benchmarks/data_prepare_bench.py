@@ -10,7 +10,7 @@ Bars: 2 workers >= 1.6x one worker; one worker >= 80% of the library's rate. Whe
 with anything else shows per phase: the machine's busy cores (/proc/stat) less those used by this process and
 its descendants (the local Ray) = the cores other processes took meanwhile. Ends with one JSON line.
 
-    .venv/bin/python benchmarks/data_prepare_bench.py [--mb 16] [--shard-mb 1] [--vocab 4096] [--rounds 3]
+    python -m benchmarks run data-prepare -- [--mb 16] [--shard-mb 1] [--vocab 4096] [--rounds 3]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ the whole log uploaded again every step.
 fsync: seconds to write `--chunks` chunks of `--chunk-mib` MiB into a LocalDirTier on disk with fsync (file, then
 directory) and without; the median of `--reps` repetitions each, and their ratio.
 
-    python benchmarks/durable_bench.py [--steps 200] [--line-bytes 1750] [--chunks 64] [--chunk-mib 1] [--reps 3]
+    python -m benchmarks run durable -- [--steps 200] [--line-bytes 1750] [--chunks 64] [--chunk-mib 1] [--reps 3]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ runtime's schedule gains what the cost model predicts. The model that runs is sc
 (the real layer count, tiny hidden size and sequence); every op is paced to what the analytic profile of the *real-size* model predicts for the emulated
 GPU or link (times a time scale), so the emulated clock reflects the real GPUs. All figures are emulated.
 
-    python benchmarks/e2e_bench.py [--models gpt3-6.7b,llama-7b] [--plans autohet,megatron] [--global-batch 96]
+    python -m benchmarks run e2e -- [--models gpt3-6.7b,llama-7b] [--plans autohet,megatron] [--global-batch 96]
                                    [--steps 4] [--data DIR]
 
 With `--data DIR` (a dataset from `autohet data prepare`) the plans train on it, and each plan reports the

@@ -3,7 +3,7 @@ measured per-stage compute, for a 2-stage and a 4-stage pipeline; and TP=2 vs TP
 
 ideal = (m - 1) * max_j tau_j + sum_j tau_j, tau_j = stage j's forward + backward seconds per micro-batch.
 The step time also includes p2p, the optimizer step and the loss/norm all-reduce. Prints one JSON line last.
-Run: .venv/bin/python benchmarks/runtime_bench.py [--steps 3] [--microbatches 8]
+Run: python -m benchmarks run runtime -- [--steps 3] [--microbatches 8]
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ For one asymmetric two-pipeline plan (4 ranks, every unit held by both pipelines
 (after one warm-up step) unsharded, sharded without overlap and sharded with overlap, in one spawned world,
 and reports per mode the slowest rank's mean step seconds and, per rank, the mean seconds a step waited for
 all-gathers (exposed gather time). Prints one JSON line last.
-Run: python benchmarks/shard_gather_overlap.py [--steps 5] [--microbatches 4]
+Run: python -m benchmarks run shard-gather-overlap -- [--steps 5] [--microbatches 4]
 """
 from __future__ import annotations
 

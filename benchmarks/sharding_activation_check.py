@@ -5,7 +5,7 @@ grow with the batch). Widths cut 16x so it runs in seconds; the per-token counts
 CPU runs torch's CPU flash-attention kernel (it saves q, k, v, the output and the log-sum-exp, as the CUDA flash
 kernel does); other CUDA-only paths are not checked. Prints one line per model, then one JSON line.
 
-    python benchmarks/sharding_activation_check.py
+    python -m benchmarks run sharding-activation-check
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ Both searches are seeded with the `none` and `auto` plans (sharding and uneven s
 ceiling also drops recomputation): each ceiling >= none and >= auto by construction, and the script asserts,
 per plan, that its stripped copy priced on the relaxed fleet is no slower than its own price. If zero1 / none
 < 1.15 on a fleet, no optimizer-state sharding can make it 15% faster in this cost model and search space.
-`bound`: the planner's proven fluid bound (planner/bound.py: no bubbles, links or sync) on the relaxed fleet,
+`bound`: the planner's proven fluid bound (planner/bounds/bound.py: no bubbles, links or sync) on the relaxed fleet,
 a bound on every plan, not only the searched ones.
 
 Beside them, where each `none` plan's time goes, averaged over its GPUs (shares of the iteration, adding to 1):
@@ -26,7 +26,7 @@ stages), bubble (idle inside its pipeline before its last gradient: fill/drain, 
 dp_sync (gradient sync past its last gradient), optimizer (its update; sharded: with its all-gather),
 wait (after its own update, for the slowest stage's).
 
-    python benchmarks/sharding_ceiling.py [--time-limit 300] [--rows 0,1,2] [--global-batch N] [--seq-len S]
+    python -m benchmarks run sharding-ceiling -- [--time-limit 300] [--rows 0,1,2] [--global-batch N] [--seq-len S]
                                           [--no-auto] [--activation-scale 1.23]
 Ends with one JSON line. Predictions of the analytic profile (bf16), not measurements.
 """
@@ -44,7 +44,7 @@ from autohet_ray.cost.evaluate import best_schedule
 from autohet_ray.cost.sharding import RING_SHARES
 from autohet_ray.cost.terms import plan_tables
 from autohet_ray.model import PRESETS
-from autohet_ray.planner.bound import lower_bound_iteration_s
+from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
 from autohet_ray.planner.search import plan_training, token_cap_sizes
 from autohet_ray.profile import analytic_profile
 from autohet_ray.profile.analytic import with_micro_batches

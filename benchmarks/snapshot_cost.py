@@ -4,7 +4,7 @@ Encodes a rank's state (default 10 fp32 tensors of 1024x3072: 120 MiB) into reus
 writes the chunks into a LocalDirTier under /dev/shm (as the node stores do) and deletes the previous step's
 chunks. Ends with one JSON line: seconds per phase (median over the steps after the first) and CPU seconds per MiB.
 
-    .venv/bin/python benchmarks/snapshot_cost.py [--tensors N] [--steps S]
+    python -m benchmarks run snapshot-cost -- [--tensors N] [--steps S]
 """
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
 
 Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
 
-    .venv/bin/python benchmarks/spot_replay.py [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
-    .venv/bin/python benchmarks/spot_replay.py --plans-in benchmarks/measured/spot_replay_plans_2026-12-05.json \
+    python -m benchmarks run spot-replay -- [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
+    python -m benchmarks run spot-replay -- --plans-in benchmarks/measured/spot_replay_plans_2026-12-05.json \
         [--emulated-phases] [--snapshot-overhead 0.05] [--join-policy save_then_restart] [--no-plan-ahead]
 """
 from __future__ import annotations

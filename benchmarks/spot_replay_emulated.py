@@ -10,7 +10,7 @@ The model that runs is small (float64, real text prepared with `autohet data pre
 `--priced-as` (same layer count). After the replay the record is checked against a single-process run of the
 same steps on the same sample order. Ends with one JSON line.
 
-    .venv/bin/python benchmarks/spot_replay_emulated.py [--events 20] [--compression 10] [--notice-s 120]
+    python -m benchmarks run spot-replay-emulated -- [--events 20] [--compression 10] [--notice-s 120]
 """
 from __future__ import annotations
 

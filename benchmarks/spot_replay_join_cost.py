@@ -9,7 +9,7 @@ and a later boundary switches onto them once both are ready. Per join: the switc
 job's down time, the first step after it aside), its phases, the steps trained while preparing, and the first
 step after the switch. Ends with one JSON line.
 
-    .venv/bin/python benchmarks/spot_replay_join_cost.py [--joins 3] [--iteration-wall-s 0.5]
+    python -m benchmarks run spot-replay-join-cost -- [--joins 3] [--iteration-wall-s 0.5]
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ the executor's schedule, not the cost model; 3 nodes, not ~1000 ranks):
 Per run: switch_s (wall time of the between-steps call that switched: the job stands still), its phases, the
 steps trained while preparing, the first step after. Medians over --runs per mode. Ends with one JSON line.
 
-    python benchmarks/spot_replay_switch_cost.py [--runs 3] [--iteration-wall-s 0.5]
+    python -m benchmarks run spot-replay-switch-cost -- [--runs 3] [--iteration-wall-s 0.5]
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
             for mode in MODES:
                 rows.append(run_once(test_cluster, tmp, mode, i, args.iteration_wall_s))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    command = " ".join(["python benchmarks/spot_replay_switch_cost.py", *(argv or sys.argv[1:])])
+    command = " ".join(["python -m benchmarks run spot-replay-switch-cost --", *(argv or sys.argv[1:])])
     print(json.dumps({"emulated": True, "label": f"emulated, {len(NODES['nodes'])} nodes on one host (tiny-gpt paced "
                       "by the cost model: checks the executor's schedule), not ~1000 ranks",
                       "command": command, "measured_on": time.strftime("%Y-%m-%d", time.gmtime()),

@@ -4,8 +4,8 @@ a plain backward, and with the input-gradient backward (B) and the deferred weig
 cost/terms.SPLIT_BACKWARD_OVERHEAD) and the measured W share of the backward beside the cost model's FLOP share (model/costs.py), which
 the planner uses to price W.
 
-    .venv/bin/python benchmarks/wgrad_split_cost.py                    # CPU: hidden 512, fp32
-    .venv/bin/python benchmarks/wgrad_split_cost.py --model gpt3-1.3b --layers 4 --seq-len 2048 \
+    python -m benchmarks run wgrad-split-cost                       # CPU: hidden 512, fp32
+    python -m benchmarks run wgrad-split-cost -- --model gpt3-1.3b --layers 4 --seq-len 2048 \
         --micro-batch 4 --dtype bfloat16                              # on a GPU machine
 
 Ends with one JSON line. Modes alternate per repetition so that machine load hits both alike.

@@ -46,7 +46,7 @@ MONEY_INSTANCES = [(nodes, model, layers, batch, mb, "1f1b")
     (_2H2H, "gpt3-1.3b", 8, 64, 4, "1f1b")]       # (#22 fits nowhere: 31 instances, 30 with a plan)
 # two GPUs of one type and one of another, global batch 32, micro-batch 2: where two pipelines of different depth
 # sharing a type, with uneven micro-batch counts, beat the planner by up to 10.5% (closed by
-# planner/enumerate_groupings.py and every stage order of short pipelines); also at batch 64, micro-batch 4
+# planner/candidates/enumerate_groupings.py and every stage order of short pipelines); also at batch 64, micro-batch 4
 SHAPE_INSTANCES = [(nodes, model, 8, batch, mb, "1f1b")
                    for nodes in ((("H800", 2), ("H20", 1)), (("H20", 2), ("H800", 1)), _2A1H,
                                  (("A100-40GB", 2), ("V100", 1)), _2L1H, (("V100", 2), ("A100-80GB", 1)))

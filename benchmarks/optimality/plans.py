@@ -5,7 +5,7 @@ a micro-batch size fixed by the user or left to the planner ("auto": every profi
 search then lets each pipeline pick its own size, as the planner may), and one schedule. The planner runs as
 `autohet plan` runs it (`plan_with_baselines`); the exhaustive search shares only the cost model with it. The
 gap is planner / optimum - 1; the bar is <= 1% on every instance. Also printed: the fluid lower bound
-(planner/bound.py) and the optimum's gap to it.
+(planner/bounds/bound.py) and the optimum's gap to it.
 
 A second table runs memory-tight instances (long sequences on 16-48 GB GPUs) under `--recompute auto`, where
 the exhaustive search also tries every stage with and without activation recomputation.
@@ -25,7 +25,7 @@ from dataclasses import replace
 from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.model import PRESETS
 from autohet_ray.planner import plan_with_baselines
-from autohet_ray.planner.bound import lower_bound_iteration_s
+from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
 from autohet_ray.profile import analytic_profile
 from tests.exhaustive import exhaustive_best
 
