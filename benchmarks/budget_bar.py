@@ -15,7 +15,7 @@ Checks, all priced by the cost model with the analytic profile (predictions, not
    one without at micro-batch 1), a shape the planner's search does not build, over their layer splits and
    sample shares.
 
-    python benchmarks/budget_bar.py [--top 8]
+    python -m benchmarks run budget-bar -- [--top 8]
 
 It prints one JSON line; `bar_met` holds when some setting's plan within the budget reaches the bar against
 that setting's full-fleet plan (`settings[...].bar_met`).
@@ -130,10 +130,10 @@ def _shape(plan: Plan) -> list[dict]:
                         for s in p.stages]} for k, p in enumerate(plan.pipelines)]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--top", type=int, default=8)
-    top = parser.parse_args().top
+    top = parser.parse_args(argv).top
     cluster, prices, model, profile = _setup()
     request = dict(model=model, profile=profile, global_batch=BATCH, seq_len=model.max_seq_len,
                    time_limit_s=TIME_LIMIT_S)

@@ -13,7 +13,7 @@ validation batches (by default 62 x 8 windows of 129 tokens: nearly the whole va
 first file). The two plans run side by side on disjoint fake GPUs (--sequential: one after the other). The bar: the validation loss falls below ln(4096)/2 = 4.159 within the run, and the two
 curves agree within 1e-4 (relative) at every evaluation point. Prints both curves; ends with one JSON line.
 
-    .venv/bin/python benchmarks/convergence_bench.py [--steps 3600] [--eval-every 300] [--lr 1e-2] [--dtype float64]
+    python -m benchmarks run convergence -- [--steps 3600] [--eval-every 300] [--lr 1e-2] [--dtype float64]
 
 At lr 1e-2 both bars cannot hold at once: training amplifies the plans' rounding differences (different sums in
 TP and across pipelines) about 1e9-fold in the 25 steps where warm-up peaks, in fp64 as in fp32, so the curves
@@ -35,14 +35,13 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
-from autohet_ray.cluster.spec import load_cluster  # noqa: E402
-from autohet_ray.data import Dataset  # noqa: E402
-from autohet_ray.model.spec import load_model  # noqa: E402
-from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.job.config import TrainJob  # noqa: E402
-from autohet_ray.orchestrate.session import ray_session  # noqa: E402
+from autohet_ray.cluster.spec import load_cluster
+from autohet_ray.data import Dataset
+from autohet_ray.model.spec import load_model
+from autohet_ray.orchestrate.controller import Controller
+from autohet_ray.job.config import TrainJob
+from autohet_ray.orchestrate.session import ray_session
 
 MICRO_BATCH = 2
 GAP_STEPS = (1, 2, 5, 10, 25, 50, 100, 200, 400, 800, 1600, 3200)
@@ -144,7 +143,7 @@ def compare(one: list[dict], asym: list[dict]) -> dict:
             "train_rel_diff_at_step": growth}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=os.path.join(REPO, "out", "stdlib-data-4096"))
     ap.add_argument("--model", default=os.path.join(REPO, "jobs", "models", "stdlib-llama.yaml"))
@@ -157,7 +156,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=WARMUP)
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     ap.add_argument("--sequential", action="store_true", help="run the plans one after the other, not side by side")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     assert args.global_batch % (2 * MICRO_BATCH) == 0, f"--global-batch must be a multiple of {2 * MICRO_BATCH}"
     assert args.steps % args.eval_every == 0, "--steps must be a multiple of --eval-every (the last step evaluates)"
     started = time.perf_counter()

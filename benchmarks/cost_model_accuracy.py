@@ -28,7 +28,7 @@ pipelines of several stages each need at least 4 cores; with more cores, raise -
 by a pair of two-stage pipelines with different boundaries.
 Ends with one JSON line: max_abs_error (the largest |measured / predicted - 1|, each the mean over passes) and
 the per-plan figures of every pass.
-Run: .venv/bin/python benchmarks/cost_model_accuracy.py [--steps 12] [--passes 2] [--cores 2] [--nice -15]
+Run: python -m benchmarks run cost-model-accuracy -- [--steps 12] [--passes 2] [--cores 2] [--nice -15]
 """
 from __future__ import annotations
 
@@ -317,7 +317,7 @@ def raise_priority(nice: int) -> None:
         raise SystemExit(f"--nice={nice}: a negative nice value needs root (CAP_SYS_NICE)") from None
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="timed steps per run (after the warm-up ones)")
     parser.add_argument("--passes", type=int, default=2, help="runs of every plan, interleaved")
@@ -326,7 +326,7 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=0, help="add this to the run's nice value (negative: root)")
     parser.add_argument("--plans", help="comma-separated subset of the plan shapes (default: all)")
     parser.add_argument("--workdir", help="where the profile and cluster files go (default: a temporary dir)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cores > (os.cpu_count() or 1) or args.cores < 2:
         raise SystemExit(f"--cores={args.cores}: need 2 <= cores <= {os.cpu_count()} (one rank per core)")
     if args.nice:

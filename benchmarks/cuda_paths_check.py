@@ -2,7 +2,7 @@
 moments and gradients) and is compared, step by step, with the same run in fp32 on the CPU (gloo), on the
 same batches and seed. One GPU allows one NCCL rank, so no NCCL collective here crosses ranks.
 
-    python benchmarks/cuda_paths_check.py [--steps 30]
+    python -m benchmarks run cuda-paths-check -- [--steps 30]
 Ends with one JSON line: the largest relative loss gap bf16-on-CUDA vs fp32-on-CPU, the dtypes seen, and the
 mean step time on each device (after 3 warm-up steps).
 """
@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "dist"))
-from _harness import make_batch, make_plan, pipeline  # noqa: E402  (the tests' hand-written plans)
-
-from autohet_ray.model.spec import PRESETS  # noqa: E402
-from autohet_ray.runtime import Engine, run_world  # noqa: E402
-from autohet_ray.runtime.lr_schedule import OptimizerConfig  # noqa: E402
+from autohet_ray.model.spec import PRESETS
+from autohet_ray.runtime import Engine, run_world
+from autohet_ray.runtime.lr_schedule import OptimizerConfig
+from tests.dist._harness import make_batch, make_plan, pipeline      # the tests' hand-written plans
 
 SPEC = PRESETS["tiny-llama"]
 PLAN = make_plan(SPEC, pipeline(4, (0, SPEC.num_layers, 1)))
@@ -44,12 +40,12 @@ def _train(rank: int, world_size: int, steps: int, dtype_name: str) -> dict:
             "masters": sorted({str(p.dtype) for p in engine.masters.values()})}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                         help="gloo runs the bf16 side on the CPU too (a dry run of this script without a GPU)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     assert args.backend == "gloo" or torch.cuda.is_available(), "no CUDA device (use --backend gloo for a dry run)"
     cuda = run_world(_train, 1, args.steps, "bfloat16", backend=args.backend)[0]
     cpu = run_world(_train, 1, args.steps, "float32", backend="gloo")[0]

@@ -10,7 +10,7 @@ Bars: 2 workers >= 1.6x one worker; one worker >= 80% of the library's rate. Whe
 with anything else shows per phase: the machine's busy cores (/proc/stat) less those used by this process and
 its descendants (the local Ray) = the cores other processes took meanwhile. Ends with one JSON line.
 
-    .venv/bin/python benchmarks/data_prepare_bench.py [--mb 16] [--shard-mb 1] [--vocab 4096] [--rounds 3]
+    python -m benchmarks run data-prepare -- [--mb 16] [--shard-mb 1] [--vocab 4096] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -96,13 +96,13 @@ def timed(fn):
     return result, seconds, (busy1 - busy0) * cores, max(0, busy1 - busy0 - (own1 - own0)) * cores
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=16.0, help="corpus size, megabytes of stdlib source")
     ap.add_argument("--shard-mb", type=float, default=1.0, help="input megabytes per task")
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3, help="each phase's fastest round counts")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     load_before = os.getloadavg()
     files = stdlib_corpus(args.mb)
     texts = [p.read_bytes().decode("utf-8") for p in files]     # as prepare reads them: no newline translation

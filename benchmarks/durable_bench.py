@@ -6,7 +6,7 @@ the whole log uploaded again every step.
 fsync: seconds to write `--chunks` chunks of `--chunk-mib` MiB into a LocalDirTier on disk with fsync (file, then
 directory) and without; the median of `--reps` repetitions each, and their ratio.
 
-    python benchmarks/durable_bench.py [--steps 200] [--line-bytes 1750] [--chunks 64] [--chunk-mib 1] [--reps 3]
+    python -m benchmarks run durable -- [--steps 200] [--line-bytes 1750] [--chunks 64] [--chunk-mib 1] [--reps 3]
 """
 from __future__ import annotations
 
@@ -15,16 +15,14 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from autohet_ray.checkpoint.tiers.localdir import LocalDirTier  # noqa: E402
-from autohet_ray.storage import job_files  # noqa: E402
-from autohet_ray.storage.spec import storage_spec  # noqa: E402
+from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
+from autohet_ray.storage import job_files
+from autohet_ray.storage.spec import storage_spec
 
 
 def metric_line(step: int, size: int) -> str:
@@ -44,7 +42,7 @@ def count_put_bytes(client) -> list[int]:
 
 
 def metrics_bytes(steps: int, line_bytes: int) -> dict:
-    from s3_server import CREDENTIALS, moto_endpoint, new_bucket
+    from tests.s3_server import CREDENTIALS, moto_endpoint, new_bucket
     os.environ.update({"AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
                        "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
                        "AWS_DEFAULT_REGION": CREDENTIALS["region_name"]})
@@ -96,14 +94,14 @@ def fsync_cost(chunks: int, chunk_mib: int, reps: int) -> dict:
             "all_no_fsync": [round(s, 3) for s in seconds[False]], "load_avg_1m": os.getloadavg()[0]}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--line-bytes", type=int, default=1750)
     parser.add_argument("--chunks", type=int, default=64)
     parser.add_argument("--chunk-mib", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(json.dumps(metrics_bytes(args.steps, args.line_bytes)), flush=True)
     print(json.dumps(fsync_cost(args.chunks, args.chunk_mib, args.reps)), flush=True)
 

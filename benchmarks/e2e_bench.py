@@ -6,7 +6,7 @@ runtime's schedule gains what the cost model predicts. The model that runs is sc
 (the real layer count, tiny hidden size and sequence); every op is paced to what the analytic profile of the *real-size* model predicts for the emulated
 GPU or link (times a time scale), so the emulated clock reflects the real GPUs. All figures are emulated.
 
-    python benchmarks/e2e_bench.py [--models gpt3-6.7b,llama-7b] [--plans autohet,megatron] [--global-batch 96]
+    python -m benchmarks run e2e -- [--models gpt3-6.7b,llama-7b] [--plans autohet,megatron] [--global-batch 96]
                                    [--steps 4] [--data DIR]
 
 With `--data DIR` (a dataset from `autohet data prepare`) the plans train on it, and each plan reports the
@@ -32,17 +32,16 @@ import sys
 import time
 from dataclasses import replace
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from autohet_ray.cluster.spec import load_cluster  # noqa: E402
-from autohet_ray.cost.evaluate import evaluate_plan  # noqa: E402
-from autohet_ray.model.spec import PRESETS, ModelSpec  # noqa: E402
-from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.job.config import TrainJob  # noqa: E402
-from autohet_ray.orchestrate.session import ray_session  # noqa: E402
-from autohet_ray.planner import plan_with_baselines  # noqa: E402
-from autohet_ray.plan.rankmap import build_rank_map  # noqa: E402
-from autohet_ray.profile.analytic import analytic_profile  # noqa: E402
+from autohet_ray.cluster.spec import load_cluster
+from autohet_ray.cost.evaluate import evaluate_plan
+from autohet_ray.model.spec import PRESETS, ModelSpec
+from autohet_ray.orchestrate.controller import Controller
+from autohet_ray.job.config import TrainJob
+from autohet_ray.orchestrate.session import ray_session
+from autohet_ray.planner import plan_with_baselines
+from autohet_ray.plan.rankmap import build_rank_map
+from autohet_ray.profile.analytic import analytic_profile
 
 PAPER_SPEEDUPS = "1.38x / 1.53x / 1.79x"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,7 +176,7 @@ def _bar_line(b: dict) -> str:
     return line
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cluster", default=os.path.join(REPO, "jobs/clusters/paper-24.yaml"))
     ap.add_argument("--models", default="gpt3-6.7b,llama-7b")
@@ -191,7 +190,7 @@ def main() -> int:
                     help="wall seconds per emulated iteration of each plan (sets its time scale)")
     ap.add_argument("--plan-time-limit", type=float, default=30.0)
     ap.add_argument("--data", default=None, help="a prepared dataset to train on (default: synthetic tokens)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cluster = load_cluster(args.cluster)
     rows, out = [], {"emulated": True, "cluster": cluster.name, "gpus": cluster.num_gpus, "models": {}}
     with ray_session(cluster, address=None, emulate=True):

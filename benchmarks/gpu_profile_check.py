@@ -6,9 +6,9 @@ Predicted stage time per step = num_microbatches x (embedding + L x layer + head
 the measured profile. Measured = the Engine's forward and backward op times per step (a zero-target pacer
 makes the clock wait for the device after every op, so CUDA times are real), median over the timed steps.
 
-    .venv/bin/python benchmarks/gpu_profile_check.py --device-type H200 --model gpt3-1.3b --layers 8 \
+    python -m benchmarks run gpu-profile-check -- --device-type H200 --model gpt3-1.3b --layers 8 \
         --micro-batch 4 --num-microbatches 4 --seq-len 2048          # on a GPU machine (bf16)
-    .venv/bin/python benchmarks/gpu_profile_check.py                     # CPU dry run (tiny model, fp32)
+    python -m benchmarks run gpu-profile-check                        # CPU dry run (tiny model, fp32)
 
 Ends with one JSON line (predicted and measured seconds, their ratio, device name, dtype).
 """

@@ -10,9 +10,9 @@ tokens), so BERT-Large (512-token sequences) runs 4x the sequences of the 2048-t
 runs BERT-Large at 1/4 and 1/2 of that: with fewer micro-batches per pipeline, the fill/drain of every
 pipeline and the coarser split of the batch weigh more against each GPU type alone (pure data parallelism).
 
-    .venv/bin/python benchmarks/planner_bench.py [--quick] [--only deep]
+    python -m benchmarks run planner -- [--quick] [--only deep]
 
-`--only deep` compares the search with and without the deep pipeline templates (planner/templates.py).
+`--only deep` compares the search with and without the deep pipeline templates (planner/candidates/templates.py).
 """
 from __future__ import annotations
 
@@ -25,15 +25,14 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-from autohet_ray.cluster import cluster_from_dict, load_cluster  # noqa: E402
-from autohet_ray.cost.breakdown import breakdown_line, time_breakdown  # noqa: E402
-from autohet_ray.model import PRESETS  # noqa: E402
-from autohet_ray.planner import plan_with_baselines, strongest_baseline  # noqa: E402
-from autohet_ray.planner.search import plan_training, token_cap_sizes  # noqa: E402
-from autohet_ray.profile import analytic_profile  # noqa: E402
-from exhaustive import exhaustive_best  # noqa: E402
+from autohet_ray.cluster import cluster_from_dict, load_cluster
+from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
+from autohet_ray.model import PRESETS
+from autohet_ray.planner import plan_with_baselines, strongest_baseline
+from autohet_ray.planner.search import plan_training, token_cap_sizes
+from autohet_ray.profile import analytic_profile
+from tests.exhaustive import exhaustive_best
 
 CLUSTERS = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "clusters"
 PAPER = {("bert-large", "megatron"): 1.38, ("gpt3-1.3b", "megatron"): 1.53, ("gpt3-1.3b", "whale"): 1.27,
@@ -148,7 +147,7 @@ def money_scaling(quick: bool) -> list[dict]:
 
 
 def _bound_gap(doc: dict) -> float | None:
-    """How far the plan's predicted iteration lies above the proven lower bound (planner/bound.py)."""
+    """How far the plan's predicted iteration lies above the proven lower bound (planner/bounds/bound.py)."""
     bound = doc.get("lower_bound_iteration_s")
     return doc["predicted"]["iteration_time_s"] / bound - 1 if bound else None
 
@@ -213,14 +212,14 @@ def batch_sweep(quick: bool) -> list[dict]:
             for mix in (MIXES[:1] if quick else MIXES) for batch in (SWEEP_BATCHES[:1] if quick else SWEEP_BATCHES)]
 
 
-# (cluster, model, global batch, sequence length, recompute): where deep templates (planner/templates.py) pay
+# (cluster, model, global batch, sequence length, recompute): where deep templates (planner/candidates/templates.py) pay
 DEEP = [("v100-16gb-a100-24", "llama-13b", 256, 2048, "auto"), ("a100-40gb-l40s-64", "llama2-70b", 512, 1024, "none"),
         ("three-type-64", "llama-13b", 1024, 2048, "none"), ("a100-40gb-l40s-64", "llama2-70b", 1024, 4096, "auto")]
 
 
 def deep_search(quick: bool) -> list[dict]:
     """The planner's best plan and its CPU seconds without and with the deep templates (plan_training only)."""
-    from autohet_ray.planner import templates
+    from autohet_ray.planner.candidates import templates
     rows, deepest = [], templates.DEEP_STAGES_UP_TO
     for name, model_name, batch, seq, recompute in DEEP[:2] if quick else DEEP:
         model, cluster = PRESETS[model_name], load_cluster(str(CLUSTERS / f"{name}.yaml"))
@@ -244,12 +243,12 @@ def _rounded(row: dict) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a few rows of each table")
     ap.add_argument("--only", choices=["optimality", "scaling", "money", "gains", "sweep", "deep"],
                     help="run one table")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.only:
         table = {"optimality": optimality, "scaling": scaling, "money": money_scaling, "gains": gains,
                  "sweep": batch_sweep, "deep": deep_search}[args.only]

@@ -50,7 +50,7 @@ import sys
 import time
 import traceback
 
-import recovery_curve
+from benchmarks import recovery_curve
 
 MiB = 1 << 20
 DEFAULT_CURVE = "5,10,20,1gbit,25gbit"
@@ -58,8 +58,7 @@ STALE_KEYS = ("phase_model",)            # what an older report held that the mo
 NODES = {"name": "bench-3", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                       {"name": "b", "device": "H800", "count": 1},
                                       {"name": "c", "device": "H20", "count": 1}]}
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_initial_delay_ms": 1000}
+from autohet_ray.emulate.cluster import FAST_HEALTH_CHECKS  # noqa: E402
 
 
 def stage(layers, device, node) -> dict:

@@ -3,7 +3,7 @@ measured per-stage compute, for a 2-stage and a 4-stage pipeline; and TP=2 vs TP
 
 ideal = (m - 1) * max_j tau_j + sum_j tau_j, tau_j = stage j's forward + backward seconds per micro-batch.
 The step time also includes p2p, the optimizer step and the loss/norm all-reduce. Prints one JSON line last.
-Run: .venv/bin/python benchmarks/runtime_bench.py [--steps 3] [--microbatches 8]
+Run: python -m benchmarks run runtime -- [--steps 3] [--microbatches 8]
 """
 from __future__ import annotations
 
@@ -62,11 +62,11 @@ def measure_pipeline(splits, num_microbatches: int, steps: int) -> dict:
             "stage_compute_s": [round(t, 4) for t in taus_all[best]]}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--microbatches", type=int, default=8)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     m, layers = args.microbatches, SPEC.num_layers
     pp2 = measure_pipeline([(0, layers // 2, 1), (layers // 2, layers, 1)], m, args.steps)
     print("pp2", pp2, flush=True)

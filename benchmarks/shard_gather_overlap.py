@@ -7,7 +7,7 @@ For one asymmetric two-pipeline plan (4 ranks, every unit held by both pipelines
 (after one warm-up step) unsharded, sharded without overlap and sharded with overlap, in one spawned world,
 and reports per mode the slowest rank's mean step seconds and, per rank, the mean seconds a step waited for
 all-gathers (exposed gather time). Prints one JSON line last.
-Run: python benchmarks/shard_gather_overlap.py [--steps 5] [--microbatches 4]
+Run: python -m benchmarks run shard-gather-overlap -- [--steps 5] [--microbatches 4]
 """
 from __future__ import annotations
 
@@ -65,11 +65,11 @@ def _bench_rank(rank: int, world_size: int, plan: Plan, steps: int) -> dict:
     return {mode: _run(rank, plan, mode, steps, batch) for mode in MODES}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--microbatches", type=int, default=4)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     ranks = run_world(_bench_rank, 4, make_plan(args.microbatches), args.steps)
     out = {"steps": args.steps, "microbatches": args.microbatches}
     for mode in MODES:

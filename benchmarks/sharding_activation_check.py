@@ -5,10 +5,11 @@ grow with the batch). Widths cut 16x so it runs in seconds; the per-token counts
 CPU runs torch's CPU flash-attention kernel (it saves q, k, v, the output and the log-sum-exp, as the CUDA flash
 kernel does); other CUDA-only paths are not checked. Prints one line per model, then one JSON line.
 
-    python benchmarks/sharding_activation_check.py
+    python -m benchmarks run sharding-activation-check
 """
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import replace
 
@@ -72,8 +73,13 @@ def describe(row: dict) -> str:
             f"heads {row['heads']}/{row['kv_heads']}): " + "; ".join(parts))
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rows = [check(model_name) for model_name in MODELS]
     for row in rows:
         print(describe(row))
     print(json.dumps({"bench": "sharding_activation_check", "torch": torch.__version__, "seq_len": SEQ, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

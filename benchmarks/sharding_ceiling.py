@@ -17,7 +17,7 @@ Both searches are seeded with the `none` and `auto` plans (sharding and uneven s
 ceiling also drops recomputation): each ceiling >= none and >= auto by construction, and the script asserts,
 per plan, that its stripped copy priced on the relaxed fleet is no slower than its own price. If zero1 / none
 < 1.15 on a fleet, no optimizer-state sharding can make it 15% faster in this cost model and search space.
-`bound`: the planner's proven fluid bound (planner/bound.py: no bubbles, links or sync) on the relaxed fleet,
+`bound`: the planner's proven fluid bound (planner/bounds/bound.py: no bubbles, links or sync) on the relaxed fleet,
 a bound on every plan, not only the searched ones.
 
 Beside them, where each `none` plan's time goes, averaged over its GPUs (shares of the iteration, adding to 1):
@@ -26,7 +26,7 @@ stages), bubble (idle inside its pipeline before its last gradient: fill/drain, 
 dp_sync (gradient sync past its last gradient), optimizer (its update; sharded: with its all-gather),
 wait (after its own update, for the slowest stage's).
 
-    python benchmarks/sharding_ceiling.py [--time-limit 300] [--rows 0,1,2] [--global-batch N] [--seq-len S]
+    python -m benchmarks run sharding-ceiling -- [--time-limit 300] [--rows 0,1,2] [--global-batch N] [--seq-len S]
                                           [--no-auto] [--activation-scale 1.23]
 Ends with one JSON line. Predictions of the analytic profile (bf16), not measurements.
 """
@@ -35,25 +35,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
-import sys
 import time
 from dataclasses import replace
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from sharding_gains import CLUSTERS, FLEETS  # noqa: E402
-
-from autohet_ray import ConfigError  # noqa: E402
-from autohet_ray.cluster import load_cluster  # noqa: E402
-from autohet_ray.cost.evaluate import best_schedule  # noqa: E402
-from autohet_ray.cost.sharding import RING_SHARES  # noqa: E402
-from autohet_ray.cost.terms import plan_tables  # noqa: E402
-from autohet_ray.model import PRESETS  # noqa: E402
-from autohet_ray.planner.bound import lower_bound_iteration_s  # noqa: E402
-from autohet_ray.planner.search import plan_training, token_cap_sizes  # noqa: E402
-from autohet_ray.profile import analytic_profile  # noqa: E402
-from autohet_ray.profile.analytic import with_micro_batches  # noqa: E402
-from autohet_ray.profile.precision import PRECISIONS  # noqa: E402
+from autohet_ray import ConfigError
+from autohet_ray.cluster import load_cluster
+from autohet_ray.cost.evaluate import best_schedule
+from autohet_ray.cost.sharding import RING_SHARES
+from autohet_ray.cost.terms import plan_tables
+from autohet_ray.model import PRESETS
+from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
+from autohet_ray.planner.search import plan_training, token_cap_sizes
+from autohet_ray.profile import analytic_profile
+from autohet_ray.profile.analytic import with_micro_batches
+from autohet_ray.profile.precision import PRECISIONS
+from benchmarks.sharding_gains import CLUSTERS, FLEETS
 
 CEILING_MEMORY_GB = 1e6            # 1 PB per device: no plan of these models comes near it
 ZERO1_DTYPE = "bfloat16-zero1-ceiling"
@@ -198,7 +194,7 @@ def _line(row) -> str:
             f" | {shown}")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per search")
     ap.add_argument("--global-batch", type=int)
@@ -207,7 +203,7 @@ def main() -> None:
     ap.add_argument("--no-auto", action="store_true", help="skip the `auto` search (ceiling seeded with none)")
     ap.add_argument("--activation-scale", type=float, default=1.0,
                     help="what-if: every layer's kept activations times this (default 1: as modeled)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     print(f"{'model':<11} {'fleet':<18} {'B':>4} {'S':>5} {'none':>8} {'auto':>8} {'zero1':>8} {'z/none':>6} "
           f"{'memory':>8} {'m/none':>6} {'bound z':>8}  plans of none | zero1 | memory (pipelines, TP degrees, "

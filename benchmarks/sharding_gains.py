@@ -3,13 +3,13 @@
 two where no gain is expected.
 
 Predictions of the cost model with the analytic profile (bf16), not measurements. `auto` runs the very search
-`none` runs, with the same time limit, then the sharded searches (planner/sharding.py), each with that limit
+`none` runs, with the same time limit, then the sharded searches (planner/passes/sharding.py), each with that limit
 too; so where no search of a row hits its limit (the `hit` column; the search is deterministic then) auto is
-never slower than none. Beside each row: the planner's proven upper bound on samples/s (planner/bound.py) with
+never slower than none. Beside each row: the planner's proven upper bound on samples/s (planner/bounds/bound.py) with
 sharding "none" and "auto", pipelines, recomputing and sharded stages, and each mode's planning wall seconds.
 Ends with one JSON line.
 
-    python benchmarks/sharding_gains.py [--time-limit 300] [--global-batch N] [--seq-len S] [--rows 0,2]
+    python -m benchmarks run sharding-gains -- [--time-limit 300] [--global-batch N] [--seq-len S] [--rows 0,2]
 
 Each plan's JSON also gives its TP degrees and where its GPUs' time goes (cost/breakdown.py: compute, stage
 imbalance, pipeline fill/drain, waiting for other pipelines, sync+optimizer tail), to tell a gain that comes
@@ -26,7 +26,7 @@ import time
 from autohet_ray.cluster import load_cluster
 from autohet_ray.cost.breakdown import time_breakdown
 from autohet_ray.model import PRESETS
-from autohet_ray.planner.bound import lower_bound_iteration_s
+from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
 from autohet_ray.planner.search import plan_training, token_cap_sizes
 from autohet_ray.profile import analytic_profile
 from autohet_ray.profile.analytic import with_micro_batches
@@ -75,13 +75,13 @@ def _bound(model, cluster, profile, batch, seq, mode) -> float:
     return batch / t
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per search (none: one; auto: several)")
     ap.add_argument("--global-batch", type=int, help="every fleet at this global batch (default: each its own)")
     ap.add_argument("--seq-len", type=int, help="every fleet at this sequence length (default: each its own)")
     ap.add_argument("--rows", help="comma-separated row indices to run (default: all)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     picked = [FLEETS[int(i)] for i in args.rows.split(",")] if args.rows else FLEETS
     rows = []
     print(f"{'model':<11} {'fleet':<18} {'none s/s':>8} {'':>31}   {'auto s/s':>8} {'':>31}   gain    "

@@ -4,7 +4,7 @@ Encodes a rank's state (default 10 fp32 tensors of 1024x3072: 120 MiB) into reus
 writes the chunks into a LocalDirTier under /dev/shm (as the node stores do) and deletes the previous step's
 chunks. Ends with one JSON line: seconds per phase (median over the steps after the first) and CPU seconds per MiB.
 
-    .venv/bin/python benchmarks/snapshot_cost.py [--tensors N] [--steps S]
+    python -m benchmarks run snapshot-cost -- [--tensors N] [--steps S]
 """
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ def one_step(tier, state, spare, step):
     return phases, {(i.name, i.chunk): i.blob for i in items}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tensors", type=int, default=10)
     ap.add_argument("--steps", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     state = {f"t{i}": (torch.randn(*SHAPE), SHAPE, Chunk.whole(SHAPE)) for i in range(args.tensors)}
     mib = args.tensors * SHAPE[0] * SHAPE[1] * 4 / 2**20

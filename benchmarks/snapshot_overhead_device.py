@@ -6,9 +6,9 @@ the copy on the training thread. Blocks of steps alternate off / background / sy
 On a GPU this is the issue's overhead bar measured where it matters (compute on the device, snapshot work on the
 host); on a CPU-only machine it is a dry run: compute on one core (--cpu-threads), snapshot threads beside it.
 
-    .venv/bin/python benchmarks/snapshot_overhead_device.py --model gpt3-1.3b --layers 8 --micro-batch 4 \
+    python -m benchmarks run snapshot-overhead-device -- --model gpt3-1.3b --layers 8 --micro-batch 4 \
         --num-microbatches 4 --seq-len 2048                                  # on a GPU machine (bf16)
-    .venv/bin/python benchmarks/snapshot_overhead_device.py                  # CPU dry run (tiny model, fp32)
+    python -m benchmarks run snapshot-overhead-device                     # CPU dry run (tiny model, fp32)
 
 Ends with one JSON line (median step seconds per mode, their ratios, the state bytes snapshotted per step).
 """
@@ -29,7 +29,7 @@ from autohet_ray.checkpoint.tiers.localdir import LocalDirTier
 from autohet_ray.data.synthetic import synthetic_batch
 from autohet_ray.plan.schema import plan_from_dict
 from autohet_ray.runtime.engine import Engine
-from gpu_profile_check import add_stage_arguments, one_rank_world, one_stage_plan, stage_setup
+from benchmarks.gpu_profile_check import add_stage_arguments, one_rank_world, one_stage_plan, stage_setup
 
 MODES = ("off", "background", "sync")
 

@@ -33,8 +33,8 @@ and the real planner (no Ray), for ours (local-first recovery, re-plan at every 
 
 Ends with one JSON line; writes a PNG timeline (GPUs alive per type, ideal and achieved samples/s).
 
-    .venv/bin/python benchmarks/spot_replay.py [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
-    .venv/bin/python benchmarks/spot_replay.py --plans-in benchmarks/measured/spot_replay_plans_2026-12-05.json \
+    python -m benchmarks run spot-replay -- [--quick] [--no-plan-cache] [--notice-s 120] [--png out.png]
+    python -m benchmarks run spot-replay -- --plans-in benchmarks/measured/spot_replay_plans_2026-12-05.json \
         [--emulated-phases] [--snapshot-overhead 0.05] [--join-policy save_then_restart] [--no-plan-ahead]
 """
 from __future__ import annotations
@@ -63,8 +63,8 @@ from autohet_ray.replay.run import (goodput_of, ideal_series, restart_s_for_good
 from autohet_ray.replay.systems import JOIN_POLICIES, CheckpointRestart, ReplayConfig
 from autohet_ray.replay.timeline import build_timeline
 from autohet_ray.replay.traces import PoolTrace, load_trace
-from spot_replay_join_cost import join_cost_medians
-from spot_replay_plot import plot
+from benchmarks.spot_replay_join_cost import join_cost_medians
+from benchmarks.spot_replay_plot import plot
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
@@ -201,8 +201,7 @@ def phase_model(args, cluster):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--emulate" in argv:               # the emulated replay on Ray takes its own options
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-        import spot_replay_emulated
+        from benchmarks import spot_replay_emulated  # lazy: Ray, for --emulate only
         return spot_replay_emulated.main([a for a in argv if a != "--emulate"])
     args = parse_args(argv)
     wall0 = time.perf_counter()
@@ -229,7 +228,7 @@ def main(argv=None) -> int:
         for state in timeline.distinct_states():
             plans.get(state)
         if any(p.plan is not None and p.snapshot_bytes_per_gpu is None for p in plans.plans.values()):
-            from spot_replay_snapshot import with_snapshot_bytes  # lazy: torch and the runtime, for new plans only
+            from benchmarks.spot_replay_snapshot import with_snapshot_bytes  # lazy: torch and the runtime, for new plans only
             with_snapshot_bytes(plans, cluster, names, model, say)
     finally:                               # planning is the slow part: keep what was planned, even on Ctrl-C
         if args.plans_out:

@@ -10,7 +10,7 @@ The model that runs is small (float64, real text prepared with `autohet data pre
 `--priced-as` (same layer count). After the replay the record is checked against a single-process run of the
 same steps on the same sample order. Ends with one JSON line.
 
-    .venv/bin/python benchmarks/spot_replay_emulated.py [--events 20] [--compression 10] [--notice-s 120]
+    python -m benchmarks run spot-replay-emulated -- [--events 20] [--compression 10] [--notice-s 120]
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 TRACES = os.path.join(os.path.dirname(REPO), "shared", "traces")
 
 CLUSTER = {"name": "spot-replay-3-type", "nodes": [

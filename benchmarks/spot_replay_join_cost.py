@@ -9,7 +9,7 @@ and a later boundary switches onto them once both are ready. Per join: the switc
 job's down time, the first step after it aside), its phases, the steps trained while preparing, and the first
 step after the switch. Ends with one JSON line.
 
-    .venv/bin/python benchmarks/spot_replay_join_cost.py [--joins 3] [--iteration-wall-s 0.5]
+    python -m benchmarks run spot-replay-join-cost -- [--joins 3] [--iteration-wall-s 0.5]
 """
 from __future__ import annotations
 
@@ -26,9 +26,6 @@ from autohet_ray.replay.phases import last_json_line
 NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                           {"name": "b", "device": "H800", "count": 1},
                                           {"name": "c", "device": "H20", "count": 2}]}
-# a removed node is declared dead after 3 missed 1 s health checks (Ray's default takes much longer)
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_initial_delay_ms": 1000}
 # plans are priced as a 4-layer model of 1.3B-class width, so the planner puts work on every GPU it is given
 PRICED_AS = {"name": "priced-gpt-4l", "family": "gpt", "num_layers": 4, "hidden": 2048, "num_heads": 16,
              "num_kv_heads": 16, "ffn_hidden": 8192, "vocab_size": 32000, "max_seq_len": 2048}
@@ -136,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iteration-wall-s", type=float, default=0.5)
     args = ap.parse_args(argv)
     from autohet_ray.cluster.spec import cluster_from_dict
-    from autohet_ray.emulate.cluster import emulated_cluster
+    from autohet_ray.emulate.cluster import FAST_HEALTH_CHECKS, emulated_cluster
     rows, wall0 = [], time.perf_counter()
     cluster = emulated_cluster(cluster_from_dict(NODES), system_config=FAST_HEALTH_CHECKS)
     with cluster as test_cluster, tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ the executor's schedule, not the cost model; 3 nodes, not ~1000 ranks):
 Per run: switch_s (wall time of the between-steps call that switched: the job stands still), its phases, the
 steps trained while preparing, the first step after. Medians over --runs per mode. Ends with one JSON line.
 
-    python benchmarks/spot_replay_switch_cost.py [--runs 3] [--iteration-wall-s 0.5]
+    python -m benchmarks run spot-replay-switch-cost -- [--runs 3] [--iteration-wall-s 0.5]
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 
-from spot_replay_join_cost import FAST_HEALTH_CHECKS, NODES, PRICED_AS, measure_join, set_node_b
+from autohet_ray.emulate.cluster import FAST_HEALTH_CHECKS
+from benchmarks.spot_replay_join_cost import NODES, PRICED_AS, measure_join, set_node_b
 
 MODES = ("notice_at_once", "notice_prepared", "join_prepared_groups_rebuilt", "join_prepared_groups_ahead")
 PHASES = ("switch_s", "flush_s", "stop_s", "replan_s", "restart_s", "keepers_s", "fetch_s", "load_s",
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
             for mode in MODES:
                 rows.append(run_once(test_cluster, tmp, mode, i, args.iteration_wall_s))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    command = " ".join(["python benchmarks/spot_replay_switch_cost.py", *(argv or sys.argv[1:])])
+    command = " ".join(["python -m benchmarks run spot-replay-switch-cost --", *(argv or sys.argv[1:])])
     print(json.dumps({"emulated": True, "label": f"emulated, {len(NODES['nodes'])} nodes on one host (tiny-gpt paced "
                       "by the cost model: checks the executor's schedule), not ~1000 ranks",
                       "command": command, "measured_on": time.strftime("%Y-%m-%d", time.gmtime()),

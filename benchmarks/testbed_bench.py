@@ -2,7 +2,7 @@
 quotas), links are tbf-shaped veths between network namespaces, one raylet per namespace, S3 behind its own
 shaped link. Nothing is paced: every figure is "testbed" (real CPU compute at each device's share).
 
-    python benchmarks/testbed_bench.py [--testbed jobs/testbeds/paper-mix.yaml] [--homogeneous
+    python -m benchmarks run testbed -- [--testbed jobs/testbeds/paper-mix.yaml] [--homogeneous
         jobs/testbeds/paper-mix-homogeneous.yaml] [--repeats 3] [--steps 4] [--storage-mbit 16,64,256]
 
 1. Up the mixed testbed; `autohet profile --cluster` measures each device class on it (in the head's namespace).
@@ -28,10 +28,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from autohet_ray.testbed import bed  # noqa: E402
-from autohet_ray.testbed.spec import load_testbed  # noqa: E402
+from autohet_ray.testbed import bed
+from autohet_ray.testbed.spec import load_testbed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(REPO, "jobs", "models", "testbed-gpt.yaml")
@@ -202,7 +200,7 @@ def bars(measured: dict, predicted: dict, efficiency: float | None, rec: dict) -
             "zero_storage_bytes_local_first": rec.get("storage_bytes_local_first") == 0}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--testbed", default=os.path.join(REPO, "jobs", "testbeds", "paper-mix.yaml"))
     ap.add_argument("--homogeneous", default=os.path.join(REPO, "jobs", "testbeds", "paper-mix-homogeneous.yaml"))
@@ -218,7 +216,7 @@ def main() -> int:
     ap.add_argument("--plan", help=argparse.SUPPRESS)
     ap.add_argument("--profile", default="analytic", help=argparse.SUPPRESS)
     ap.add_argument("--model", default=MODEL, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # the testbed is taken down on the way out
     signal.signal(signal.SIGINT, signal.default_int_handler)     # also when started in the background
     if args.inner_recover:

@@ -4,8 +4,8 @@ a plain backward, and with the input-gradient backward (B) and the deferred weig
 cost/terms.SPLIT_BACKWARD_OVERHEAD) and the measured W share of the backward beside the cost model's FLOP share (model/costs.py), which
 the planner uses to price W.
 
-    .venv/bin/python benchmarks/wgrad_split_cost.py                    # CPU: hidden 512, fp32
-    .venv/bin/python benchmarks/wgrad_split_cost.py --model gpt3-1.3b --layers 4 --seq-len 2048 \
+    python -m benchmarks run wgrad-split-cost                       # CPU: hidden 512, fp32
+    python -m benchmarks run wgrad-split-cost -- --model gpt3-1.3b --layers 4 --seq-len 2048 \
         --micro-batch 4 --dtype bfloat16                              # on a GPU machine
 
 Ends with one JSON line. Modes alternate per repetition so that machine load hits both alike.
@@ -71,7 +71,7 @@ def _one(model, x, grad, now, store) -> dict:
     return {"forward": t1 - t0, "backward": t2 - t1, "wgrad": t3 - t2}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="preset name or YAML (default: a small GPT for CPU)")
     ap.add_argument("--layers", type=int, default=4)
@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeats", type=int, default=12)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     spec = load_model(args.model) if args.model else CPU_MODEL
     spec = dataclasses.replace(spec, num_layers=max(args.layers, 1), max_seq_len=max(args.seq_len, 1))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

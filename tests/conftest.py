@@ -1,4 +1,4 @@
-"""Test tiers and the shared sys.path.
+"""Test tiers.
 
 Every test belongs to exactly one tier, by its folder unless it is marked otherwise:
 - `unit`  (tests/unit): one process, pure code; no Ray, no subprocess. The whole tier runs in under 2 minutes.
@@ -14,12 +14,8 @@ import _posixsubprocess
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
-
-# tests/exhaustive.py (the brute-force planner reference) is imported by tests and benchmarks
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 TIERS = ("unit", "cli", "dist", "ray", "testbed")
 TIER_OF_FOLDER = {"unit": "unit", "cli": "cli", "dist": "dist", "ray": "ray", "testbed": "testbed"}

@@ -2,7 +2,7 @@
 
 Each refuses requests that lack the headers its cloud requires (AWS: the IMDSv2 token; GCP: Metadata-Flavor:
 Google; Azure: Metadata: true) and logs every request as "METHOD path". Test modules import it by path
-(tests/ is on sys.path through tests/conftest.py):
+(tests/ is on the import path through pytest's `pythonpath` in pyproject.toml):
     from fake_metadata import fake_metadata
     with fake_metadata("gcp") as fake:
         fake.preempted = True            # aws: fake.notice = notice_in(120); azure: fake.events = [...]

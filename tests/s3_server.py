@@ -1,7 +1,7 @@
 """A real S3 API server on loopback for tests: moto's ThreadedMotoServer on a free port.
 
 Test modules import it by path (tests/ is not a package):
-    from s3_server import moto_endpoint, new_bucket      # after sys.path has tests/
+    from s3_server import moto_endpoint, new_bucket      # tests/ is on the import path (pyproject.toml)
 """
 from __future__ import annotations
 

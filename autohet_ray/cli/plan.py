@@ -15,7 +15,7 @@ from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, plan_from_dict
 from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
-from autohet_ray.planner.background import lower_bound_in_background
+from autohet_ray.planner.bounds.background import lower_bound_in_background
 from autohet_ray.planner.workers import stop_helper_process, use_helper_process
 from autohet_ray.planner.search import token_cap_sizes
 from autohet_ray.profile.analytic import analytic_profile, with_micro_batches

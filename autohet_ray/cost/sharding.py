@@ -5,7 +5,7 @@ one TP group per pipeline, so a sharding stage keeps (master + moments) / pipeli
 only that slice (terms.GroupCost.shard_ways). Its gradient bucket is reduce-scattered instead of all-reduced:
 the first half of the ring (gloo takes longer: collective_shares), overlapped with the backward as the
 all-reduce was; the second half is an all-gather of the new weights in the compute dtype after the update, on
-the step's critical path. Uneven slices (Stage.slice_weight, planner/slice_sizes.py): each holder keeps its
+the step's critical path. Uneven slices (Stage.slice_weight, planner/passes/slice_sizes.py): each holder keeps its
 own share of each unit's state (`slice_share`), and both collectives take what the largest slice implies.
 """
 from __future__ import annotations

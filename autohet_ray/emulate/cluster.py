@@ -17,6 +17,10 @@ from autohet_ray.cluster.spec import Cluster, Node
 # Ray's test cluster gives each node a 150 MiB object store, far below a real node's; keepers hold
 # checkpoint chunks there (and would spill to disk at every step), so emulated nodes get more.
 EMULATED_OBJECT_STORE_BYTES = 768 << 20
+# Ray's `_system_config` for clusters whose lost nodes must be declared dead fast: after 3 missed 1 s health
+# checks (Ray's default takes much longer). The tests' and the benchmarks' emulated clusters use it.
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                      "health_check_initial_delay_ms": 1000}
 
 
 def node_args(node: Node, *, num_cpus: float = 0, cpus_per_gpu: float = 0) -> dict:

@@ -19,10 +19,11 @@ from autohet_ray.plan.schedule import PLAN_SCHEDULES
 
 SCHEMA_VERSION = 3           # 2: optional per-pipeline micro_batch; 3: schedule (older plans are read as 1f1b)
 READABLE_VERSIONS = (1, 2, 3)
-RECOMPUTE_MODES = ("none", "full", "auto")     # what a planning request may ask for (planner/recompute.py)
+RECOMPUTE_MODES = ("none", "full", "auto")     # what a planning request may ask for (planner/passes/recompute.py)
 
 
-SHARDING_MODES = ("none", "dp", "auto")   # optimizer state sharding a planning request may ask for (planner/sharding.py)
+# optimizer state sharding a planning request may ask for (planner/passes/sharding.py)
+SHARDING_MODES = ("none", "dp", "auto")
 
 
 def check_sharding(mode: str) -> None:
@@ -44,7 +45,7 @@ class Stage:
     devices: tuple[int, ...]         # GPU indices on `node`; len == tp
     recompute: bool = False          # recompute each layer's activations in its backward (keep only its input)
     shard_optimizer: bool = False    # shard its units' optimizer state across their holders (runtime/shard_sync.py)
-    slice_weight: float = 1.0        # its slices' size relative to its co-holders' (planner/slice_sizes.py)
+    slice_weight: float = 1.0        # its slices' size relative to its co-holders' (planner/passes/slice_sizes.py)
 
     @property
     def num_layers(self) -> int:

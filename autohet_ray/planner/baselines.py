@@ -24,10 +24,10 @@ from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
-from autohet_ray.planner.batch import allocate_microbatches
-from autohet_ray.planner.floor import INFEASIBLE, pipeline_floor_s, stage_floors, with_sync_floor
-from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute
-from autohet_ray.planner.split import best_split
+from autohet_ray.planner.candidates.batch import allocate_microbatches
+from autohet_ray.planner.candidates.floor import INFEASIBLE, pipeline_floor_s, stage_floors, with_sync_floor
+from autohet_ray.planner.passes.recompute import check_recompute, drop_unneeded_recompute
+from autohet_ray.planner.candidates.split import best_split
 from autohet_ray.profile.db import ProfileDB
 
 
@@ -119,7 +119,7 @@ def _whale_balance(table: GroupCostTable, replicas: list[tuple[str, ...]], tp: i
 
 @dataclass(frozen=True)
 class _Candidate:
-    floor_s: float               # planner/floor.py: no evaluation of this layout can be faster
+    floor_s: float               # planner/candidates/floor.py: no evaluation of this layout can be faster
     micro_batch: int
     nodes: tuple
     tp: int
@@ -232,7 +232,7 @@ def _fastest(ranked: list[_Candidate], cluster, model, profile, global_batch: in
 
 
 def _sync_floor(plan: Plan, table: GroupCostTable, buckets: dict, schedules: tuple[str, ...]) -> float:
-    """planner/floor.py's floor with each stage's all-reduces after its last gradient action starts."""
+    """planner/candidates/floor.py's floor with each stage's all-reduces after its last gradient action starts."""
     bucket_s = {key: sum(d for _, d, _ in items) for key, items in buckets.items()}
     best = INFEASIBLE
     for schedule in schedules:

@@ -1,11 +1,16 @@
-"""The planner: enumerate pipeline templates, group devices with SCIP, allocate micro-batches exactly,
-place on nodes, and keep the best plan by the full cost model (which also prices gradient sync exactly).
-Small clusters then refine their best few plans in the full cost model (refine.py). Layer splits are
-bounded by the memory of the schedules allowed (only zb-h1: its activations and held weight-gradient inputs)."""
+"""The planner: one planning pass runs PASSES below, in order. Its search builds candidate plans per micro-batch size
+(candidates/: enumerate pipeline templates, group devices with SCIP, split layers and allocate micro-batches
+exactly, place on nodes) and keeps the best by the full cost model (which also prices gradient sync exactly); the
+passes of passes/ then improve what it kept. Around the pass, `plan_training` runs it once per number of holders of
+sharded optimizer state (passes/sharding.py) and with and without activation recomputation
+(passes/recompute.py). Layer splits are bounded by the memory of the schedules allowed (only zb-h1: its
+activations and held weight-gradient inputs). The lower bound (bounds/) and the baselines (baselines.py) price
+the same cost model apart from the search."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import Cluster
@@ -13,34 +18,23 @@ from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.money import THROUGHPUT, Goal
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
-from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
+from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Plan
 from autohet_ray.plan.validate import check_micro_batch
-from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
-from autohet_ray.planner.best import _Best, _Deadline
-from autohet_ray.planner.batch import allocate_microbatches
-from autohet_ray.planner.enumerate_groupings import all_groupings
-from autohet_ray.planner.grouping import Grouping, solve_grouping
-from autohet_ray.planner.money import (check_goal_cluster, cheapest_groupings, estimate_key, grouping_gpus,
-                                       grouping_money, on_cheapest_nodes, unmet_goal_message)
+from autohet_ray.planner.candidates.best import _Best, _Deadline
+from autohet_ray.planner.candidates.money import check_goal_cluster, unmet_goal_message
+from autohet_ray.planner.candidates.per_size import plan_for_micro_batch
+from autohet_ray.planner.candidates.templates import SMALL_CLUSTER_GPUS
 from autohet_ray.planner.no_fit import no_fit_message as _no_fit_message
-from autohet_ray.planner.polish import polish
-from autohet_ray.planner.rebalance import rebalance_micro_batches
+from autohet_ray.planner.passes.polish import polish
+from autohet_ray.planner.passes.rebalance import rebalance_micro_batches
+from autohet_ray.planner.passes.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
+from autohet_ray.planner.passes.refine import REFINED_CANDIDATES, improve_best, refine
+from autohet_ray.planner.passes.sharding import check_sharding, plan_sharded
 from autohet_ray.planner.result import PlanResult
-from autohet_ray.planner.recompute import check_recompute, drop_unneeded_recompute, plan_auto_recompute
-from autohet_ray.planner.sharding import check_sharding, plan_sharded
-from autohet_ray.planner.refine import REFINED_CANDIDATES, improve_best, refine
-from autohet_ray.planner.space import TemplateEval, saving_of_parts, zero_bubble_parts
-from autohet_ray.planner.split import SplitsByCount
-from autohet_ray.planner.templates import SMALL_CLUSTER_GPUS, _gpus_needed, enumerate_templates
 from autohet_ray.planner.workers import run_split
 from autohet_ray.profile.db import ProfileDB
 
-BISECTION_STEPS = 40
-CANDIDATES_PER_BATCH = 6
-DEADLINE_SLACKS = (0.01, 0.02, 0.04)   # small clusters: also solve this much above the smallest deadline
-SMALL_CANDIDATES = 40         # small clusters: full-model evaluations are cheap, the deadline model is rough
-SHORTLIST = 300
 MAX_MICROBATCH_TOKENS = 8192
 
 
@@ -97,8 +91,8 @@ def plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, glo
     token, the fastest within a budget, the cheapest above a throughput floor; all but the first may leave GPUs
     out), each candidate under the fastest of `schedules` that fits. `incumbents` (e.g. the baselines' plans)
     are evaluated as candidates too, so the result is never worse than them. `recompute`
-    (planner/recompute.py): "none", "full" (every stage) or "auto" (per stage, where it makes the plan fit or
-    faster); `optimizer_sharding` (planner/sharding.py) likewise, "dp" and "auto" searching at several
+    (planner/passes/recompute.py): "none", "full" (every stage) or "auto" (per stage, where it makes the plan fit or
+    faster); `optimizer_sharding` (planner/passes/sharding.py) likewise, "dp" and "auto" searching at several
     numbers of holders (`shard_ways`: one of them only)."""
     check_request(model, profile, global_batch, seq_len, schedules)
     check_recompute(recompute)
@@ -153,31 +147,77 @@ class _Pass:
                               seq_len=self.seq_len, recompute=self.recompute, shard_ways=self.shard)
 
 
+@dataclass(kw_only=True)
+class _Search:
+    """What the passes of one planning pass share: the request, its clock, and the best plans so far."""
+    request: _Pass
+    clock: _Deadline
+    best: _Best
+    incumbents: tuple[Plan, ...]
+    sizes: list[int]                              # the micro-batch sizes searched
+    per_size: list[tuple] = field(default_factory=list)   # each size's best plan, polished
+
+
+class PlanningPass(NamedTuple):
+    name: str
+    does: str
+    run: Callable[[_Search], None]
+
+
+def _seed(s: _Search) -> None:
+    for plan in s.incumbents:
+        plan = plan.with_recompute(s.request.recompute).with_optimizer_sharding(s.request.shard > 1)
+        s.best.offer(*best_schedule(plan, s.request.cluster, s.request.model, s.request.profile,
+                                    schedules=s.request.schedules))
+
+
+def _search(s: _Search) -> None:
+    s.per_size = _search_sizes(s.request, s.sizes, s.clock, s.best)
+    if s.best.plan is None:
+        raise ConfigError(_nothing_found(s.request, s.best, s.clock))
+
+
+def _polish_incumbent(s: _Search) -> None:
+    if all(s.best.plan is not plan for plan, _ in s.per_size):       # an incumbent
+        s.best.plan, s.best.evaluation = polish(s.best.plan, s.best.evaluation,
+                                                s.request.table(s.best.plan.micro_batch), s.request.cluster,
+                                                exhaustive=s.request.small, schedules=s.request.schedules)
+
+
+def _rebalance_pass(s: _Search) -> None:
+    if s.request.micro_batch is None:      # a micro-batch size the user fixed is kept for every pipeline
+        _rebalance(s.request, s.best, s.per_size, max(s.sizes), s.clock)
+
+
+# One planning pass, in order. Each pass reads and extends the search's state; the best plan at the end is the answer.
+PASSES = (
+    PlanningPass("seed", "price the incumbents (e.g. the baselines' plans) as candidates", _seed),
+    PlanningPass("search", "per micro-batch size: templates, SCIP groupings, exact split and micro-batches, placement "
+                 "(candidates/); each size's best few polished and refined (passes/polish.py, passes/refine.py)",
+                 _search),
+    PlanningPass("polish", "an incumbent still best: its stage order polished (passes/polish.py)", _polish_incumbent),
+    PlanningPass("rebalance", "per-pipeline micro-batch sizes where they balance the batch better "
+                 "(passes/rebalance.py)", _rebalance_pass),
+)
+
+
 def _plan_training(*, cluster: Cluster, model: ModelSpec, profile: ProfileDB, global_batch: int, seq_len: int,
                    micro_batch: int | None, time_limit_s: float, incumbents: tuple[Plan, ...],
                    schedules: tuple[str, ...], recompute: bool, mixed_recompute: bool = False,
                    shard: int = 1, goal: Goal = THROUGHPUT) -> PlanResult:
-    """One planning pass with recomputation on every stage or none. `mixed_recompute` (small clusters under
-    recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
+    """One planning pass (PASSES) with recomputation on every stage or none. `mixed_recompute` (small clusters
+    under recompute="auto"): each size's best few plans first drop recomputation where it is not needed, so a plan
     that recomputes on one pipeline only is ranked as such. `shard`: the holders its sharded optimizer state
     is priced across while searching (1: unsharded)."""
     clock = _Deadline(time.perf_counter(), time_limit_s)
     request = _Pass(cluster=cluster, model=model, profile=profile, global_batch=global_batch, seq_len=seq_len,
                     micro_batch=micro_batch, schedules=schedules, recompute=recompute,
                     mixed_recompute=mixed_recompute, shard=shard, goal=goal)
-    best = _Best(goal=goal, cluster=cluster)
-    for plan in incumbents:
-        plan = plan.with_recompute(recompute).with_optimizer_sharding(shard > 1)
-        best.offer(*best_schedule(plan, cluster, model, profile, schedules=schedules))
-    sizes = micro_batch_candidates(global_batch, profile, micro_batch)
-    per_size = _search_sizes(request, sizes, clock, best)
-    if best.plan is None:
-        raise ConfigError(_nothing_found(request, best, clock))
-    if all(best.plan is not plan for plan, _ in per_size):       # an incumbent
-        best.plan, best.evaluation = polish(best.plan, best.evaluation, request.table(best.plan.micro_batch),
-                                            cluster, exhaustive=request.small, schedules=schedules)
-    if micro_batch is None:          # a micro-batch size the user fixed is kept for every pipeline
-        _rebalance(request, best, per_size, max(sizes), clock)
+    state = _Search(request=request, clock=clock, best=_Best(goal=goal, cluster=cluster), incumbents=incumbents,
+                    sizes=micro_batch_candidates(global_batch, profile, micro_batch))
+    for planning_pass in PASSES:
+        planning_pass.run(state)
+    best = state.best
     plan = best.plan.with_predicted(best.evaluation.predicted())
     return PlanResult(plan=plan, evaluation=best.evaluation, solve_time_s=time.perf_counter() - clock.start,
                       num_templates=best.templates, hit_time_limit=clock.hit)
@@ -206,7 +246,7 @@ def _size_search(mb: int, request: _Pass, clock: _Deadline) -> tuple[_Best, tupl
     polished: the estimate can misjudge the stage order by more than the sizes differ."""
     table = request.table(mb)
     local = _Best(keep=REFINED_CANDIDATES if request.small else 1, goal=request.goal, cluster=request.cluster)
-    _plan_for_micro_batch(table, request.cluster, request.global_batch, clock, local, request.schedules)
+    plan_for_micro_batch(table, request.cluster, request.global_batch, clock, local, request.schedules)
     if local.plan is None:
         return local, None
     if request.mixed_recompute and request.recompute:
@@ -241,156 +281,3 @@ def _rebalance(request: _Pass, best: _Best, per_size: list[tuple], largest: int,
             break
         best.offer(*rebalance_micro_batches(plan, ev, request.cluster, request.model, request.profile,
                                             largest=largest, schedules=request.schedules))
-
-
-def _plan_for_micro_batch(table: GroupCostTable, cluster: Cluster, global_batch: int, clock: _Deadline,
-                          best: _Best, schedules: tuple[str, ...]) -> None:
-    total = global_batch // table.micro_batch
-    zero_bubble = any(s in SPLIT_BACKWARD for s in schedules)
-    templates = enumerate_templates(table, cluster, total, clock, zero_bubble, schedules)
-    best.templates += len(templates)
-    if not templates:
-        return
-    goal, money = best.goal, grouping_money(best.goal, cluster)
-    replicated = _replicated(templates, cluster, total, goal, money, global_batch)
-    shortlist = _shortlist(templates)
-    warm = _warm_start(replicated[0], templates, shortlist) if replicated else None
-    small = cluster.num_gpus <= SMALL_CLUSTER_GPUS
-    solved = _groupings(shortlist, cluster, total, clock, warm,
-                        candidates=SMALL_CANDIDATES if small else CANDIDATES_PER_BATCH,
-                        slacks=DEADLINE_SLACKS if small else (), money=money)
-    if small:
-        solved = solved + all_groupings(shortlist, cluster, total, SMALL_CANDIDATES)
-    if goal.minimizes_cost:
-        floor_s = global_batch / goal.min_samples_per_s if goal.min_samples_per_s else None
-        fastest = min((g.deadline_s for g in solved), default=min(t.fixed_s for t in shortlist))
-        solved = cheapest_groupings(shortlist, cluster, total, money, fastest, clock.left, floor_s,
-                                    keep=SMALL_CANDIDATES if small else 2 * CANDIDATES_PER_BATCH) + solved
-    # replicated groupings index `templates`, the program's index the shortlist
-    memo: dict = {}
-    for grouping, pool in [(g, templates) for g in replicated] + [(g, shortlist) for g in solved]:
-        plan = _realize(grouping, pool, table, cluster, global_batch, zero_bubble, memo, schedules)
-        plan = plan if plan is None or money is None else on_cheapest_nodes(plan, cluster, goal)
-        if plan is not None and not best.beats(plan, cluster, table, schedules):
-            best.offer(*best_schedule(plan, cluster, table.model, table.profile, table, schedules))
-
-
-def _replicated(templates: list[TemplateEval], cluster: Cluster, total: int, goal: Goal = THROUGHPUT,
-                money=None, global_batch: int = 1) -> list[Grouping]:
-    """Data-parallel copies of one pipeline shape: the same stage of every copy shares a node, so gradient
-    sync stays on NVLink. The best few for the goal by estimate; the full cost model decides."""
-    options = []
-    for i, t in enumerate(templates):
-        most = min(total, _max_copies(t, cluster))
-        for copies in range(1, most + 1):
-            est = t.estimate_s(-(-total // copies), replicated=True)
-            key = estimate_key(goal, money, grouping_gpus({i: copies}, templates), est, global_batch)
-            if key < float("inf"):
-                options.append((key, est, i, copies))
-    options.sort()
-    return [Grouping({i: c}, total, est) for _, est, i, c in options[:CANDIDATES_PER_BATCH]]
-
-
-def _max_copies(t: TemplateEval, cluster: Cluster) -> int:
-    return min(cluster.gpus_of(d) // n for d, n in _gpus_needed(t.usage()).items())
-
-
-def _shortlist(templates: list[TemplateEval]) -> list[TemplateEval]:
-    """Templates for the grouping program: the best throughput per GPU, plus every single-type one."""
-    ranked = sorted(templates, key=lambda t: t.bottleneck_s * t.num_gpus)
-    single = [t for t in ranked[SHORTLIST:] if len({k[0] for k in t.kinds}) == 1]
-    return ranked[:SHORTLIST] + single
-
-
-def _warm_start(grouping: Grouping, templates: list[TemplateEval], shortlist: list[TemplateEval]) -> dict | None:
-    """The best copies-of-one-shape grouping, as a starting solution for SCIP (when its shape is shortlisted)."""
-    (i, copies), = grouping.counts.items()
-    index = {id(t): n for n, t in enumerate(shortlist)}
-    return {index[id(templates[i])]: copies} if id(templates[i]) in index else None
-
-
-def _groupings(templates, cluster, total, clock, warm_start=None, candidates=CANDIDATES_PER_BATCH, slacks=(),
-               money=None):
-    """Groupings at the smallest deadlines that finish the batch (within the budget of `money`, if any), best
-    first, each followed by the other solutions SCIP found at that deadline (the deadline model is an estimate:
-    the full cost model decides)."""
-    single = [t.sync_nic_s + (t.exact_s[total - 1] if len(t.exact_s) >= total else
-                              t.fixed_s + (total - 1) * t.bottleneck_s) for t in templates]
-    hi = max(single) if money is not None and money.budget is not None else min(single)
-    lo = min(t.fixed_s for t in templates)
-    feasible, solved = [], []
-    for _ in range(BISECTION_STEPS):
-        if clock.over() or hi - lo <= 2e-3 * hi:
-            break
-        mid = (lo + hi) / 2
-        g = solve_grouping(templates, cluster, total, mid, min(10.0, max(0.1, clock.left() / 4)), warm_start, money)
-        solved.append(g)
-        if g.capacity >= total:
-            hi = mid
-            feasible.append(g)
-        else:
-            lo = mid
-    if not feasible or feasible[-1].deadline_s > hi:
-        g = solve_grouping(templates, cluster, total, hi, min(10.0, max(0.1, clock.left())), warm_start, money)
-        solved.append(g)
-        if g.capacity >= total:
-            feasible.append(g)
-    for slack in slacks:               # near-ties under the estimate, for the full cost model to rank
-        if clock.over() or not feasible:
-            break
-        g = solve_grouping(templates, cluster, total, feasible[-1].deadline_s * (1 + slack),
-                           min(10.0, max(0.1, clock.left() / 4)), warm_start, money)
-        solved.append(g)
-        feasible.insert(0, g)
-    clock.hit = clock.hit or any(g.timed_out for g in solved)
-    seen, out = set(), []
-    for g in [g for best in reversed(feasible) for g in (best, *best.others)]:
-        key = tuple(sorted(g.counts.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(g)
-    return out[:candidates]
-
-
-def _realize(grouping, templates: list[TemplateEval], table: GroupCostTable, cluster: Cluster,
-             global_batch: int, zero_bubble: bool, memo: dict | None = None,
-             schedules: tuple[str, ...] = PLAN_SCHEDULES) -> Plan | None:
-    """Exact micro-batch allocation and per-pipeline split for a grouping, placed on nodes."""
-    model, total = table.model, global_batch // table.micro_batch
-    pipelines = [templates[i] for i, c in sorted(grouping.counts.items()) for _ in range(c)]
-    if not pipelines or len(pipelines) > total:
-        return None
-    memo = {} if memo is None else memo      # (stage kinds, micro-batches) -> (split, time): shared by groupings
-
-    def priced(t: TemplateEval, m: int):
-        key = (t.kinds, m)
-        if key not in memo:
-            if ("splits", t.kinds) not in memo:
-                memo[("splits", t.kinds)] = SplitsByCount([table.get(*k) for k in t.kinds], model.num_layers,
-                                                          list(t.link_s), schedules)
-            splits = memo[("splits", t.kinds)]
-            split = splits.best(m)
-            saving = saving_of_parts(_zero_bubble_parts(splits.groups, split.counts, t.kinds, memo),
-                                     len(t.kinds), m) if split and zero_bubble else 0.0
-            memo[key] = (split, split.time_s - saving if split else float("inf"))
-        return memo[key]
-
-    split_for = lambda t, m: priced(t, m)[0]  # noqa: E731
-    fns = [lambda m, t=t: priced(t, m)[1] for t in pipelines]
-    counts = allocate_microbatches(fns, total)
-    if counts is None or any(split_for(t, m) is None for t, m in zip(pipelines, counts)):
-        return None
-    choices = [PipelineChoice(t.kinds, split_for(t, m).counts, m) for t, m in zip(pipelines, counts)]
-    try:
-        return build_plan(choices, cluster, model, global_batch=global_batch, micro_batch=table.micro_batch,
-                          recompute=table.recompute, seq_len=table.seq_len, shard_optimizer=table.shard_ways > 1)
-    except PlacementError:
-        return None
-
-
-def _zero_bubble_parts(groups, counts: tuple[int, ...], kinds, memo: dict):
-    """`zero_bubble_parts` of a split, once per stage kinds and layer counts."""
-    key = ("zero-bubble", kinds, counts)
-    if key not in memo:
-        memo[key] = zero_bubble_parts(groups, counts)
-    return memo[key]

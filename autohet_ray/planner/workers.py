@@ -26,7 +26,7 @@ def use_helper_process() -> None:
 def _warm_up() -> None:
     """The helper's heavy imports (PySCIPOpt, the cost model), while the caller loads its inputs."""
     import autohet_ray.cost.evaluate  # noqa: F401  # lazy: in the helper process only, at its start
-    import autohet_ray.planner.grouping  # noqa: F401  # lazy: in the helper process only (PySCIPOpt)
+    import autohet_ray.planner.candidates.grouping  # noqa: F401  # lazy: in the helper process only (PySCIPOpt)
 
 
 def helper() -> ProcessPoolExecutor | None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from autohet_ray.emulate.cluster import FAST_HEALTH_CHECKS  # noqa: F401  (the Ray tests import it from here)
+
 THREE_NODES = {"name": "three-node", "nodes": [{"name": "a", "device": "H800", "count": 1},
                                                 {"name": "b", "device": "H800", "count": 1},
                                                 {"name": "c", "device": "H20", "count": 2}]}
@@ -46,9 +48,6 @@ def train_cluster_for(test_module: str):
     return shared_cluster(THREE_NODES, cpus_per_gpu=1, name="train_cluster", module=test_module)
 
 
-# Ray declares a silent node dead after 3 missed 1 s health checks (its default takes much longer)
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_initial_delay_ms": 1000}
 
 
 def reference_losses(steps: int, dtype=None) -> list[float]:

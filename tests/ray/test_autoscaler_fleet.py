@@ -4,23 +4,20 @@ reclaim (processes killed, node gone, no notice), recovers with no committed ste
 a replacement, and switches onto the replacement; the losses equal an uninterrupted run's (fp64)."""
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import pytest
 import ray
 
-sys.path.insert(0, os.path.dirname(__file__))
-from autoscaling_cluster import FAKE_HEAD_NODE_ID, autoscaling_cluster, reclaim  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, reference_losses  # noqa: E402
+from autoscaling_cluster import FAKE_HEAD_NODE_ID, autoscaling_cluster, reclaim
+from ray_helpers import FAST_HEALTH_CHECKS, reference_losses
 
-from autohet_ray.cluster.labels import gpu_resource  # noqa: E402
-from autohet_ray.emulate.cluster import emulated_labels  # noqa: E402
-from autohet_ray.job.config import TrainJob  # noqa: E402
-from autohet_ray.model.spec import load_model  # noqa: E402
-from autohet_ray.orchestrate.controller import Controller  # noqa: E402
-from autohet_ray.storage.spec import storage_spec  # noqa: E402
+from autohet_ray.cluster.labels import gpu_resource
+from autohet_ray.emulate.cluster import emulated_labels
+from autohet_ray.job.config import TrainJob
+from autohet_ray.model.spec import load_model
+from autohet_ray.orchestrate.controller import Controller
+from autohet_ray.storage.spec import storage_spec
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -50,7 +50,6 @@ def test_elastic_needs_storage():
 
 def test_elastic_train_and_resume_through_s3(tmp_path, monkeypatch):
     import boto3
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     from s3_server import CREDENTIALS, moto_endpoint, new_bucket
     creds = {"AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
              "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],

@@ -7,7 +7,6 @@ import json
 import os
 import pathlib
 import shutil
-import sys
 import sysconfig
 from dataclasses import replace
 
@@ -23,7 +22,6 @@ from autohet_ray.data.training import TrainingData
 from autohet_ray.storage.dataset_cache import dataset_cache_dir, local_dataset
 from autohet_ray.storage.datasets import download_dataset
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from s3_server import CREDENTIALS, client, moto_endpoint, new_bucket  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)

@@ -4,15 +4,13 @@ the job can still restore is restored bit-exactly from the live stores."""
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-import test_checkpoint_helpers as helpers  # noqa: E402
+import checkpoint_helpers as helpers  # noqa: E402
 
 from autohet_ray.checkpoint import (AsyncSnapshotter, SnapshotPolicy, assign_writers, find_manifest,  # noqa: E402
                                     restore)

@@ -9,17 +9,15 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-import test_checkpoint_helpers as helpers  # noqa: E402
+import checkpoint_helpers as helpers  # noqa: E402
 
 from autohet_ray.checkpoint import (AsyncSnapshotter, SnapshotPolicy, assign_writers, choose_peers,  # noqa: E402
                                     commit_step, find_manifest, latest_committed_step, restore)
 from autohet_ray.elastic.keeper import KeeperTier, get_keeper, start_keeper, stop_keeper  # noqa: E402
+from autohet_ray.emulate.cluster import FAST_HEALTH_CHECKS  # noqa: E402
 
 NODES = {"a": "H100", "b": "H20", "c": "H20"}
 JOB = "keeper-test-job"
-FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                      "health_check_initial_delay_ms": 1000}
 
 
 @pytest.fixture(scope="module")

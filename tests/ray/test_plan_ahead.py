@@ -5,9 +5,6 @@
   and the switch at a step boundary plans nothing and starts no process."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -19,9 +16,8 @@ from autohet_ray.storage.spec import storage_spec  # noqa: E402
 from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
 from shared_clusters import shared_cluster  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from spot_replay_join_cost import NODES, measure_join  # noqa: E402
-from spot_replay_snapshot import snapshot_bytes  # noqa: E402
+from benchmarks.spot_replay_join_cost import NODES, measure_join  # noqa: E402
+from benchmarks.spot_replay_snapshot import snapshot_bytes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 assert NODES == THREE_NODES

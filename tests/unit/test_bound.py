@@ -1,4 +1,4 @@
-"""The fluid lower bound (planner/bound.py) is valid: never above the exhaustive optimum on small instances."""
+"""The fluid lower bound (planner/bounds/bound.py) is valid: never above the exhaustive optimum on small instances."""
 import math
 from dataclasses import replace
 
@@ -7,7 +7,7 @@ import pytest
 from autohet_ray import ConfigError
 from autohet_ray.cluster import cluster_from_dict
 from autohet_ray.model import PRESETS
-from autohet_ray.planner.bound import lower_bound_iteration_s
+from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
 from autohet_ray.profile import analytic_profile
 from exhaustive import exhaustive_best
 

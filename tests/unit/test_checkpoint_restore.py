@@ -1,6 +1,4 @@
 """Resharding restore: bit-exact across layouts, cheapest valid tier first, corruption falls through."""
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -10,9 +8,8 @@ from autohet_ray.checkpoint import (ChunkUnavailableError, IncompleteStepError, 
 from autohet_ray.checkpoint.holdings import stage_in_copies
 from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
 from autohet_ray.layout import Chunk, shard_chunk
-from test_checkpoint_helpers import SHAPES, MiniJob, assert_bit_exact, full_state, needs_of, rank_states
+from checkpoint_helpers import SHAPES, MiniJob, assert_bit_exact, full_state, needs_of, rank_states
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from s3_server import client, moto_endpoint, new_bucket  # noqa: E402
 
 NODES = {"a": "H100", "b": "H20", "c": "H20"}

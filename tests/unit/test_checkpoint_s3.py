@@ -12,12 +12,10 @@ import pytest
 from autohet_ray.checkpoint.tiers.s3 import S3Config, S3Tier
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
 from s3_server import client, moto_endpoint, new_bucket  # noqa: E402
 
 UPLOADER = """
 import sys, time
-sys.path.insert(0, sys.argv[4])
 from s3_server import client
 from autohet_ray.checkpoint.faults import Faults
 from autohet_ray.checkpoint.tiers.s3 import MiB, S3Config, S3Tier
@@ -45,8 +43,8 @@ def s3_url():
 def test_sigkill_mid_multipart_leaves_an_upload_the_sweep_removes(s3_url, tmp_path):
     bucket = new_bucket(s3_url)
     marker = tmp_path / "first-part-done"
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
-    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, s3_url, bucket, str(marker), str(TESTS)], env=env)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
+    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, s3_url, bucket, str(marker)], env=env)
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():

@@ -8,7 +8,7 @@ from autohet_ray import ConfigError
 from autohet_ray.checkpoint import (AsyncSnapshotter, MemoryTier, SnapshotPolicy, assign_writers, choose_peers,
                                     commit_step, find_manifest, restore)
 from autohet_ray.layout import Chunk
-from test_checkpoint_helpers import full_state, needs_of, rank_states
+from checkpoint_helpers import full_state, needs_of, rank_states
 
 
 class GatedTier(MemoryTier):

@@ -3,9 +3,7 @@
 The cloud tier is a real S3 API (moto server); one tensor is big enough for a multipart upload so that the
 `upload_part` point is exercised too.
 """
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +11,8 @@ import torch
 from autohet_ray.checkpoint import (POINTS, Faults, InjectedFault, LocalDirTier, ManifestExistsError, collect_garbage,
                                     find_manifest, latest_committed_step, restore, scan_manifests)
 from autohet_ray.checkpoint.tiers.s3 import MiB, S3Config, S3Tier
-from test_checkpoint_helpers import SHAPES, MiniJob, assert_bit_exact, full_state, needs_of, rank_states
+from checkpoint_helpers import SHAPES, MiniJob, assert_bit_exact, full_state, needs_of, rank_states
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from s3_server import client, moto_endpoint, new_bucket  # noqa: E402
 
 NODES = {"a": "H100", "b": "H20", "c": "A100"}

@@ -1,6 +1,4 @@
 """Every tier behaves the same behind the Tier interface; S3 runs against a real S3 API (moto server)."""
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -9,7 +7,6 @@ from autohet_ray.checkpoint import ChunkMissingError, LocalDirTier, ManifestExis
 from autohet_ray.checkpoint.tiers import ThrottledTier, TokenBucket
 from autohet_ray.checkpoint.tiers.s3 import MiB, S3Config, S3Tier
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from s3_server import client, moto_endpoint, new_bucket  # noqa: E402
 
 

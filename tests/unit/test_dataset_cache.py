@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 import threading
 
 import numpy as np
@@ -18,7 +17,6 @@ from autohet_ray.storage.dataset_cache import dataset_cache_dir, held_dataset
 from autohet_ray.storage.dataset_cache import DatasetHold, evict_to_cap
 from autohet_ray.storage.datasets import download_dataset
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from s3_server import CREDENTIALS, client, moto_endpoint, new_bucket  # noqa: E402
 
 SHARDS = 12

@@ -2,14 +2,9 @@
 sync against the cost model's own per-stage figures, and the bar line's pass/fail."""
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import e2e_bench  # noqa: E402
+from benchmarks import e2e_bench  # noqa: E402
 from autohet_ray.cluster.spec import cluster_from_dict  # noqa: E402
 from autohet_ray.cost.evaluate import evaluate_plan  # noqa: E402
 from autohet_ray.model.spec import load_model  # noqa: E402

@@ -3,14 +3,10 @@ the Engine's measured stage time describe the same work, so they agree to well w
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import gpu_profile_check  # noqa: E402
+from benchmarks import gpu_profile_check  # noqa: E402
 
 
 @pytest.mark.dist

@@ -2,12 +2,9 @@
 are written atomically, read back, and metrics.jsonl grows a line at a time; bad storage and job values fail
 before anything runs."""
 import pathlib
-import sys
 
 import boto3
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from autohet_ray import ConfigError  # noqa: E402
 from autohet_ray.storage.spec import check_storage, storage_spec  # noqa: E402

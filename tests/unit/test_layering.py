@@ -44,6 +44,15 @@ APART = {
 THIRD_PARTY_ONLY_IN = {"ray": {"orchestrate", "elastic", "emulate", "cli"}, "pyscipopt": {"planner"},
                        "cvxpy": {"planner"}}
 
+# Inside a layer, its folders on floors of their own, lowest first (a module at the layer's root counts as a folder;
+# "" is the layer's __init__). The planner: its answer and the no-fit message; what a search builds, and the bounds;
+# the passes; the helper process (it warms up the grouping program); the baselines and the search, which runs the
+# passes in order (planner/search.py's PASSES); the public face.
+INNER_FLOORS = {
+    "planner": [{"result", "no_fit"}, {"candidates", "bounds"}, {"passes"}, {"workers"}, {"baselines", "search"},
+                {""}],
+}
+
 # (from layer, to layer) -> why it is still there. Each must still occur (a stale entry fails too).
 KNOWN_BACK_ARROWS: dict[tuple[str, str], str] = {}
 
@@ -150,6 +159,43 @@ def back_arrows(edges) -> dict[tuple[str, str], list[str]]:
             out[(a, b)].append(f"{MODULES[src].relative_to(PKG.parent)}:{line} imports {dst}"
                                + (" (inside a function)" if local else ""))
     return out
+
+
+def folder_of(module: str) -> str:
+    """The folder (or root module) of a module inside its layer; "" for the layer's __init__."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def inner_back_arrows(edges) -> list[str]:
+    """The imports inside a layer of INNER_FLOORS that go to the same or a higher inner floor."""
+    out = []
+    for src, dst, line, local in sorted(set(edges)):
+        layer = layer_of(src)
+        if layer != layer_of(dst) or layer not in INNER_FLOORS:
+            continue
+        floor = {folder: n for n, folders in enumerate(INNER_FLOORS[layer]) for folder in folders}
+        a, b = folder_of(src), folder_of(dst)
+        if a != b and floor[b] >= floor[a]:
+            out.append(f"{MODULES[src].relative_to(PKG.parent)}:{line} imports {dst}"
+                       + (" (inside a function)" if local else ""))
+    return out
+
+
+def test_every_folder_of_a_layer_with_inner_floors_has_one():
+    for layer, floors in INNER_FLOORS.items():
+        folders = {folder_of(m) for m in MODULES if layer_of(m) == layer}
+        declared = set().union(*floors)
+        assert folders == declared, f"{layer}: give these an inner floor: {sorted(folders - declared)}; " \
+                                    f"gone: {sorted(declared - folders)}"
+
+
+def test_folders_inside_a_layer_import_only_downwards():
+    problems = inner_back_arrows(internal_edges())
+    assert not problems, "imports that run back up (or across) a layer's inner floors:\n" + "\n".join(problems)
+    planted = ("autohet_ray.planner.candidates.split", "autohet_ray.planner.passes.polish", 1, False)
+    assert inner_back_arrows([planted]) == [
+        "autohet_ray/planner/candidates/split.py:1 imports autohet_ray.planner.passes.polish"]
 
 
 def test_every_layer_has_a_floor():

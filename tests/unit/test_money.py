@@ -1,5 +1,5 @@
-"""Money in the planner (cost/money.py, planner/money.py, planner/money_bound.py): prices, goals, the cheapest
-plan, budgets and floors, the bound for each, and the job fields every re-plan keeps."""
+"""Money in the planner (cost/money.py, planner/candidates/money.py, planner/bounds/money_bound.py): prices, goals,
+the cheapest plan, budgets and floors, the bound for each, and the job fields every re-plan keeps."""
 from dataclasses import replace
 
 import pytest
@@ -11,8 +11,8 @@ from autohet_ray.cost.money import (Goal, Instance, Price, Prices, check_priced,
 from autohet_ray.model import PRESETS
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
 from autohet_ray.planner import plan_training
-from autohet_ray.planner.money import grouping_money, on_cheapest_nodes, usage_usd_per_hour
-from autohet_ray.planner.money_bound import goal_lower_bound
+from autohet_ray.planner.candidates.money import grouping_money, on_cheapest_nodes, usage_usd_per_hour
+from autohet_ray.planner.bounds.money_bound import goal_lower_bound
 from autohet_ray.profile import analytic_profile
 
 PER_GPU = {"H800": Price(on_demand=12.29, spot=4.92), "H20": Price(on_demand=5.12, spot=2.05),

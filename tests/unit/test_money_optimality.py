@@ -1,17 +1,12 @@
 """The planner within 1% of the independent exhaustive optimum under money goals, on every instance of
-benchmarks/money_optimality.py: samples/s, $ per token (subsets of the GPUs included) and the most samples/s within
+benchmarks/optimality/money.py: samples/s, $ per token (subsets of the GPUs included) and the most samples/s within
 75% of the fleet's $/hour; and the pipeline shapes the planner once missed. Marked `cli` (a slow tier): 117 planner
 runs and exhaustive searches."""
-import importlib.util
 import math
-import pathlib
 
 import pytest
 
-_BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "money_optimality.py"
-_spec = importlib.util.spec_from_file_location("money_optimality", _BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from benchmarks.optimality import money as bench
 
 pytestmark = pytest.mark.cli
 

@@ -1,17 +1,12 @@
-"""The planner within 1% of the independent exhaustive optimum (a fast subset of benchmarks/optimality_bench.py).
+"""The planner within 1% of the independent exhaustive optimum (a fast subset of benchmarks/optimality/plans.py).
 
 Instances the planner is known to miss are marked xfail(strict=True): the suite stays green, the defect stays
 visible, and the mark must go once the planner reaches the optimum there.
 """
-import importlib.util
-import pathlib
 
 import pytest
 
-_BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "optimality_bench.py"
-_spec = importlib.util.spec_from_file_location("optimality_bench", _BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from benchmarks.optimality import plans as bench
 
 # index in bench.INSTANCES -> the gap measured when the mark was set (planner / optimum - 1)
 KNOWN_MISSES: dict[int, str] = {}

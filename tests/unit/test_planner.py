@@ -148,8 +148,8 @@ def test_slow_gpus_go_to_early_stages_when_memory_binds():
 
 def test_grouping_program_accepts_a_warm_start_and_respects_node_room():
     from autohet_ray.cost.terms import GroupCostTable
-    from autohet_ray.planner.grouping import solve_grouping
-    from autohet_ray.planner.space import evaluate_template
+    from autohet_ray.planner.candidates.grouping import solve_grouping
+    from autohet_ray.planner.candidates.space import evaluate_template
     cluster, spec = _cluster(("H800", 4), ("H20", 4)), PRESETS["gpt3-1.3b"]
     table = GroupCostTable(model=spec, cluster=cluster, profile=analytic_profile(spec, cluster, 2048),
                            micro_batch=1, seq_len=2048)
@@ -166,7 +166,7 @@ def test_program_groupings_realize_the_templates_they_count():
     realized plan must hold exactly the pipeline shapes the program chose."""
     import time
     from autohet_ray.cost.terms import GroupCostTable
-    from autohet_ray.planner import search
+    from autohet_ray.planner.candidates import per_size as search
     cluster, spec = _cluster(("H800", 1), ("A100-80GB", 1), ("H20", 2)), PRESETS["bert-large"]
     profile = analytic_profile(spec, cluster, spec.max_seq_len, micro_batches=(2,))
     table = GroupCostTable(model=spec, cluster=cluster, profile=profile, micro_batch=2, seq_len=spec.max_seq_len)
@@ -184,9 +184,9 @@ def test_program_groupings_realize_the_templates_they_count():
 
 
 def test_deep_usages_take_a_share_of_each_type_past_the_shallow_depth():
-    from autohet_ray.planner.grouping import kinds_available
-    from autohet_ray.planner.space import group_kinds
-    from autohet_ray.planner.templates import deep_usages
+    from autohet_ray.planner.candidates.grouping import kinds_available
+    from autohet_ray.planner.candidates.space import group_kinds
+    from autohet_ray.planner.candidates.templates import deep_usages
     cluster, spec = load_cluster("jobs/clusters/v100-16gb-a100-24.yaml"), PRESETS["llama-13b"]
     available = kinds_available(cluster, group_kinds(cluster, spec))
     usages = list(deep_usages(group_kinds(cluster, spec), available, 6, 24))
@@ -200,7 +200,7 @@ def test_deep_usages_take_a_share_of_each_type_past_the_shallow_depth():
 def test_deep_templates_find_the_faster_deep_pipeline(monkeypatch):
     """llama-13b on 16 V100-16GB + 8 A100-40GB (batch 256): one pipeline of 8 stages (4 A100 TP2, then 4
     V100 TP4) is more than 5% faster than the best plan of pipelines of up to 6 stages."""
-    from autohet_ray.planner import templates
+    from autohet_ray.planner.candidates import templates
     from autohet_ray.planner.search import plan_training, token_cap_sizes
     cluster, spec = load_cluster("jobs/clusters/v100-16gb-a100-24.yaml"), PRESETS["llama-13b"]
     profile = analytic_profile(spec, cluster, 2048, micro_batches=tuple(token_cap_sizes(2048)))

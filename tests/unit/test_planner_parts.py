@@ -7,8 +7,8 @@ import pytest
 
 from autohet_ray.cost.pipeline import one_f_one_b_time
 from autohet_ray.cost.terms import GroupCost
-from autohet_ray.planner.batch import allocate_microbatches
-from autohet_ray.planner.split import best_split
+from autohet_ray.planner.candidates.batch import allocate_microbatches
+from autohet_ray.planner.candidates.split import best_split
 
 
 def _group(layer_s, embed_s=0.1, head_s=0.3, capacity=10**12, layer_params=1000.0, act=10):
@@ -77,7 +77,7 @@ def test_per_pipeline_micro_batches_match_brute_force(devices, model_name, batch
     from autohet_ray.cost import evaluate_plan
     from autohet_ray.model import PRESETS
     from autohet_ray.plan import Pipeline, Plan, Stage
-    from autohet_ray.planner.rebalance import rebalance_micro_batches
+    from autohet_ray.planner.passes.rebalance import rebalance_micro_batches
     from autohet_ray.profile import analytic_profile
     cluster = cluster_from_dict({"name": "t", "network": {"inter_node_gbps": 200},
                                  "nodes": [{"name": f"n{i}", "device": d, "count": 1} for i, d in enumerate(devices)]})
@@ -111,7 +111,7 @@ def test_per_pipeline_micro_batches_match_brute_force(devices, model_name, batch
 
 @pytest.mark.parametrize("seed", range(4))
 def test_best_splits_for_every_micro_batch_count_equal_one_split_at_a_time(seed):
-    from autohet_ray.planner.split import best_splits
+    from autohet_ray.planner.candidates.split import best_splits
     rng = random.Random(seed)
     for _ in range(10):
         p = rng.randint(1, 5)
@@ -163,9 +163,9 @@ def test_refine_finds_the_split_the_closed_form_misjudges():
     from autohet_ray.cost.evaluate import best_schedule
     from autohet_ray.cost.terms import GroupCostTable
     from autohet_ray.model import PRESETS
-    from autohet_ray.planner.assign import PipelineChoice, build_plan
-    from autohet_ray.planner.refine import refine
-    from autohet_ray.planner.space import template_links
+    from autohet_ray.planner.candidates.assign import PipelineChoice, build_plan
+    from autohet_ray.planner.passes.refine import refine
+    from autohet_ray.planner.candidates.space import template_links
     from autohet_ray.profile import analytic_profile
     cluster = cluster_from_dict({"name": "t", "network": {"inter_node_gbps": 200},
                                  "nodes": [{"name": "a", "device": "A100-40GB", "count": 2},
@@ -198,7 +198,7 @@ def test_a_pipeline_given_another_micro_batch_size_takes_that_sizes_best_split(m
     from autohet_ray.cost import evaluate_plan
     from autohet_ray.model import PRESETS
     from autohet_ray.plan import Pipeline, Plan, Stage
-    from autohet_ray.planner import rebalance
+    from autohet_ray.planner.passes import rebalance
     from autohet_ray.profile import analytic_profile
     cluster = cluster_from_dict({"name": "t", "network": {"inter_node_gbps": 200}, "nodes": [
         {"name": d.lower(), "device": d, "count": 4} for d in ("H800", "L40S", "H20")]})

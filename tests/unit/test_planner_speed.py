@@ -15,12 +15,13 @@ from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.cost.timeline import simulate, simulate_summary
 from autohet_ray.model import PRESETS
 from autohet_ray.plan.schedule import SCHEDULES
-from autohet_ray.planner.best import _Deadline
-from autohet_ray.planner import money as money_module
-from autohet_ray.planner.grouping import solve_grouping
-from autohet_ray.planner.money import cheapest_groupings, grouping_money
-from autohet_ray.planner.search import _shortlist, enumerate_templates, plan_training
-from autohet_ray.planner.split import SplitsByCount, best_split
+from autohet_ray.planner.candidates.best import _Deadline
+from autohet_ray.planner.candidates import money as money_module
+from autohet_ray.planner.candidates.grouping import solve_grouping
+from autohet_ray.planner.candidates.money import cheapest_groupings, grouping_money
+from autohet_ray.planner.candidates.per_size import _shortlist, enumerate_templates
+from autohet_ray.planner.search import plan_training
+from autohet_ray.planner.candidates.split import SplitsByCount, best_split
 from autohet_ray.profile import analytic_profile
 
 

@@ -12,7 +12,7 @@ from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model import PRESETS
 from autohet_ray.planner import BASELINES, best_baseline, plan_with_baselines
 from autohet_ray.planner import baselines as bl
-from autohet_ray.planner.floor import iteration_floor_s
+from autohet_ray.planner.candidates.floor import iteration_floor_s
 from autohet_ray.planner.search import micro_batch_candidates, token_cap_sizes
 from autohet_ray.profile import analytic_profile
 
@@ -144,7 +144,7 @@ def test_same_input_same_plan_and_a_hit_limit_is_reported():
 
 
 def test_floor_order_counts_extrapolate_exactly():
-    from autohet_ray.planner.floor import _counted, _order_counts
+    from autohet_ray.planner.candidates.floor import _counted, _order_counts
     for schedule in ("1f1b", "zb-h1"):
         for p in range(1, 7):
             for j in range(p):
@@ -154,7 +154,7 @@ def test_floor_order_counts_extrapolate_exactly():
 
 def test_memory_on_the_short_schedule_equals_the_long_one():
     from autohet_ray.cost.memory import live_counts
-    from autohet_ray.planner.floor import steady_microbatches
+    from autohet_ray.planner.candidates.floor import steady_microbatches
     for schedule in ("1f1b", "zb-h1"):
         for p in range(1, 7):
             for j in range(p):

@@ -7,7 +7,7 @@ from autohet_ray.cost.evaluate import evaluate_plan
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model import PRESETS
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
-from autohet_ray.planner.polish import polished
+from autohet_ray.planner.passes.polish import polished
 from autohet_ray.profile import analytic_profile
 
 

@@ -3,14 +3,10 @@ where local-first stops paying, and which point is the headline."""
 from __future__ import annotations
 
 import math
-import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import recovery_curve as rc  # noqa: E402
+from benchmarks import recovery_curve as rc  # noqa: E402
 
 MiB = 1 << 20
 
@@ -152,7 +148,7 @@ def test_a_slow_first_step_in_one_recovery_is_evened_out_by_the_runs_median_firs
 
 
 def test_the_benchmark_takes_its_curve_from_one_option_and_refuses_a_bad_one(capsys):
-    import recovery_bench
+    from benchmarks import recovery_bench
     args = recovery_bench.parse_args([])
     assert args.bandwidths[-1] == pytest.approx(rc.TARGET_MIB_S) and len(args.bandwidths) >= 4
     assert args.overhead_blocks == 0 and recovery_bench.parse_args(["--overhead-only"]).overhead_blocks == 2
@@ -164,7 +160,7 @@ def test_the_benchmark_takes_its_curve_from_one_option_and_refuses_a_bad_one(cap
 def test_a_saved_run_is_reassembled_with_its_measured_pairs_and_its_other_fields(tmp_path, capsys):
     import json
 
-    import recovery_bench
+    from benchmarks import recovery_bench
     saved = {"model": {"hidden": 256}, "phase_model": {"stale": True}, "steady_step_s": 1.5,
              "pairs": [{"cloud_mib_s_per_rank": m, "local_first": summary(4.0, 0.1, 0),
                         "cloud_reload": summary(4.0 + 80 / 2 / m, 80 / 2 / m, 80)} for m in (20.0, 40.0)]}

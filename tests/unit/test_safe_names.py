@@ -5,12 +5,9 @@ a private per-user root."""
 import json
 import os
 import pathlib
-import sys
 
 import boto3
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from autohet_ray import ConfigError  # noqa: E402
 from autohet_ray.safe_names import UnsafeNameError, path_inside, plain_name, relative_name  # noqa: E402

@@ -126,7 +126,7 @@ def test_megatron_baseline_shards_across_its_replicas_when_allowed():
 
 
 def test_lower_bound_with_sharding_stays_below_sharded_plans():
-    from autohet_ray.planner.bound import lower_bound_iteration_s
+    from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
     cluster = _cluster(memory_gb=80)
     profile = analytic_profile(SMALL, cluster, 64)
     kw = dict(cluster=cluster, model=SMALL, profile=profile, global_batch=8, seq_len=64)

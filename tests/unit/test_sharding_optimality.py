@@ -1,14 +1,9 @@
 """The planner with optimizer_sharding="auto" within 1% of the independent exhaustive optimum (tests/exhaustive.py,
-every stage with and without sharded state): a fast subset of benchmarks/sharding_optimality.py (all 30 there)."""
-import importlib.util
-import pathlib
+every stage with and without sharded state): a fast subset of benchmarks/optimality/sharding.py (all 30 there)."""
 
 import pytest
 
-_BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sharding_optimality.py"
-_spec = importlib.util.spec_from_file_location("sharding_optimality", _BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from benchmarks.optimality import sharding as bench
 
 CHECKED = [0, 3, 8, 11, 14, 17, 20]     # 5 whose optimum shards (A10/V100, RTX-4090/A10, A100/V100), 2 not
 

@@ -1,4 +1,4 @@
-"""The sharded search's holders ladder (planner/sharding.py), checked against a brute force of its own.
+"""The sharded search's holders ladder (planner/passes/sharding.py), checked against a brute force of its own.
 
 Eight one-GPU nodes and a two-layer model: a pipeline has one or two stages, and a plan with K pipelines keeps
 (master + moments) / K on each stage. Memory is set so that only four pipelines of two stages fit: two
@@ -14,7 +14,7 @@ from autohet_ray.cost.evaluate import best_schedule
 from autohet_ray.model.spec import model_from_dict
 from autohet_ray.plan import Pipeline, Plan, Stage
 from autohet_ray.planner.search import plan_training
-from autohet_ray.planner.sharding import way_ladder
+from autohet_ray.planner.passes.sharding import way_ladder
 from autohet_ray.profile import analytic_profile
 
 MODEL = model_from_dict({"name": "wide2", "family": "gpt", "num_layers": 2, "hidden": 2048, "num_heads": 16,

@@ -14,7 +14,7 @@ from autohet_ray.model import PRESETS
 from autohet_ray.model.costs import layer_params
 from autohet_ray.plan import Pipeline, Plan, Stage
 from autohet_ray.plan.schema import plan_from_dict, plan_from_json
-from autohet_ray.planner.slice_sizes import headroom_weights, size_slices
+from autohet_ray.planner.passes.slice_sizes import headroom_weights, size_slices
 from autohet_ray.profile import analytic_profile
 
 SMALL = PRESETS["small-gpt"]             # 8 layers, hidden 128, seq 64

@@ -3,17 +3,13 @@ chunk and node-store copy, so a data-parallel copy adds nothing to the bytes wri
 earlier model counted every holder's copy."""
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
 from autohet_ray.model.costs import layer_params
 from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schema import plan_from_dict
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-from spot_replay_snapshot import snapshot_bytes  # noqa: E402
+from benchmarks.spot_replay_snapshot import snapshot_bytes  # noqa: E402
 
 
 def stage(layers, tp, device, node, devices):

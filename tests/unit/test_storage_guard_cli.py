@@ -13,8 +13,6 @@ import sys
 import boto3
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
 from s3_server import CREDENTIALS, moto_endpoint, new_bucket  # noqa: E402
 from crafted_inputs import Sentinel, crafted_names, hf_dir, index_with, manifest_with  # noqa: E402
 

@@ -7,12 +7,9 @@ import os
 import pathlib
 import signal
 import socket
-import sys
 
 import boto3
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from autohet_ray import ConfigError  # noqa: E402
 from autohet_ray.storage.lease import LEASE_FILE, LeaseHeldError, storage_lease  # noqa: E402

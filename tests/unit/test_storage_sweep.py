@@ -2,9 +2,7 @@
 writer's temporaries are safe): `.tmp-` files in a directory, abandoned multipart uploads on S3 (a real S3 API
 server). On S3, metrics.jsonl is written as numbered parts and read back as one log."""
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -12,7 +10,6 @@ from autohet_ray.storage.job_files import LineLog, read_lines
 from autohet_ray.storage.spec import storage_spec
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from s3_server import CREDENTIALS, client, moto_endpoint, new_bucket  # noqa: E402
 
 ENV = {"aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",

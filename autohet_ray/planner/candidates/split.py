@@ -16,7 +16,7 @@ import numpy as np
 from autohet_ray.cost.memory import live_counts
 from autohet_ray.cost.pipeline import in_flight, steady_period
 from autohet_ray.cost.terms import GroupCost
-from autohet_ray.planner.floor import STEADY_FROM, steady_microbatches
+from autohet_ray.planner.candidates.floor import STEADY_FROM, steady_microbatches
 
 ONE_F_ONE_B = ("1f1b",)
 

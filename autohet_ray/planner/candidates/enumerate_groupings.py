@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.planner.grouping import Grouping
+from autohet_ray.planner.candidates.grouping import Grouping
 
 MAX_GROUPINGS = 200000        # enumeration stops past this many (a small cluster has far fewer)
 

@@ -11,26 +11,20 @@ there either). Also printed: the unsharded optimum, to show what sharding gains 
 
 Analytic profile: predictions of the cost model, not measurements. Ends with one JSON line.
 
-    python benchmarks/sharding_optimality.py [--rows 0,3,5]
+    python -m benchmarks run optimality:sharding [-- --rows 0,3,5]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import pathlib
-import sys
 import time
 from dataclasses import replace
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-
-from optimality_bench import BAR, describe, tiny_cluster  # noqa: E402
-
-from autohet_ray.model import PRESETS  # noqa: E402
-from autohet_ray.planner import plan_with_baselines  # noqa: E402
-from autohet_ray.profile import analytic_profile  # noqa: E402
-from exhaustive import exhaustive_best  # noqa: E402
+from autohet_ray.model import PRESETS
+from autohet_ray.planner import plan_with_baselines
+from autohet_ray.profile import analytic_profile
+from benchmarks.optimality.plans import BAR, describe, tiny_cluster
+from tests.exhaustive import exhaustive_best
 
 SEQ_LEN, BATCH, MICRO_BATCH = 2048, 8, 1
 _AV = (("A10", 2), ("V100-16GB", 2))
@@ -81,10 +75,10 @@ def run_instance(instance) -> dict:
             "planner_plan": describe(result.plan), "optimum_plan": describe(plan)}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", help="comma-separated indices of INSTANCES (default: all)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     picked = [int(i) for i in args.rows.split(",")] if args.rows else range(len(INSTANCES))
     rows = []
     for i in picked:

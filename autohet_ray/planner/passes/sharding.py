@@ -25,7 +25,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cost.evaluate import best_schedule
 from autohet_ray.cost.sharding import sharded_units, stage_units
 from autohet_ray.planner.result import PlanResult
-from autohet_ray.planner.slice_sizes import size_slices
+from autohet_ray.planner.passes.slice_sizes import size_slices
 from autohet_ray.plan.schema import SHARDING_MODES, check_sharding  # noqa: F401  (re-exported)
 
 WAY_LADDER_GROWTH = 2      # holders assumed by successive sharded searches: 2, 4, 8, ...

@@ -15,10 +15,10 @@ from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Plan
-from autohet_ray.planner.assign import PipelineChoice, PlacementError, build_plan
-from autohet_ray.planner.floor import iteration_floor_s
-from autohet_ray.planner.space import orderings, template_links
-from autohet_ray.planner.split import best_split
+from autohet_ray.planner.candidates.assign import PipelineChoice, PlacementError, build_plan
+from autohet_ray.planner.candidates.floor import iteration_floor_s
+from autohet_ray.planner.candidates.space import orderings, template_links
+from autohet_ray.planner.candidates.split import best_split
 
 
 def polish(plan: Plan, evaluation: Evaluation, table: GroupCostTable, cluster: Cluster, exhaustive: bool,

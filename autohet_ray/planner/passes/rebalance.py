@@ -20,7 +20,7 @@ from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
-from autohet_ray.planner.split import best_split
+from autohet_ray.planner.candidates.split import best_split
 from autohet_ray.profile.db import ProfileDB
 
 BISECTION_STEPS = 30
@@ -44,7 +44,7 @@ def _affine(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, 
 
 def _resplit(plan: Plan, k: int, mb: int, table: GroupCostTable, cluster, model, profile,
              schedules: tuple[str, ...]) -> tuple[int, ...] | None:
-    """Pipeline k's best layer split at micro-batch size mb (planner/split.py; for as many micro-batches as
+    """Pipeline k's best layer split at micro-batch size mb (planner/candidates/split.py; for as many micro-batches as
     its share of the batch makes), or None when none fits."""
     stages = plan.pipelines[k].stages
     groups = [table.get(s.device_type, s.tp, s.recompute) for s in stages]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.model.spec import ModelSpec
 from autohet_ray.plan.schema import Pipeline, Plan, Stage
-from autohet_ray.planner.space import Kind
+from autohet_ray.planner.candidates.space import Kind
 
 
 @dataclass(frozen=True)

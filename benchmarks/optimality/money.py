@@ -7,29 +7,24 @@ at 40%), with every instance's first node on spot; each node is billed whole, as
 (cost/money.py), so a plan that uses one GPU of a 2-GPU node pays for both. Analytic profile: predictions of the
 cost model.
 
-    python benchmarks/money_optimality.py [--goal cost|budget] [--only 0,3,...]
+    python -m benchmarks run optimality:money [-- --goal cost|budget] [--only 0,3,...]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import pathlib
-import sys
 import time
 from dataclasses import replace
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-from autohet_ray import ConfigError  # noqa: E402
-from autohet_ray.cluster import cluster_from_dict  # noqa: E402
-from autohet_ray.cost.money import Goal, Price, Prices, cluster_usd_per_hour  # noqa: E402
-from autohet_ray.model import PRESETS  # noqa: E402
-from autohet_ray.planner import plan_with_baselines  # noqa: E402
-from autohet_ray.profile.analytic import analytic_profile  # noqa: E402
-from exhaustive import exhaustive_best  # noqa: E402
-from optimality_bench import BAR, PROFILED_MICRO_BATCHES, describe  # noqa: E402
+from autohet_ray import ConfigError
+from autohet_ray.cluster import cluster_from_dict
+from autohet_ray.cost.money import Goal, Price, Prices, cluster_usd_per_hour
+from autohet_ray.model import PRESETS
+from autohet_ray.planner import plan_with_baselines
+from autohet_ray.profile.analytic import analytic_profile
+from benchmarks.optimality.plans import BAR, PROFILED_MICRO_BATCHES, describe
+from tests.exhaustive import exhaustive_best
 
 ON_DEMAND = {"H800": 12.29, "H100": 12.29, "H200": 14.0, "H20": 5.12, "A100-80GB": 5.12, "A100-40GB": 4.09,
              "V100": 3.06, "L40S": 3.77, "A10": 1.21}
@@ -51,7 +46,7 @@ MONEY_INSTANCES = [(nodes, model, layers, batch, mb, "1f1b")
     (_2H2H, "gpt3-1.3b", 8, 64, 4, "1f1b")]       # (#22 fits nowhere: 31 instances, 30 with a plan)
 # two GPUs of one type and one of another, global batch 32, micro-batch 2: where two pipelines of different depth
 # sharing a type, with uneven micro-batch counts, beat the planner by up to 10.5% (closed by
-# planner/enumerate_groupings.py and every stage order of short pipelines); also at batch 64, micro-batch 4
+# planner/candidates/enumerate_groupings.py and every stage order of short pipelines); also at batch 64, micro-batch 4
 SHAPE_INSTANCES = [(nodes, model, 8, batch, mb, "1f1b")
                    for nodes in ((("H800", 2), ("H20", 1)), (("H20", 2), ("H800", 1)), _2A1H,
                                  (("A100-40GB", 2), ("V100", 1)), _2L1H, (("V100", 2), ("A100-80GB", 1)))
@@ -102,12 +97,12 @@ def run_money_instance(instance, kind: str) -> dict:
             "optimum_plan": describe(best[0]) if best else None}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--goal", choices=("throughput", "cost", "budget"), default="cost")
     parser.add_argument("--shapes", action="store_true", help="SHAPE_INSTANCES instead of MONEY_INSTANCES")
     parser.add_argument("--only", help="comma-separated instance indices")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     instances = SHAPE_INSTANCES if args.shapes else MONEY_INSTANCES
     indices = [int(i) for i in args.only.split(",")] if args.only else range(len(instances))
     rows = []

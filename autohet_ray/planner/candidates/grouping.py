@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pyscipopt import Model, quicksum
 
 from autohet_ray.cluster.spec import Cluster
-from autohet_ray.planner.space import Kind, TemplateEval
+from autohet_ray.planner.candidates.space import Kind, TemplateEval
 
 
 @dataclass(frozen=True)

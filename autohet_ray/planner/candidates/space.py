@@ -17,7 +17,7 @@ from autohet_ray.cost.terms import (GRAD_SYNC_BYTES, GroupCostTable, activation_
 from autohet_ray.cost.pipeline import steady_period, zero_bubble_bubble_saving
 from autohet_ray.cost.memory import stage_peak_memory
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, SPLIT_BACKWARD
-from autohet_ray.planner.split import Split, best_split, best_splits
+from autohet_ray.planner.candidates.split import Split, best_split, best_splits
 
 Kind = tuple[str, int]           # (device type, TP degree)
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.money import Goal, check_priced, node_usd_per_hour, plan_nodes, plan_usd_per_hour
 from autohet_ray.plan.schema import Plan
-from autohet_ray.planner.grouping import Grouping, GroupingMoney, NodeClass, solve_grouping
+from autohet_ray.planner.candidates.grouping import Grouping, GroupingMoney, NodeClass, solve_grouping
 
 SCAN_POINTS = 16           # deadlines scanned from the fastest grouping's to the slowest single pipeline's
 SCAN_RATIO_MIN = 1.04      # adjacent deadlines differ by at least this factor

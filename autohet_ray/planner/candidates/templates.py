@@ -1,5 +1,5 @@
 """Pipeline templates: for each GPU usage of one pipeline (group kinds and counts), its best stage order and
-exact layer split, priced by the deadline model (planner/space.py) for the grouping program to combine.
+exact layer split, priced by the deadline model (planner/candidates/space.py) for the grouping program to combine.
 
 Past the depth where every usage is tried, larger clusters also try deep pipelines: each takes a 1/k share of
 the groups of each type it uses (one TP degree per type; k copies fill those types), k the fewest that keeps
@@ -12,10 +12,10 @@ import itertools
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
-from autohet_ray.planner.best import _Deadline
-from autohet_ray.planner.grouping import kinds_available
-from autohet_ray.planner.space import (Kind, LinkCache, TemplateEval, evaluate_template, group_kinds, multisets,
-                                      orderings, slow_first)
+from autohet_ray.planner.candidates.best import _Deadline
+from autohet_ray.planner.candidates.grouping import kinds_available
+from autohet_ray.planner.candidates.space import (Kind, LinkCache, TemplateEval, evaluate_template, group_kinds,
+                                                  multisets, orderings, slow_first)
 
 SMALL_CLUSTER_GPUS = 8        # up to here: every stage order, mixed TP per type, exact times per m (at 12-16 GPUs
 #                               of 3 types that took 60-99 s; the larger-cluster search takes ~2.5 s CPU there)

@@ -11,7 +11,7 @@ from autohet_ray.cost.evaluate import Evaluation
 from autohet_ray.cost.money import THROUGHPUT, Goal
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schema import Plan
-from autohet_ray.planner.floor import iteration_floor_s
+from autohet_ray.planner.candidates.floor import iteration_floor_s
 
 
 @dataclass(kw_only=True)

@@ -1,4 +1,4 @@
-"""The lower bound (planner/bound.py) solved in a child process while the search runs on this one: importing
+"""The lower bound (planner/bounds/bound.py) solved in a child process while the search runs on this one: importing
 cvxpy alone takes about 2 s of CPU, and with the solve it would add to the whole command's wall time; a second
 core absorbs it."""
 from __future__ import annotations
@@ -9,9 +9,10 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 def _solve_bound(kwargs: dict) -> float | dict | None:
     if kwargs.get("goal") is not None:
-        from autohet_ray.planner.money_bound import goal_lower_bound  # lazy: cvxpy, in the child process only
+        from autohet_ray.planner.bounds.money_bound import goal_lower_bound  # lazy: cvxpy, in the child process only
         return goal_lower_bound(**kwargs)
-    from autohet_ray.planner.bound import lower_bound_iteration_s  # lazy: cvxpy (over 1 s to import), in the child
+    # lazy: cvxpy (over 1 s to import), in the child
+    from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
     return lower_bound_iteration_s(**kwargs)
 
 

@@ -1,6 +1,7 @@
 """Refine: local search over a plan's layer splits and micro-batch counts with the full cost model.
 
-The split (planner/split.py) and the micro-batch allocation (planner/batch.py) are exact for the closed-form
+The split (planner/candidates/split.py) and the micro-batch allocation (planner/candidates/batch.py) are exact for
+the closed-form
 pipeline time, which leaves out what only the evaluator sees: each stage's optimizer step after its last
 gradient action (the stage that ends first has the most room for a long one), zero-bubble's deferred weight
 gradients, and gradient-sync overlap. On small clusters those can move the best split by a layer or two, worth
@@ -20,8 +21,8 @@ from autohet_ray.cost.evaluate import Evaluation, best_schedule
 from autohet_ray.cost.terms import GroupCostTable
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.plan.schema import Pipeline, Plan
-from autohet_ray.planner.floor import iteration_floor_s
-from autohet_ray.planner.polish import polish, polished
+from autohet_ray.planner.candidates.floor import iteration_floor_s
+from autohet_ray.planner.passes.polish import polish, polished
 
 MAX_EVALUATIONS = 300
 REFINED_CANDIDATES = 4        # small clusters: the fastest plans of each micro-batch size refined

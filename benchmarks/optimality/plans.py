@@ -5,7 +5,7 @@ a micro-batch size fixed by the user or left to the planner ("auto": every profi
 search then lets each pipeline pick its own size, as the planner may), and one schedule. The planner runs as
 `autohet plan` runs it (`plan_with_baselines`); the exhaustive search shares only the cost model with it. The
 gap is planner / optimum - 1; the bar is <= 1% on every instance. Also printed: the fluid lower bound
-(planner/bound.py) and the optimum's gap to it.
+(planner/bounds/bound.py) and the optimum's gap to it.
 
 A second table runs memory-tight instances (long sequences on 16-48 GB GPUs) under `--recompute auto`, where
 the exhaustive search also tries every stage with and without activation recomputation.
@@ -13,25 +13,21 @@ the exhaustive search also tries every stage with and without activation recompu
 All figures use the analytic profile: they are predictions of the cost model, not measurements. Ends with one
 JSON line: {"instances", "max_gap", "failing": [...], "recompute": {...}, ...}.
 
-    .venv/bin/python benchmarks/optimality_bench.py [--quick]
+    python -m benchmarks run optimality:plans [--quick]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import pathlib
-import sys
 import time
 from dataclasses import replace
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-
-from autohet_ray.cluster import cluster_from_dict  # noqa: E402
-from autohet_ray.model import PRESETS  # noqa: E402
-from autohet_ray.planner import plan_with_baselines  # noqa: E402
-from autohet_ray.planner.bound import lower_bound_iteration_s  # noqa: E402
-from autohet_ray.profile import analytic_profile  # noqa: E402
-from exhaustive import exhaustive_best  # noqa: E402
+from autohet_ray.cluster import cluster_from_dict
+from autohet_ray.model import PRESETS
+from autohet_ray.planner import plan_with_baselines
+from autohet_ray.planner.bounds.bound import lower_bound_iteration_s
+from autohet_ray.profile import analytic_profile
+from tests.exhaustive import exhaustive_best
 
 BAR = 0.01
 PROFILED_MICRO_BATCHES = (1, 2, 4)
@@ -124,10 +120,10 @@ def run_recompute_instance(instance) -> dict:
                         micro_batches=(1, 2)) | {"seq_len": seq}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"only instances {QUICK}")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("[analytic profile: predictions of the cost model]")
     rows = []
     for i in QUICK if args.quick else range(len(INSTANCES)):

@@ -1,4 +1,4 @@
-"""The lower bound (planner/bound.py) for every goal of cost/money.py: the least $ per iteration of any plan,
+"""The lower bound (planner/bounds/bound.py) for every goal of cost/money.py: the least $ per iteration of any plan,
 the least iteration time of any plan within a budget, and whether a budget or a throughput floor can be met at
 all. GPUs are priced per class (device type and price per GPU: a node's instance price over its GPUs), and the
 relaxation chooses how many of each class to use (u, continuous, at most the class's GPUs).
@@ -20,7 +20,7 @@ import math
 import cvxpy as cp
 
 from autohet_ray.cost.money import Goal, node_usd_per_hour
-from autohet_ray.planner.bound import SOLVER_SLACK, lower_bound_iteration_s, type_coefficients
+from autohet_ray.planner.bounds.bound import SOLVER_SLACK, lower_bound_iteration_s, type_coefficients
 
 GRID_RATIO = 1.02           # adjacent grid points differ by this factor: the bound is within 2% of the grid's
 BISECTION_STEPS = 40
