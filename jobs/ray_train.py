@@ -117,13 +117,14 @@ def run(args, job, cluster, model) -> None:
     config = {"job": job.to_dict(), "steps": args.steps, "checkpoint_every": args.checkpoint_every,
               "resume_from": args.resume_from, "fail_at": args.fail_at,
               "fail_marker": os.path.join(storage, f".failed-once-{uuid.uuid4().hex}")}
+    # an emulated worker holds a CPU, not a GPU, so only pinning it to its node keeps a node's workers to its GPUs
     resources = {"CPU": 1} if args.emulate else None
     if job.plan is not None and args.min_workers is None:
         scaling = plan_scaling_config(plan_from_dict(job.plan), use_gpu=not args.emulate,
                                       resources_per_worker=resources)
     else:
         scaling = cluster_scaling_config(cluster, use_gpu=not args.emulate, resources_per_worker=resources,
-                                         min_workers=args.min_workers)
+                                         min_workers=args.min_workers, pin_nodes=args.emulate)
     trainer = TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling,
                            run_config=RunConfig(name=args.name, storage_path=storage,
                                                 failure_config=FailureConfig(max_failures=args.max_failures),

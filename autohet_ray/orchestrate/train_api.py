@@ -185,7 +185,8 @@ def choose_worker_plan(job: TrainJob, places: list[WorkerPlace], *, restoring: d
     profile = job_profile(job, found=found, priced_model=priced, cluster=found.cluster, seq_len=seq_len)
     plan, _, _, source = choose_plan(replace(job, baselines=False, plan=given), found=found, profile=profile,
                                      priced_model=priced, seq_len=seq_len, plan=None, first=True, cache={})
-    return plan.to_dict(), "given" if source == "job plan" else source
+    executed = replace(plan, model=model.name, model_spec=model.to_dict(), seq_len=job.seq_len or model.max_seq_len)
+    return executed.to_dict(), "given" if source == "job plan" else source
 
 
 @dataclass

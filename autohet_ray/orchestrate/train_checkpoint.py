@@ -10,12 +10,15 @@ returns only once every rank has written (the barrier), and commits the step's m
 Then every worker calls `ray.train.report` with its directory. Ray Train copies all of them into one
 directory of the run's storage, `<storage_path>/<run name>/checkpoint_<time>/` (rank 0 picks the name for
 all), and registers the checkpoint once every worker's upload is done; the union is one complete step,
-since no two ranks write the same key.
+since no two ranks write the same key (a worker the plan leaves out reports an empty directory). That
+directory is the step's only copy, so Ray Train's CheckpointConfig(num_to_keep) is its retention: deleting a
+checkpoint directory deletes the step.
 
 Restoring (`restore_from_train_checkpoint`, every worker at the start of the loop): each rank reads only the
 saved chunks that overlap its own layout, straight from the checkpoint's filesystem (local, NFS, S3, ...
 through pyarrow), verifies each against the manifest's hash and loads them: the plan may differ from the one
-that saved (other GPUs, TP degrees, stage boundaries).
+that saved (other GPUs, TP degrees, stage boundaries). The manifest's extra (the data position, the plan and
+the workers that saved it) tells the next start where to continue and whether its plan still fits.
 """
 from __future__ import annotations
 
