@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sysconfig
 
 import pytest
 
 from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import cluster_from_dict
 from autohet_ray.plan.schema import plan_from_dict
-from ray_helpers import THREE_NODES, asymmetric_plan
+from ray_helpers import THREE_NODES, asymmetric_plan, prepare_stdlib_dataset
 from shared_clusters import shared_cluster
 
 pytestmark = pytest.mark.timeout(400)
@@ -46,16 +44,7 @@ train_cluster = shared_cluster(THREE_NODES, cpus_per_gpu=1, name="train_cluster"
 
 @pytest.fixture(scope="module")
 def dataset(train_cluster, tmp_path_factory):
-    from autohet_ray.cli import main
-    corpus = tmp_path_factory.mktemp("corpus")
-    stdlib = sorted((p for p in os.scandir(sysconfig.get_paths()["stdlib"]) if p.name.endswith(".py")),
-                    key=lambda p: p.name)
-    for entry in [e for e in stdlib if 2_000 < e.stat().st_size < 20_000][:6]:
-        shutil.copy(entry.path, corpus / entry.name)
-    out = str(tmp_path_factory.mktemp("data") / "stdlib")
-    assert main(["data", "prepare", "--input", str(corpus), "--train-tokenizer", "512", "--out", out,
-                 "--val-fraction", "0.1"]) == 0
-    return out
+    return prepare_stdlib_dataset(tmp_path_factory, 6)
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +67,16 @@ def _job(data: str | None, **kw) -> dict:
 
 def _loop(config: dict) -> None:
     """Plan, restore, train to `steps` (a checkpoint every `every`, a report every step); the last plan rank kills
-    its own process once after step `kill_after`, once the checkpoints so far are registered. Plan rank 0 logs
-    each step it computes: (restored step, plan source, plan, step, loss, sample ids)."""
+    its own process once after step `kill_after`, once the checkpoints so far are registered; plan rank 0 drains
+    node b after step `drain_after`, and with `until_preempted` the loop ends after the early flush. Plan rank 0
+    logs each step it computes: (time, restored step, plan source, plan, step, loss, sample ids)."""
     import signal
     import time
 
+    import ray
     import ray.train
 
+    from autohet_ray.elastic.spot import drain_node
     from autohet_ray.orchestrate.train_api import TrainReporter, start_worker
     start = start_worker(config["job"], initial=config.get("initial"))
     reporter = TrainReporter(start, checkpoint_every=config["every"])
@@ -99,12 +91,16 @@ def _loop(config: dict) -> None:
             with open(os.path.join(config["out"], "log.jsonl"), "a") as f:
                 f.write(json.dumps({"t": time.time(), "restored": start.restored, "source": start.plan_source,
                                     "plan": start.plan.to_dict(), "step": out["step"], "loss": out["loss"],
-                                    "sample_ids": sorted(batch["sample_ids"].tolist())}) + "\n")
+                                    "sample_ids": sorted(batch["sample_ids"].tolist()) if "sample_ids" in batch else []})
+                        + "\n")
         if engine.step == config.get("kill_after") and engine.rank == engine.plan.num_devices - 1 \
                 and not os.path.exists(marker):
             open(marker, "w").close()
             ray.train.get_all_reported_checkpoints()      # waits until the reports so far are processed
             os.kill(os.getpid(), signal.SIGKILL)
+        if engine.step == config.get("drain_after") and engine.rank == 0:
+            node_b = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Labels"].get("autohet.io/node") == "b")
+            drain_node(node_b, deadline_s=120, message="test: spot reclaim")
         reporter.report(out)
         if config.get("until_preempted") and reporter.preemption_flushes:
             break
@@ -289,23 +285,14 @@ def test_user_errors_name_the_value(tmp_path):
 
 
 def test_a_drained_node_flushes_a_checkpoint_at_once(train_cluster, tmp_path):
-    """Ray Train announces the preemption of a drained node (ray.train.get_preemption_info); the next report
-    carries a checkpoint although none is due (checkpoint_every=0), and the run ends cleanly."""
-    import threading
-
-    import ray
-
-    from autohet_ray.elastic.spot import drain_node
+    """Plan rank 0 drains node b after step 2 (as a spot watcher, the autoscaler or KubeRay would); Ray Train
+    announces the preemption (ray.train.get_preemption_info), the next report carries a checkpoint although
+    none is due (checkpoint_every=0), and the run ends cleanly."""
     from autohet_ray.orchestrate.train_checkpoint import checkpoint_manifest
-    node_b = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Labels"].get("autohet.io/node") == "b")
     config = {"job": _job(None, global_batch=4), "out": str(tmp_path), "steps": 10_000, "every": 0,
-              "until_preempted": 10_000}
-    timer = threading.Timer(8.0, lambda: drain_node(node_b, deadline_s=120, message="test: spot reclaim"))
-    timer.start()
-    try:
-        result = _fit(config, tmp_path / "ray", _scaling(THREE_NODES))
-    finally:
-        timer.cancel()
+              "until_preempted": 10_000, "drain_after": 2}
+    result = _fit(config, tmp_path / "ray", _scaling(THREE_NODES))
     assert result.error is None and result.metrics.get("preemption_flush") is True
     flushed = checkpoint_manifest(result.checkpoint)
-    assert flushed.step == result.metrics["step"] and len(_log(tmp_path)) == flushed.step
+    log = _log(tmp_path)
+    assert flushed.step == result.metrics["step"] == log[-1]["step"] > 2
