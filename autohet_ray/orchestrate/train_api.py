@@ -10,6 +10,9 @@ sorts the ranks of a sub-group, so a permuted sub-group is not possible), builds
 data, and restores the newest checkpoint (or the job's Hugging Face weights at step 0). `TrainReporter.report`
 (every worker, every step) sends every stage's figures through `ray.train.report`, with a checkpoint every
 `checkpoint_every` steps and at once when Ray Train announces a preemption (train_checkpoint.py).
+
+Only public Ray APIs: the preemption comes from `ray.train.get_preemption_info()` (Train V2), not from the
+GCS drain state that the controller of the CLI path reads (elastic/spot.py).
 """
 from __future__ import annotations
 
@@ -64,7 +67,8 @@ def cluster_scaling_config(cluster: Cluster, *, use_gpu: bool = True, resources_
                            pin_nodes: bool = False, min_workers: int | None = None) -> ScalingConfig:
     """One worker per GPU of `cluster`, each with a label selector for its GPU type (and, with `pin_nodes`,
     its node's autohet.io/node name); `start_worker` plans on the workers Ray Train then starts. With
-    `min_workers`, Ray Train may start fewer (elastic: a restart after a lost node then re-plans on fewer)."""
+    `min_workers`, Ray Train may start fewer (elastic: a restart after a lost node then re-plans on fewer);
+    Ray Train then gives a group of n workers the first n selectors, in the cluster file's node order."""
     if min_workers is not None and not 1 <= min_workers <= cluster.num_gpus:
         raise ConfigError(f"min_workers={min_workers!r} must be between 1 and the cluster's {cluster.num_gpus} GPUs")
     return _scaling_config([{ACCELERATOR_LABEL: label_value(n.device)} | ({NODE_NAME_LABEL: n.name} if pin_nodes

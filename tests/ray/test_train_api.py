@@ -5,8 +5,8 @@ an asymmetric plan (two H800 pipelines of 7 micro-batches, one H20 TP2 pipeline 
 (FailureConfig(max_failures=1)), the restart restores the newest checkpoint under the same plan, reads the same
 samples again, and the losses equal the single-process reference (fp64, rel 1e-6); CheckpointConfig(num_to_keep=2)
 leaves 2 checkpoints. Its final step, exported as a Hugging Face model, starts a second run (hf: weights) on 3
-workers, which the trainer plans anew. A drained node makes Ray Train announce a preemption, which flushes a
-checkpoint at once."""
+workers, which the trainer plans anew; a node drained there makes Ray Train announce a preemption, which flushes
+a checkpoint at once."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from autohet_ray.plan.schema import plan_from_dict
 from ray_helpers import THREE_NODES, asymmetric_plan, prepare_stdlib_dataset
 from shared_clusters import shared_cluster
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(600)
 MODEL = {"name": "data-gpt", "family": "gpt", "num_layers": 4, "hidden": 32, "num_heads": 4, "num_kv_heads": 4,
          "ffn_hidden": 128, "vocab_size": 512, "max_seq_len": 16}
 # the real-size model the plan is priced for: the same layers, 8192-token samples (compute-bound, so data
@@ -68,7 +68,7 @@ def _job(data: str | None, **kw) -> dict:
 def _loop(config: dict) -> None:
     """Plan, restore, train to `steps` (a checkpoint every `every`, a report every step); the last plan rank kills
     its own process once after step `kill_after`, once the checkpoints so far are registered; plan rank 0 drains
-    node b after step `drain_after`, and with `until_preempted` the loop ends after the early flush. Plan rank 0
+    node `drain` after step `drain_after`, and with `until_preempted` the loop ends after the early flush. Plan rank 0
     logs each step it computes: (time, restored step, plan source, plan, step, loss, sample ids)."""
     import signal
     import time
@@ -88,19 +88,20 @@ def _loop(config: dict) -> None:
         batch = start.data.batch(engine.step)
         out = engine.train_step(batch)
         if engine.rank == 0:
+            ids = sorted(batch["sample_ids"].tolist()) if "sample_ids" in batch else []
             with open(os.path.join(config["out"], "log.jsonl"), "a") as f:
                 f.write(json.dumps({"t": time.time(), "restored": start.restored, "source": start.plan_source,
                                     "plan": start.plan.to_dict(), "step": out["step"], "loss": out["loss"],
-                                    "sample_ids": sorted(batch["sample_ids"].tolist()) if "sample_ids" in batch else []})
-                        + "\n")
+                                    "sample_ids": ids}) + "\n")
         if engine.step == config.get("kill_after") and engine.rank == engine.plan.num_devices - 1 \
                 and not os.path.exists(marker):
             open(marker, "w").close()
             ray.train.get_all_reported_checkpoints()      # waits until the reports so far are processed
             os.kill(os.getpid(), signal.SIGKILL)
         if engine.step == config.get("drain_after") and engine.rank == 0:
-            node_b = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Labels"].get("autohet.io/node") == "b")
-            drain_node(node_b, deadline_s=120, message="test: spot reclaim")
+            node = next(n["NodeID"] for n in ray.nodes()
+                        if n["Alive"] and n["Labels"].get("autohet.io/node") == config["drain"])
+            drain_node(node, deadline_s=120, message="test: spot reclaim")
         reporter.report(out)
         if config.get("until_preempted") and reporter.preemption_flushes:
             break
@@ -122,6 +123,21 @@ def _scaling(cluster: dict):
     from autohet_ray.orchestrate.train_api import cluster_scaling_config
     return cluster_scaling_config(cluster_from_dict(cluster), use_gpu=False, resources_per_worker={"CPU": 1},
                                   pin_nodes=True)
+
+
+def _pinned_actor(node_name: str):
+    """An idle actor on that node (it keeps the node from counting as idle)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Labels"].get("autohet.io/node") == node_name)
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    assert ray.get(holder.ready.remote(), timeout=60)
+    return holder
 
 
 def _log(out_dir) -> list[dict]:
@@ -169,7 +185,8 @@ def test_planned_asymmetric_plan_survives_a_killed_worker_on_prepared_data(datas
     assert manifest.extra["data"]["samples_consumed"] == STEPS * GLOBAL_BATCH
     # num_to_keep=2: of the 6 checkpoints reported (steps 1, 2, then 3, 4, 5 after the restart) Ray Train kept the
     # newest 2 and deleted the rest from the run's storage (their chunks and manifests live only there)
-    kept = [d for d in os.listdir(result.path) if d.startswith("checkpoint_") and os.path.isdir(os.path.join(result.path, d))]
+    kept = [d for d in os.listdir(result.path)
+            if d.startswith("checkpoint_") and os.path.isdir(os.path.join(result.path, d))]
     assert len(kept) == 2
     assert [checkpoint_manifest(c).step for c, _ in result.best_checkpoints] == [4, 5]
 
@@ -180,38 +197,10 @@ def test_every_stage_reports_its_figures(recovered_run):
     m = result.metrics
     assert m["step"] == STEPS and m["clock"] == "wall"
     assert m["tokens_per_s"] == pytest.approx(GLOBAL_BATCH * 16 / m["step_s"])
-    assert sorted(m["mfu_by_device_type"]) == ["H20", "H800"] and all(0 < v < 1 for v in m["mfu_by_device_type"].values())
+    assert sorted(m["mfu_by_device_type"]) == ["H20", "H800"]
+    assert all(0 < v < 1 for v in m["mfu_by_device_type"].values())
     assert sorted(s["device_type"] for s in m["stages"]) == ["H20", "H800", "H800"]      # one per pipeline
     assert all(s["model_tflops"] > 0 and 0 < s["mfu"] < 1 for s in m["stages"])
-
-
-def test_hf_export_starts_a_run_planned_on_other_workers(dataset, priced, recovered_run, tmp_path):
-    """The final step exported as a Hugging Face model (with the dataset's tokenizer) starts a new run from hf:
-    weights on nodes a and c only (3 workers): the trainer plans on those, and its first loss is the reference
-    model's (after the same 5 steps) on the dataset's first batch."""
-    import torch
-
-    from autohet_ray.model.spec import load_model, model_from_dict
-    from autohet_ray.orchestrate.train_checkpoint import export_train_checkpoint
-    result, _ = recovered_run
-    export = str(tmp_path / "hf")
-    report = export_train_checkpoint(result.checkpoint, model_from_dict(MODEL), export, data=dataset)
-    assert report["step"] == STEPS and report["tokenizer"]
-    two_nodes = {"name": "a-and-c", "nodes": [n for n in THREE_NODES["nodes"] if n["name"] != "b"]}
-    hf_model = load_model(f"hf:{export}").to_dict()
-    config = {"job": _job(dataset, model=hf_model, init_from=export, cluster=two_nodes, **priced),
-              "out": str(tmp_path), "steps": 1, "every": 1}
-    run = _fit(config, tmp_path / "ray", _scaling(two_nodes))
-    assert run.error is None
-    (entry,) = _log(tmp_path)
-    assert entry["source"] == "planned" and entry["restored"] is None
-    shapes = sorted((p["num_microbatches"], [(s["layers"], s["tp"], s["node"]) for s in p["stages"]])
-                    for p in entry["plan"]["pipelines"])      # planned on a and c: the H20s as two pipelines now
-    assert shapes == [(2, [([0, 4], 1, "c")]), (2, [([0, 4], 1, "c")]), (12, [([0, 4], 1, "a")])]
-    _, ref, ds = _reference(dataset, STEPS)
-    with torch.no_grad():
-        expected = float(ref.loss(ds.global_batch(0, GLOBAL_BATCH, 16, 0)))
-    assert entry["loss"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_restart_replans_only_when_the_workers_changed():
@@ -284,15 +273,42 @@ def test_user_errors_name_the_value(tmp_path):
         checkpoint_manifest(Checkpoint.from_directory(str(tmp_path)))
 
 
-def test_a_drained_node_flushes_a_checkpoint_at_once(train_cluster, tmp_path):
-    """Plan rank 0 drains node b after step 2 (as a spot watcher, the autoscaler or KubeRay would); Ray Train
-    announces the preemption (ray.train.get_preemption_info), the next report carries a checkpoint although
-    none is due (checkpoint_every=0), and the run ends cleanly."""
-    from autohet_ray.orchestrate.train_checkpoint import checkpoint_manifest
-    config = {"job": _job(None, global_batch=4), "out": str(tmp_path), "steps": 10_000, "every": 0,
-              "until_preempted": 10_000, "drain_after": 2}
-    result = _fit(config, tmp_path / "ray", _scaling(THREE_NODES))
-    assert result.error is None and result.metrics.get("preemption_flush") is True
-    flushed = checkpoint_manifest(result.checkpoint)
+def test_hf_export_starts_a_replanned_run_and_a_drain_flushes_it(dataset, priced, recovered_run, tmp_path):
+    """The final step exported as a Hugging Face model (with the dataset's tokenizer) starts a new run from hf:
+    weights on nodes a and c only (3 workers): the trainer plans on those, and its first loss is the reference
+    model's (after the same 5 steps) on the dataset's first batch. Plan rank 0 then drains node c (as a spot
+    watcher, the autoscaler or KubeRay would): Ray Train announces the preemption (get_preemption_info), the
+    next report carries a checkpoint although none is due (checkpoint_every=0), and the run ends cleanly. The
+    drained node is why this test comes last."""
+    import ray
+    import torch
+
+    from autohet_ray.model.spec import load_model, model_from_dict
+    from autohet_ray.orchestrate.train_checkpoint import checkpoint_manifest, export_train_checkpoint
+    result, _ = recovered_run
+    export = str(tmp_path / "hf")
+    report = export_train_checkpoint(result.checkpoint, model_from_dict(MODEL), export, data=dataset)
+    assert report["step"] == STEPS and report["tokenizer"]
+    two_nodes = {"name": "a-and-c", "nodes": [n for n in THREE_NODES["nodes"] if n["name"] != "b"]}
+    hf_model = load_model(f"hf:{export}").to_dict()
+    config = {"job": _job(dataset, model=hf_model, init_from=export, cluster=two_nodes, **priced),
+              "out": str(tmp_path), "steps": 10_000, "every": 0, "until_preempted": 10_000, "drain_after": 1,
+              "drain": "c"}
+    keep_busy = _pinned_actor("c")      # a drained node exits once idle; it must not before the run has ended
+    try:
+        run = _fit(config, tmp_path / "ray", _scaling(two_nodes))
+    finally:
+        ray.kill(keep_busy)
+    assert run.error is None
     log = _log(tmp_path)
-    assert flushed.step == result.metrics["step"] == log[-1]["step"] > 2
+    entry = log[0]
+    assert entry["source"] == "planned" and entry["restored"] is None
+    shapes = sorted((p["num_microbatches"], [(s["layers"], s["tp"], s["node"]) for s in p["stages"]])
+                    for p in entry["plan"]["pipelines"])      # planned on a and c: the H20s as two pipelines now
+    assert shapes == [(2, [([0, 4], 1, "c")]), (2, [([0, 4], 1, "c")]), (12, [([0, 4], 1, "a")])]
+    _, ref, ds = _reference(dataset, STEPS)
+    with torch.no_grad():
+        expected = float(ref.loss(ds.global_batch(0, GLOBAL_BATCH, 16, 0)))
+    assert entry["loss"] == pytest.approx(expected, rel=1e-6)
+    assert run.metrics["preemption_flush"] is True and log[-1]["step"] == run.metrics["step"] > 1
+    assert checkpoint_manifest(run.checkpoint).step == run.metrics["step"]
