@@ -1,20 +1,25 @@
-"""Train an autohet plan inside Ray Train's TorchTrainer, checkpointed in autohet's format, recovering from
-worker failures with Ray Train's FailureConfig. On this machine, on an emulated 3-node cluster:
+"""Train an autohet job inside Ray Train's TorchTrainer: planned on the workers Ray Train starts, on prepared data
+or synthetic tokens, from Hugging Face weights or a fresh init, checkpointed in autohet's format, recovering
+from worker failures with Ray Train's FailureConfig. On this machine, on an emulated 3-node cluster:
 
     python jobs/ray_train.py --cluster jobs/local-3.yaml --model tiny-gpt --global-batch 4 --steps 6 \
-        --checkpoint-every 2 --max-failures 1 --fail-at 3 --emulate --storage /tmp/autohet-ray-train
+        --checkpoint-every 2 --num-to-keep 2 --max-failures 1 --fail-at 3 --emulate --storage /tmp/autohet-ray-train
 
-It plans the job for the cluster file (or takes --plan FILE), starts one Ray Train worker per GPU of the plan on
-the node the plan puts it on, and reports every step (step, loss) to Ray Train, with a checkpoint every
---checkpoint-every steps. A failing worker (--fail-at N injects one, once, after step N) makes Ray Train restart
-the worker group, up to --max-failures times; the loop then resumes from the newest reported checkpoint. Running
-again with the same --name and --storage continues that run, under the plan given this time (e.g. --plan for
-the GPUs that are left); --resume-from DIR starts a new run from a checkpoint directory of another run.
-Without --emulate it joins the running Ray cluster (RAY_ADDRESS, as under `ray job submit`) and its GPUs.
-The data are synthetic batches (one per step, the same on every rank); emulated runs are not paced.
+It asks Ray Train for one worker per GPU of the cluster file (by GPU type), plans inside the trainer on the
+workers it got (or takes --plan FILE when it fits them), and reports every step (loss, tokens/s, MFU per GPU type,
+every stage's figures) to Ray Train, with a checkpoint every --checkpoint-every steps and at once when Ray Train
+announces the preemption of a node (a drain). Ray Train keeps the newest --num-to-keep checkpoints. A killed
+worker (--fail-at N kills the last plan rank's process, once, after step N) makes Ray Train restart the group, up
+to --max-failures times; the restart re-plans when the workers changed and resumes from the newest checkpoint,
+with the data position it recorded. --data DIR trains on a dataset of `autohet data prepare`; --init-from DIR
+starts from Hugging Face weights (with --model hf:DIR); --export OUT writes the final step as a Hugging Face
+model. Running again with the same --name and --storage continues that run; --resume-from DIR starts a new run
+from a checkpoint directory of another run. Without --emulate it joins the running Ray cluster (RAY_ADDRESS, as
+under `ray job submit`) and its GPUs. Emulated runs are not paced.
 """
 import argparse
 import os
+import signal
 import sys
 import uuid
 
@@ -26,88 +31,104 @@ from autohet_ray import ConfigError  # noqa: E402
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cluster", required=True, help="cluster file (YAML), e.g. jobs/local-3.yaml")
-    p.add_argument("--model", default="tiny-gpt", help="model preset or YAML file")
+    p.add_argument("--model", default="tiny-gpt", help="model preset, YAML file or hf:DIR")
     p.add_argument("--global-batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=None, help="default: the model's max_seq_len")
     p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--plan", default=None, help="plan JSON (default: plan now for the cluster file)")
+    p.add_argument("--plan", default=None, help="plan JSON (default: plan inside the trainer on its workers)")
+    p.add_argument("--data", default=None, help="a dataset directory of `autohet data prepare` (default: synthetic)")
+    p.add_argument("--init-from", default=None, help="a Hugging Face model directory to start from")
+    p.add_argument("--export", default=None, help="write the final step as a Hugging Face model directory here")
     p.add_argument("--steps", type=int, default=6, help="train until this step")
     p.add_argument("--checkpoint-every", type=int, default=2, help="report a checkpoint every N steps (0: never)")
+    p.add_argument("--num-to-keep", type=int, default=None, help="checkpoints Ray Train keeps (default: all)")
     p.add_argument("--max-failures", type=int, default=1, help="worker-group restarts Ray Train may make")
-    p.add_argument("--fail-at", type=int, default=None, help="demo: the last plan rank fails once after this step")
+    p.add_argument("--min-workers", type=int, default=None,
+                   help="let Ray Train start as few as this many workers (elastic; default: one per GPU)")
+    p.add_argument("--fail-at", type=int, default=None, help="demo: kill the last plan rank's process once after "
+                                                             "this step")
     p.add_argument("--storage", required=True, help="RunConfig(storage_path): a shared directory or s3://...")
     p.add_argument("--name", default=None, help="run name; the same name and storage continue that run")
     p.add_argument("--resume-from", default=None, help="checkpoint directory (or URI) of another run to start from")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "auto"))
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--emulate", action="store_true", help="start an emulated Ray cluster from the cluster file")
     return p.parse_args(argv)
 
 
-def make_plan(args, cluster, model, seq_len: int):
-    from autohet_ray.plan.schema import load_plan
-    if args.plan:
-        return load_plan(args.plan)
+def make_job(args, cluster, model):
     from autohet_ray.job.config import TrainJob
-    from autohet_ray.planner import plan_training
-    from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
-    profile = analytic_profile(model, cluster, seq_len, with_micro_batches(args.micro_batch))
-    return plan_training(cluster=cluster, model=model, profile=profile, global_batch=args.global_batch,
-                         seq_len=seq_len, micro_batch=args.micro_batch,
-                         time_limit_s=TrainJob.plan_time_limit_s).plan
+    from autohet_ray.plan.schema import load_plan
+    return TrainJob(model=model.to_dict(), cluster=cluster.to_dict(), global_batch=args.global_batch,
+                    seq_len=args.seq_len, micro_batch=args.micro_batch, data=args.data, init_from=args.init_from,
+                    plan=load_plan(args.plan).to_dict() if args.plan else None, dtype=args.dtype, seed=args.seed,
+                    optimizer={"lr": args.lr}, baselines=False)
 
 
 def train_loop(config: dict) -> list:
-    """One Ray Train worker: its plan rank's Engine, resumed from the newest checkpoint, trained to `steps`."""
+    """One Ray Train worker: plan on the group, restore, train to `steps` reporting every step."""
     import ray.train
-    import torch
 
-    from autohet_ray.model.spec import model_from_dict
-    from autohet_ray.data.synthetic import synthetic_batch
-    from autohet_ray.orchestrate.train_api import engine_for_worker, report_step, restore_from_train_checkpoint
-    from autohet_ray.plan.schema import plan_from_dict
-    plan, model = plan_from_dict(config["plan"]), model_from_dict(config["model"])
-    engine = engine_for_worker(plan, model, seed=config["seed"], lr=config["lr"], dtype=getattr(torch, config["dtype"]))
+    from autohet_ray.orchestrate.train_api import TrainReporter, start_worker
     initial = ray.train.Checkpoint(config["resume_from"]) if config["resume_from"] else None
-    restored = restore_from_train_checkpoint(engine, initial=initial)
+    start = start_worker(config["job"], initial=initial)
+    reporter = TrainReporter(start, checkpoint_every=config["checkpoint_every"])
+    engine, data = start.engine, start.data
+    if engine is None:                   # the plan leaves this worker's GPU out
+        reporter.stand_by(config["steps"])
+        return [start.restored, []]
     if engine.rank == 0:
-        print(f"[plan rank 0] {'resumed from step ' + str(restored) if restored else 'starting at step 0'}", flush=True)
+        where = f"resumed from step {start.restored}" if start.restored is not None else "starting at step 0"
+        print(f"[plan rank 0] {where}; plan ({start.plan_source}): {len(engine.plan.pipelines)} pipelines on "
+              f"{engine.plan.num_devices} of {sum(n for _, _, n in start.workers)} workers; data: "
+              f"{data.describe()}", flush=True)
     log = []
     while engine.step < config["steps"]:
-        batch = synthetic_batch(vocab_size=model.vocab_size, global_batch=plan.global_batch, seq_len=plan.seq_len,
-                                seed=config["seed"], step=engine.step)
-        out = engine.train_step(batch)
-        if engine.step == config["fail_at"] and engine.rank == plan.num_devices - 1 \
+        out = engine.train_step(data.batch(engine.step))
+        if engine.step == config["fail_at"] and engine.rank == engine.plan.num_devices - 1 \
                 and not os.path.exists(config["fail_marker"]):
             open(config["fail_marker"], "w").close()
-            raise RuntimeError(f"injected failure of plan rank {engine.rank} after step {engine.step} (--fail-at)")
-        saved = report_step(engine, out, checkpoint_every=config["checkpoint_every"])
+            ray.train.get_all_reported_checkpoints()      # the checkpoints so far are registered
+            print(f"[plan rank {engine.rank}] killing this worker after step {engine.step} (--fail-at)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        saved = reporter.report(out)
         if engine.rank == 0:
             print(f"[plan rank 0] step {engine.step} loss {out['loss']:.6f}{' (checkpoint)' if saved else ''}",
                   flush=True)
         log.append((engine.step, out["loss"]))
-    return [restored, log]
+    data.close()
+    return [start.restored, log]
 
 
-def run(args, plan, model) -> None:
-    from ray.train import FailureConfig, RunConfig
+def run(args, job, cluster, model) -> None:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
-    from autohet_ray.orchestrate.train_api import plan_scaling_config
-    from autohet_ray.orchestrate.train_checkpoint import checkpoint_manifest
+    from autohet_ray.orchestrate.train_api import cluster_scaling_config, plan_scaling_config
+    from autohet_ray.orchestrate.train_checkpoint import checkpoint_manifest, export_train_checkpoint
+    from autohet_ray.plan.schema import plan_from_dict
     local_storage = "://" not in args.storage
     if args.fail_at is not None and not local_storage:
         raise ConfigError(f"--fail-at keeps its marker file in --storage, which must be a directory: {args.storage!r}")
     storage = os.path.abspath(args.storage) if local_storage else args.storage
-    config = {"plan": plan.to_dict(), "model": model.to_dict(), "steps": args.steps, "seed": args.seed, "lr": args.lr,
-              "dtype": args.dtype, "checkpoint_every": args.checkpoint_every, "resume_from": args.resume_from,
-              "fail_at": args.fail_at, "fail_marker": os.path.join(storage, f".failed-once-{uuid.uuid4().hex}")}
-    scaling = plan_scaling_config(plan, use_gpu=not args.emulate,
-                                  resources_per_worker={"CPU": 1} if args.emulate else None)
+    if local_storage:
+        os.makedirs(storage, exist_ok=True)
+    config = {"job": job.to_dict(), "steps": args.steps, "checkpoint_every": args.checkpoint_every,
+              "resume_from": args.resume_from, "fail_at": args.fail_at,
+              "fail_marker": os.path.join(storage, f".failed-once-{uuid.uuid4().hex}")}
+    # an emulated worker holds a CPU, not a GPU, so only pinning it to its node keeps a node's workers to its GPUs
+    resources = {"CPU": 1} if args.emulate else None
+    if job.plan is not None and args.min_workers is None:
+        scaling = plan_scaling_config(plan_from_dict(job.plan), use_gpu=not args.emulate,
+                                      resources_per_worker=resources)
+    else:
+        scaling = cluster_scaling_config(cluster, use_gpu=not args.emulate, resources_per_worker=resources,
+                                         min_workers=args.min_workers, pin_nodes=args.emulate)
     trainer = TorchTrainer(train_loop, train_loop_config=config, scaling_config=scaling,
                            run_config=RunConfig(name=args.name, storage_path=storage,
-                                                failure_config=FailureConfig(max_failures=args.max_failures)))
+                                                failure_config=FailureConfig(max_failures=args.max_failures),
+                                                checkpoint_config=CheckpointConfig(num_to_keep=args.num_to_keep)))
     result = trainer.fit()
     restored, log = result.return_value
     resumed = f" (resumed from step {restored})" if restored else ""
@@ -124,6 +145,9 @@ def run(args, plan, model) -> None:
         manifest = checkpoint_manifest(result.checkpoint)
         print(f"newest checkpoint: step {manifest.step}, {len(manifest.records)} chunks, "
               f"{sum(r.nbytes for r in manifest.records)} bytes")
+        if args.export:
+            report = export_train_checkpoint(result.checkpoint, model, args.export, data=args.data)
+            print(f"exported step {report['step']} to {args.export}: {len(report['files'])} safetensors files")
 
 
 def main(argv=None) -> int:
@@ -133,17 +157,14 @@ def main(argv=None) -> int:
     from autohet_ray.cluster.spec import load_cluster
     from autohet_ray.model.spec import load_model
     cluster, model = load_cluster(args.cluster), load_model(args.model)
-    plan = make_plan(args, cluster, model, args.seq_len or model.max_seq_len)
-    print(f"plan: {plan.num_devices} GPUs; " + "; ".join(
-        " -> ".join(f"{s.node}:{s.device_type}x{s.tp}[{s.layers[0]},{s.layers[1]})" for s in p.stages)
-        for p in plan.pipelines), flush=True)
+    job = make_job(args, cluster, model)
     if args.emulate and not os.environ.get("RAY_ADDRESS"):
         from autohet_ray.emulate.cluster import emulated_cluster
         with emulated_cluster(cluster, head_cpus=1, cpus_per_gpu=1):
-            run(args, plan, model)
+            run(args, job, cluster, model)
     else:
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
-        run(args, plan, model)
+        run(args, job, cluster, model)
     return 0
 
 

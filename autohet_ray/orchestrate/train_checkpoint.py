@@ -10,12 +10,15 @@ returns only once every rank has written (the barrier), and commits the step's m
 Then every worker calls `ray.train.report` with its directory. Ray Train copies all of them into one
 directory of the run's storage, `<storage_path>/<run name>/checkpoint_<time>/` (rank 0 picks the name for
 all), and registers the checkpoint once every worker's upload is done; the union is one complete step,
-since no two ranks write the same key.
+since no two ranks write the same key (a worker the plan leaves out reports an empty directory). That
+directory is the step's only copy, so Ray Train's CheckpointConfig(num_to_keep) is its retention: deleting a
+checkpoint directory deletes the step.
 
 Restoring (`restore_from_train_checkpoint`, every worker at the start of the loop): each rank reads only the
 saved chunks that overlap its own layout, straight from the checkpoint's filesystem (local, NFS, S3, ...
 through pyarrow), verifies each against the manifest's hash and loads them: the plan may differ from the one
-that saved (other GPUs, TP degrees, stage boundaries).
+that saved (other GPUs, TP degrees, stage boundaries). The manifest's extra (the data position, the plan and
+the workers that saved it) tells the next start where to continue and whether its plan still fits.
 """
 from __future__ import annotations
 
@@ -29,10 +32,13 @@ from autohet_ray import ConfigError
 from autohet_ray.checkpoint import (ChunkMissingError, ChunkRecord, LocalDirTier, Manifest, TierUnavailableError,
                                     commit_step, find_manifest, latest_committed_step, restore)
 from autohet_ray.checkpoint.codec import digest
+from autohet_ray.checkpoint.hf_export import export_step
+from autohet_ray.checkpoint.hf_weights import load_rank_state
 from autohet_ray.checkpoint.holdings import tiling_holdings as tile_holdings
 from autohet_ray.checkpoint.keys import MANIFEST_PREFIX, chunk_key, manifest_key, step_of_manifest_key
 from autohet_ray.checkpoint.peers import assign_writers
 from autohet_ray.checkpoint.snapshot import encode_shards
+from autohet_ray.data.dataset import Dataset
 from autohet_ray.orchestrate.worker import holdings_of
 from autohet_ray.runtime.lr_schedule import check_resumed_config
 
@@ -69,21 +75,34 @@ def save_train_checkpoint(engine, directory: str, *, extra: dict | None = None) 
     return commit_step(step, [r for rank_records in gathered for r in rank_records], [tier], extra=info)
 
 
-def report_step(engine, out: dict, *, checkpoint_every: int = 1, metrics: dict | None = None) -> bool:
-    """Every worker, after each `train_step` (its result is `out`): `ray.train.report` the step and loss (and
-    `metrics`), with the step's checkpoint when the step is a multiple of `checkpoint_every` (0: never).
-    Returns whether a checkpoint went with the report."""
+def check_checkpoint_every(checkpoint_every) -> None:
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
         raise ConfigError(f"checkpoint_every={checkpoint_every!r} must be an integer >= 0 (0: no checkpoints)")
+
+
+def report_step(engine, out: dict, *, checkpoint: bool, metrics: dict | None = None, extra: dict | None = None) -> bool:
+    """Every worker, after each `train_step` (its result is `out`): `ray.train.report` the step and loss (and
+    `metrics`), with the step's checkpoint when `checkpoint` (every worker must agree); `extra` goes in the
+    step's manifest (the data position). Returns `checkpoint`."""
     assert out["step"] == engine.step, (out["step"], engine.step)
     reported = {"step": engine.step, "loss": float(out["loss"]), **(metrics or {})}
-    if checkpoint_every == 0 or engine.step % checkpoint_every:
+    if not checkpoint:
         ray.train.report(reported)
         return False
     with tempfile.TemporaryDirectory(prefix=f"autohet-step-{engine.step}-") as staging:
-        save_train_checkpoint(engine, staging)
+        save_train_checkpoint(engine, staging, extra=extra)
         ray.train.report(reported, checkpoint=ray.train.Checkpoint.from_directory(staging))
     return True
+
+
+def report_idle(metrics: dict, *, checkpoint: bool) -> None:
+    """A worker that holds no part of the plan: its share of a step's `ray.train.report` (with an empty
+    directory when the others report a checkpoint, so that every worker reports one)."""
+    if not checkpoint:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory(prefix="autohet-idle-") as empty:
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(empty))
 
 
 class TrainCheckpointTier:
@@ -124,14 +143,19 @@ def checkpoint_manifest(checkpoint: ray.train.Checkpoint) -> Manifest:
     return find_manifest([tier], step)
 
 
-def restore_from_train_checkpoint(engine, *, initial: ray.train.Checkpoint | None = None,
-                                  num_threads: int = 4) -> int | None:
+def restore_from_train_checkpoint(engine, *, initial: ray.train.Checkpoint | None = None, data=None,
+                                  init_from: str | None = None, num_threads: int = 4) -> int | None:
     """At the start of `train_loop_per_worker` (every worker): load the newest checkpoint this run reported
     (`ray.train.get_checkpoint()`, set when Ray Train restarted the worker group), else `initial` (e.g. a
-    checkpoint of an earlier run passed in `train_loop_config`), into `engine`, resharded onto its plan.
-    Returns the restored step, or None when there is nothing to restore."""
+    checkpoint of an earlier run passed in `train_loop_config`), into `engine`, resharded onto its plan; with
+    `data` (a TrainingData), ConfigError unless the checkpoint's data position continues with it. With nothing
+    to restore, load this rank's slices of the Hugging Face checkpoint `init_from` (when given). Returns the
+    restored step, or None when there is nothing to restore."""
     checkpoint = ray.train.get_checkpoint() or initial
     if checkpoint is None:
+        if init_from is not None:
+            state, _ = load_rank_state(init_from, engine.spec, engine.layout)
+            engine.load_state_dict(state)
         return None
     manifest = checkpoint_manifest(checkpoint)
     saved_model = manifest.extra.get("model")
@@ -143,4 +167,20 @@ def restore_from_train_checkpoint(engine, *, initial: ray.train.Checkpoint | Non
                        num_threads=num_threads)
     engine.load_state_dict(state)
     assert engine.step == manifest.step, (engine.step, manifest.step)
+    if data is not None:
+        data.check(manifest.extra, manifest.step)
     return manifest.step
+
+
+def export_train_checkpoint(checkpoint: ray.train.Checkpoint, spec, out: str, *, data: str | None = None) -> dict:
+    """Write the step a reported checkpoint holds as a Hugging Face directory `out` (config.json, safetensors,
+    and the tokenizer of the prepared dataset `data`, when given), as `autohet export` does a job's step."""
+    tokenizer_json = eos_id = None
+    if data is not None:
+        dataset = Dataset.open(data, verify=False)
+        with open(dataset.tokenizer_path) as f:
+            tokenizer_json = f.read()
+        eos_id = dataset.index.eos_id
+    report = export_step([TrainCheckpointTier(checkpoint)], spec, out, tokenizer_json=tokenizer_json,
+                         eos_token_id=eos_id)
+    return vars(report)

@@ -64,6 +64,25 @@ def reference_losses(steps: int, dtype=None) -> list[float]:
                                            step=i))["loss"] for i in range(steps)]
 
 
+def prepare_stdlib_dataset(tmp_path_factory, num_files: int, *extra_args: str) -> str:
+    """`autohet data prepare` (on the connected Ray cluster) of `num_files` small files of the Python standard
+    library's own source, with a 512-token BPE trained on them and a 10% validation split: its directory."""
+    import os
+    import shutil
+    import sysconfig
+
+    from autohet_ray.cli import main
+    corpus = tmp_path_factory.mktemp("corpus")
+    stdlib = sorted((p for p in os.scandir(sysconfig.get_paths()["stdlib"]) if p.name.endswith(".py")),
+                    key=lambda p: p.name)
+    for entry in [e for e in stdlib if 2_000 < e.stat().st_size < 20_000][:num_files]:
+        shutil.copy(entry.path, corpus / entry.name)
+    out = str(tmp_path_factory.mktemp("data") / "stdlib")
+    assert main(["data", "prepare", "--input", str(corpus), "--train-tokenizer", "512", "--out", out,
+                 "--val-fraction", "0.1", *extra_args]) == 0
+    return out
+
+
 def wait_until_alive(node_ids, timeout_s: float = 60.0) -> None:
     """Wait until Ray lists each of these nodes alive. Not `cluster.wait_for_nodes()`: it also counts nodes
     that drained for a spot notice and then exited once idle (their keeper stopped), so it would time out."""

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 import torch
@@ -28,7 +26,7 @@ from autohet_ray.model.spec import model_from_dict  # noqa: E402
 from autohet_ray.orchestrate.controller import Controller  # noqa: E402
 from autohet_ray.job.config import TrainJob  # noqa: E402
 from autohet_ray.runtime.reference import Reference  # noqa: E402
-from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan  # noqa: E402
+from ray_helpers import FAST_HEALTH_CHECKS, THREE_NODES, asymmetric_plan, prepare_stdlib_dataset  # noqa: E402
 from shared_clusters import shared_cluster  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
@@ -43,15 +41,7 @@ cluster = shared_cluster(THREE_NODES, system_config=FAST_HEALTH_CHECKS, changes_
 
 @pytest.fixture(scope="module")
 def dataset(cluster, tmp_path_factory):
-    corpus = tmp_path_factory.mktemp("corpus")
-    stdlib = sorted((p for p in os.scandir(sysconfig.get_paths()["stdlib"]) if p.name.endswith(".py")),
-                    key=lambda p: p.name)
-    for entry in [e for e in stdlib if 2_000 < e.stat().st_size < 20_000][:12]:
-        shutil.copy(entry.path, corpus / entry.name)
-    out = str(tmp_path_factory.mktemp("data") / "stdlib")
-    assert main(["data", "prepare", "--input", str(corpus), "--train-tokenizer", "512", "--out", out,
-                 "--val-fraction", "0.1", "--shard-mb", "0.05"]) == 0
-    return out
+    return prepare_stdlib_dataset(tmp_path_factory, 12, "--shard-mb", "0.05")
 
 
 def job(storage: str, data: str, **kw) -> TrainJob:
