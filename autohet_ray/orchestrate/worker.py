@@ -9,7 +9,6 @@ the controller commits a step's manifest without stalling compute. `where()` (he
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import datetime
 import gc
 import os
@@ -37,17 +36,17 @@ from autohet_ray.runtime.device import default_backend, node_gpu_id
 from autohet_ray.runtime.engine import Engine
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)     # glibc's; absent elsewhere (musl)
 
 
 def release_host_memory() -> None:
-    """Give the dropped engine's host memory back to the system before the next plan's engine is built.
-    The engine's modules, hooks and optimizer refer to each other (cycles: freed only by the collector), and
-    glibc keeps freed heap pages of tensors under its mmap threshold (which grows to 32 MiB after the first
-    large free) unless trimmed: a reused worker grew by about one state size per recovery without both."""
+    """Give the dropped engine's host memory back to the system before the next plan's engine is built: its
+    modules, hooks and optimizer refer to each other (cycles, freed only by the collector), and glibc may keep
+    the freed heap pages of tensors below its mmap threshold until trimmed. (The leak a reused worker had, about
+    one state size per recovery, was the engine kept alive: Engine.release.)"""
     gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
