@@ -52,7 +52,8 @@ from autohet_ray.model.spec import load_model
 from autohet_ray.plan.schedule import PLAN_SCHEDULES
 from autohet_ray.planner import check_request
 from autohet_ray.profile.analytic import analytic_profile
-from autohet_ray.replay.phases import DEFAULT_PHASES, GB, phases_from_emulated_replay, phases_from_recovery_bench
+from autohet_ray.replay.phases import (DEFAULT_PHASES, GB, last_json_line, phases_from_emulated_replay,
+                                     phases_from_recovery_bench, restart_from_fit)
 from autohet_ray.replay.figures import (H200_FILE, H200_OVERHEAD_PER_GB_S, RUNTIME_RATE_BASIS, SNAPSHOT_OVERHEAD,
                                         SNAPSHOT_OVERHEAD_BASIS, costed_figures)
 from autohet_ray.replay.notice_figures import bar_row, measured_switch, notice_figures
@@ -123,6 +124,10 @@ def parse_args(argv=None):
                     help="cost detect and restart by the emulated replay's medians, not the stated assumptions")
     ap.add_argument("--recovery-json", help="recovery_bench.py output: its measured detect time")
     ap.add_argument("--restart-s", type=float, help="override the restart phase")
+    ap.add_argument("--restart-fit", help="benchmarks/restart_scaling.py output: the restart phase from its "
+                                          "fitted phases at this cluster's GPU count (instead of the stated 30 s)")
+    ap.add_argument("--process-start-s", type=float, default=5.0,
+                    help="with --restart-fit: stated seconds to start a replacement node's worker processes")
     ap.add_argument("--local-gbps", type=float, help="override the local-first restore bandwidth (Gb/s per node)")
     ap.add_argument("--cloud-gbps", type=float, help="override the cloud restore/upload bandwidth (Gb/s per node)")
     ap.add_argument("--plans-out", help="save the planned states (JSON) for a later --plans-in")
@@ -187,6 +192,10 @@ def phase_model(args, cluster):
                              f"flush + stop the old workers + restore into workers whose process groups were built "
                              f"ahead), {switch['file']}; the restore is charged again by bytes")
 
+    if args.restart_fit:
+        restart, basis["restart_s"] = restart_from_fit(last_json_line(args.restart_fit), cluster.num_gpus,
+                                                       args.process_start_s)
+        phases = replace(phases, restart_s=restart)
     if args.restart_s is not None:
         phases, basis["restart_s"] = replace(phases, restart_s=args.restart_s), f"given: --restart-s {args.restart_s}"
     if args.local_gbps:

@@ -62,3 +62,13 @@ def emulated_cluster(cluster: Cluster, *, head_cpus: float = 1, cpus_per_gpu: fl
             ray.shutdown()
         test_cluster.shutdown()
         sweep_node_stores(seen)          # stores of nodes that died without their keeper's close
+
+
+def lose_node(test_cluster, node) -> None:
+    """Lose `node` of a Ray test cluster as a real node is lost: its processes die at once, and with them its
+    RAM, so its node stores go too (emulated nodes share this host's /dev/shm, where a dead node's stores
+    would otherwise stay until the cluster is shut down: a benchmark losing a node again and again ran out of
+    memory)."""
+    test_cluster.remove_node(node, allow_graceful=False)
+    sweep_node_stores([node.node_id])
+

@@ -206,14 +206,16 @@ class LiveJob:
             return
         self._commit(step, self.group.call("fast_records", step, timeout_s=120))
         self.committer.poll_storage()
-        self.committer.maybe_collect(step)
 
     def _commit(self, step: int, records: list[list]) -> None:
         """The node-store commit of `step` (plain jobs: the storage commit); an elastic job's storage step also
-        starts its uploads."""
+        starts its uploads. Old steps are collected after every commit, whichever path made it (a flush too:
+        a job that flushed every `gc_every`-th step never collected, and its node stores and storage grew by a
+        step each step)."""
         self.committer.commit_fast(step, records)
         if self.job.elastic and self._is_storage_step(step):
             self.committer.add_storage(step, [a.storage_records.remote(step) for a in self.group.actors])
+        self.committer.maybe_collect(step)
 
     def _is_storage_step(self, step: int) -> bool:
         return bool(self.job.checkpoint_every) and step % self.job.checkpoint_every == 0

@@ -8,7 +8,9 @@ the controller commits a step's manifest without stalling compute. `where()` (he
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
+import gc
 import os
 import threading
 import time
@@ -33,6 +35,18 @@ from autohet_ray.runtime.abort import collective_abort
 from autohet_ray.runtime.device import default_backend, join_device_cgroup, node_gpu_id
 from autohet_ray.runtime.engine import Engine
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
+
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)     # glibc's; absent elsewhere (musl)
+
+
+def release_host_memory() -> None:
+    """Give the dropped engine's host memory back to the system before the next plan's engine is built: its
+    modules, hooks and optimizer refer to each other (cycles, freed only by the collector), and glibc may keep
+    the freed heap pages of tensors below its mmap threshold until trimmed. (The leak a reused worker had, about
+    one state size per recovery, was the engine kept alive: Engine.release.)"""
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def holdings_of(engine) -> list[tuple[str, Chunk, int]]:
@@ -103,8 +117,10 @@ class Worker:
                              dtype=getattr(torch, compute_dtype(dtype, cuda=backend == "nccl")), pacer=self.pacer)
         sockets.capture()                     # the engine has built every subgroup
         self.collective_sockets = sockets
+        built = self.engine.groups_built
         return {"rank": self.rank, "backend": backend, "setup_s": time.perf_counter() - start, "started_at": started_at,
-                "join_s": joined - start, "engine_s": time.perf_counter() - joined}
+                "join_s": joined - start, "engine_s": time.perf_counter() - joined, "groups_s": built.seconds,
+                "groups_created": built.created, "groups_kept": built.kept}
 
     @ray.method(concurrency_group="control")
     def abort_collectives(self) -> int:
@@ -255,12 +271,15 @@ class Worker:
         for the next plan. Returns this process id."""
         self.close_snapshots(wait=False)          # a snapshot in flight is abandoned, not awaited
         with self._handles_lock:
+            if self.engine is not None:
+                self.engine.release()
             self.engine, self.handles = None, {}
         if dist.is_initialized():
             dist.destroy_process_group()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()              # the next plan's engine gets this GPU's memory back
         self._store = None
+        release_host_memory()
         return os.getpid()
 
     def close_snapshots(self, wait: bool = True) -> None:

@@ -125,7 +125,9 @@ class WorkerGroup:
                               f"are those GPUs taken by another job, or the nodes gone?") from None
         return {"setup_s": time.perf_counter() - start,       # slowest rank: queued before setup ran, the
                 "queued_s_max": max(r["started_at"] for r in ranks) - submitted,   # rendezvous, the Engine
-                "join_s_max": max(r["join_s"] for r in ranks), "engine_s_max": max(r["engine_s"] for r in ranks)}
+                "join_s_max": max(r["join_s"] for r in ranks), "engine_s_max": max(r["engine_s"] for r in ranks),
+                "groups_s_max": max(r["groups_s"] for r in ranks),      # of engine_s: its process groups
+                "groups_created": sum(r["groups_created"] for r in ranks)}   # rank memberships created
 
     def ping(self, timeout_s: float = 1.0) -> tuple[list[int], list[int]]:
         """(dead, silent): ranks whose actor Ray reports dead when pinged, and ranks that did not answer within

@@ -122,3 +122,27 @@ def phases_from_emulated_replay(path: str, base: PhaseModel = DEFAULT_PHASES) ->
         basis["detect_s"] = (f"measured: median over the {len(detects)} unannounced losses of the emulated replay "
                              f"({path}): {detect:.2f} s")
     return replace(base, detect_s=detect, restart_s=medians[kind], basis=basis)
+
+
+def restart_from_fit(fit_report: dict, ranks: int, process_start_s: float) -> tuple[float, str]:
+    """The restart phase at `ranks` from benchmarks/restart_scaling.py's fits (its JSON line, parsed): process
+    groups created by their members only, engine build and state load, each fitted phase evaluated at `ranks`,
+    plus `process_start_s` (stated: the fit reuses running processes and does not time starting them). (seconds,
+    basis)."""
+    fits = fit_report.get("fits") or {}
+    phases = ("groups_members_only_s", "engine_s", "state_s")
+    missing = [p for p in phases if p not in fits]
+    if missing:
+        raise ConfigError(f"restart fit: the report has no fit of {missing}; rerun benchmarks/restart_scaling.py")
+    parts = {p: _fitted(fits[p], ranks) for p in phases}
+    sizes = [row["ranks"] for row in fit_report.get("rows", [])]
+    basis = (f"fitted (benchmarks/restart_scaling.py, measured at {sizes} ranks on one host, extrapolated to "
+             f"{ranks}): " + ", ".join(f"{p.removesuffix('_s')} {fits[p]['form']} {v:.2f} s" for p, v in parts.items())
+             + f"; + {process_start_s:g} s stated for starting a replacement's processes (not measured at scale)")
+    return sum(parts.values()) + process_start_s, basis
+
+
+def _fitted(fit: dict, ranks: int) -> float:
+    if fit["form"] == "linear":
+        return max(0.0, fit["linear"]["a"] + fit["linear"]["b"] * ranks)
+    return fit["power"]["c"] * ranks ** fit["power"]["k"]

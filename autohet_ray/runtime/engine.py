@@ -37,7 +37,9 @@ from autohet_ray.runtime.wgrad import WeightGradStore
 class Engine:
     """One rank of a plan. torch.distributed must be initialized with one rank per device of the plan (plan
     rank r = rank r of `world_group`, default the whole world); the constructor creates the plan's subgroups
-    collectively, so every rank must construct its Engine at the same time.
+    that this rank belongs to with their other members (runtime/groups.py), so the ranks must construct their
+    Engines at the same time; a group of this world with the same members (an earlier Engine's) is kept
+    (`groups_built` counts both).
 
     train_step returns {"loss", "grad_norm" (before clipping), "lr" (of this update), "step", "timings"};
     timings are this rank's seconds per op name summed over the step ("forward", "backward", "send_activation",
@@ -68,7 +70,7 @@ class Engine:
         units = sharded_units(plan, self.rank_map, model_spec.num_layers, tied=bool(tied), mode=optimizer_sharding)
         ops = plan_grad_sync(self.rank_map, [(n, s, shard_dim(n)) for n, s in param_shapes(model_spec).items()],
                              sync_bucket_elements, tied=tied, sharded_units=units)
-        groups = create_groups(self.rank_map, ops, me=rank, to_global=self._global)
+        groups, self.groups_built = create_groups(self.rank_map, ops, me=rank, to_global=self._global)
         self._build_model(groups, seed, tied)
         alias = {tied[1]: "embedding"} if tied else {}
         carriers = {n for n in self.params if alias.get(n, unit_of(n)) in units}      # optimizer state sharded
@@ -78,6 +80,7 @@ class Engine:
         self.bridge = self._make_bridge()
         self.clock = Clock(pacer, self.device)
         self.before_update: Callable[[], None] | None = None
+        self._hooks: list = []                # handles of the hooks on parameters and modules (release)
         """Called right before the optimizer changes parameters and moments in place (a background snapshot
         copy of the previous step waits there)."""
         self._build_executor(schedule)
@@ -147,7 +150,7 @@ class Engine:
         # a deferred weight's gradient is final after the step's last W, not when autograd calls its hook
         for name, p in self.params.items():
             if p not in deferred:
-                p.register_post_accumulate_grad_hook(lambda _, name=name: self._on_grad(name))
+                self._hooks.append(p.register_post_accumulate_grad_hook(lambda _, name=name: self._on_grad(name)))
         m = self.plan.pipelines[self.info.pipeline].num_microbatches
         self.actions = SCHEDULES[schedule](len(self.stages), self.info.stage, m)
         self.sample_offset = self.plan.sample_offset(self.info.pipeline)
@@ -160,7 +163,8 @@ class Engine:
         for prefix, module in units:
             if module is not None:
                 names = frozenset(n for n in self.params if n.startswith(prefix + "."))
-                module.register_forward_pre_hook(lambda *_, names=names: self.grad_sync.settle_gathers(names))
+                self._hooks.append(module.register_forward_pre_hook(
+                    lambda *_, names=names: self.grad_sync.settle_gathers(names)))
 
     def _settled(self) -> None:
         """Every posted all-gather in the weights (before they are read or overwritten outside a forward)."""
@@ -223,6 +227,16 @@ class Engine:
         """Make a step running in another thread fail at its next forward or backward (thread-safe); the
         engine is not usable afterwards."""
         self.executor.stop.set()
+
+    def release(self) -> None:
+        """Drop this engine's hooks and gradients (it is not usable afterwards). Its hooks close over the
+        engine, and the parameters that hold them are kept alive from C++ (autograd), a cycle Python's
+        collector cannot free: without this a dropped engine's whole state stays in memory."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for p in (*self.params.values(), *self.masters.values()):
+            p.grad = None
 
     def train_step(self, batch) -> dict:
         """One optimizer step on the whole global batch (every rank gets the same batch)."""

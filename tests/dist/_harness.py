@@ -88,7 +88,8 @@ def run_case(rank: int, case: Case) -> dict:
     pacer = RecordingPacer() if case.record_pacer else None
     overlap: list[tuple[int, int]] = []
     engine = _engine(case, rank, overlap, pacer)
-    out = {"losses": [], "norms": [], "pace": None, "pipeline": engine.info.pipeline, "overlap": overlap}
+    out = {"losses": [], "norms": [], "pace": None, "pipeline": engine.info.pipeline, "overlap": overlap,
+           "groups_built": engine.groups_built}
     for step in range(case.steps):
         if case.resume_after is not None and step == case.resume_after:
             state = engine.state_dict()
