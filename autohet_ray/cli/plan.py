@@ -4,20 +4,25 @@ from __future__ import annotations
 import json
 import time
 
-from autohet_ray.cli.money import goal_from_args, money_lines, money_report
+from autohet_ray import ConfigError
+from autohet_ray.cli.money import money_lines, money_report
 from autohet_ray.cli.plan_view import draw_plan, slice_note, timeline_text
-from autohet_ray.cluster.spec import load_cluster
-from autohet_ray.config_io import read_structured
+from autohet_ray.cli.train import build_job, job_fields
+from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
+from autohet_ray.config_io import check_type, read_structured
 from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
 from autohet_ray.cost.evaluate import evaluate_plan
+from autohet_ray.cost.money import goal_from
 from autohet_ray.cost.sharding import saved_bytes
+from autohet_ray.job import file as job_file
+from autohet_ray.job.config import TrainJob, compute_dtype
+from autohet_ray.job.plan_choice import analytic_job_profile, plan_request
+from autohet_ray.metrics.step import peak_dtype
 from autohet_ray.model.spec import load_model, model_from_dict
-from autohet_ray.plan.schedule import schedule_choices
 from autohet_ray.plan.schema import Plan, plan_from_dict
-from autohet_ray.planner import check_request, plan_with_baselines, strongest_baseline
+from autohet_ray.planner import check_request, plan_training, plan_with_baselines, strongest_baseline
 from autohet_ray.planner.background import lower_bound_in_background
 from autohet_ray.planner.workers import stop_helper_process, use_helper_process
-from autohet_ray.planner.search import token_cap_sizes
 from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import load_profile
 
@@ -27,7 +32,7 @@ def _profile(args, model, cluster, seq_len, micro_batches=()):
     if getattr(args, "profile", None):
         return load_profile(args.profile)
     return analytic_profile(model, cluster, seq_len, with_micro_batches(*micro_batches),
-                            dtype=getattr(args, "dtype", None) or "bfloat16")
+                            dtype=peak_dtype(compute_dtype(args.dtype or "bfloat16", cuda=True)))
 
 
 def read_plan(path: str) -> Plan:
@@ -72,28 +77,42 @@ def _savings(plan: Plan, cluster, model, profile) -> dict:
     return saved_bytes(plan, cluster, model, profile)
 
 
+def plan_job(args) -> tuple[TrainJob, bool]:
+    """(the job, whether it runs emulated) as `autohet train` would read it from the same --config and flags,
+    with only the fields planning reads."""
+    fields, launch, where, from_file = job_fields(args, only=args.plan_fields)
+    job_file.check_required(fields, where)
+    fields = job_file.resolve_all(fields, where=where, from_file=from_file)
+    if fields.get("profile") == "measured":
+        raise ConfigError("profile='measured' is measured on the Ray cluster as training starts; to plan with one, "
+                          "run autohet profile --cluster FILE --out P.json and give --profile P.json")
+    emulate = launch.get("emulate", False)
+    check_type(emulate, bool, f"{where or 'plan'}: emulate")
+    return build_job(fields, where, from_file), emulate
+
+
 def cmd_plan(args) -> int:
     started = time.perf_counter()
-    cluster, model = load_cluster(args.cluster), load_model(args.model)
-    seq_len = args.seq_len or model.max_seq_len
-    sizes = [args.micro_batch] if args.micro_batch else token_cap_sizes(seq_len)
-    profile = _profile(args, model, cluster, seq_len, sizes)
-    schedules = schedule_choices(args.schedule)
-    check_request(model, profile, args.global_batch, seq_len, schedules)
-    goal = goal_from_args(args, cluster)
-    request = dict(model=model, profile=profile, global_batch=args.global_batch, seq_len=seq_len,
-                   schedules=schedules, recompute=args.recompute, optimizer_sharding=args.optimizer_sharding)
-    bound = lower_bound_in_background(goal=goal, cluster=cluster, **request)
+    job, emulate = plan_job(args)
+    cluster, model = cluster_from_dict(job.cluster), model_from_dict(job.model)
+    priced = model_from_dict(job.priced_as) if job.priced_as else model       # as orchestrate/live_job.py
+    seq_len = job.priced_seq_len or job.seq_len or model.max_seq_len
+    profile = load_profile(job.profile) if job.profile.endswith(".json") else \
+        analytic_job_profile(job, priced_model=priced, cluster=cluster, seq_len=seq_len, cuda=not emulate)
+    check_request(priced, profile, job.global_batch, seq_len, job.schedules())
+    goal = goal_from(job.objective, job.prices, job.max_cost_per_hour, job.min_samples_per_s, cluster)
+    request = plan_request(job, cluster, profile=profile, priced_model=priced, seq_len=seq_len)
+    common = {k: v for k, v in request.items() if k not in ("cluster", "time_limit_s", "goal", "micro_batch")}
+    bound = lower_bound_in_background(goal=goal, cluster=cluster, **common)
     use_helper_process()          # the inputs are checked: a second core for the search (planner/workers.py)
     try:
-        # the time limit covers the whole command: what loading took is spent already
-        result, baselines = plan_with_baselines(cluster=cluster, micro_batch=args.micro_batch, goal=goal,
-                                                time_limit_s=args.time_limit - (time.perf_counter() - started),
-                                                **request)
+        if job.baselines:         # as the first planning of autohet train (job/plan_choice.py)
+            result, baselines = plan_with_baselines(**request)
+        else:
+            result, baselines = plan_training(**request), {}
         money = None
         if goal.prices is not None:
-            money = money_report(result, baselines, cluster, goal, seq_len,
-                                 request | {"micro_batch": args.micro_batch})
+            money = money_report(result, baselines, cluster, goal, seq_len, common | {"micro_batch": job.micro_batch})
     finally:
         stop_helper_process()     # a caller of cli.main in its own process keeps no planner process behind
     if args.out:
@@ -101,14 +120,14 @@ def cmd_plan(args) -> int:
             f.write(result.plan.to_json())
     bound_all = bound.result()
     if money is not None:
-        money["lower_bound_usd_per_million_tokens"] = _per_million(bound_all, args.global_batch, seq_len)
+        money["lower_bound_usd_per_million_tokens"] = _per_million(bound_all, job.global_batch, seq_len)
     report = plan_report(result, baselines, wall_s=time.perf_counter() - started) | {
         "lower_bound_iteration_s": bound_all["iteration_s"], "dtype": profile.meta.get("dtype", "bfloat16")} | (
         {"money": money} if money is not None else {})
     if args.json:
         print(json.dumps({"plan": result.plan.to_dict(), "predicted": result.plan.predicted.to_dict(), **report}))
         return 0
-    _print_plan(args, result, report, cluster, model, profile, seq_len)
+    _print_plan(job, result, report, cluster, priced, profile, seq_len)
     if money is not None:
         _print_money(money, goal)
     if args.out:
@@ -116,9 +135,9 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _print_plan(args, result, report: dict, cluster, model, profile, seq_len: int) -> None:
+def _print_plan(job, result, report: dict, cluster, model, profile, seq_len: int) -> None:
     ev, bound_s = result.evaluation, report["lower_bound_iteration_s"]
-    print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {args.global_batch}, "
+    print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {job.global_batch}, "
           f"micro-batch {result.plan.micro_batch}, seq {seq_len}, schedule {result.plan.schedule}  "
           f"[{profile.kind} profile, {report['dtype']}]")
     print(plan_table(result.plan, ev.memory_bytes, _savings(result.plan, cluster, model, profile)))

@@ -4,15 +4,18 @@ committed manifest, so `autohet resume` can restart the job from its storage alo
 default is stated here once."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import functools
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 
 from autohet_ray import ConfigError
 from autohet_ray.cloud.notices import PROVIDER_CHOICES
-from autohet_ray.config_io import dataclass_from_dict
-from autohet_ray.cost.money import goal_from
+from autohet_ray.config_io import check_type, dataclass_from_dict
+from autohet_ray.cost.money import OBJECTIVES, goal_from
 from autohet_ray.metrics.tensorboard import check_available
-from autohet_ray.plan.schedule import schedule_choices
-from autohet_ray.plan.schema import check_recompute, check_sharding
+from autohet_ray.plan.schedule import PLAN_SCHEDULES, schedule_choices
+from autohet_ray.plan.schema import RECOMPUTE_MODES, SHARDING_MODES, check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.storage.dataset_cache import DEFAULT_CACHE_GB
@@ -21,6 +24,14 @@ PROFILE_MODES = ("analytic", "measured")
 DTYPE_NAMES = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16", "fp32": "float32",
                "fp64": "float64", "bf16": "bfloat16", "auto": "auto"}
 DTYPES = tuple(DTYPE_NAMES)
+
+# the choices of the fields that have them: `--help` lists them and the job file's schema (job/schema.py) holds them
+Schedule = Literal[("auto", *PLAN_SCHEDULES)]
+Recompute = Literal[RECOMPUTE_MODES]
+Sharding = Literal[SHARDING_MODES]
+Objective = Literal[OBJECTIVES]
+Dtype = Literal[DTYPES]
+SpotProvider = Literal[PROVIDER_CHOICES]
 
 
 def compute_dtype(dtype: str, *, cuda: bool) -> str:
@@ -32,6 +43,8 @@ def compute_dtype(dtype: str, *, cuda: bool) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainJob:
+    __pydantic_config__ = {"use_attribute_docstrings": True}     # job/schema.py: docstrings as descriptions
+
     model: dict
     """The model that runs: a preset name, a model YAML or hf:DIR (a Hugging Face config.json); kept as its
     ModelSpec fields."""
@@ -71,15 +84,15 @@ class TrainJob:
     """Tokens per sample the plan is priced for (default: seq_len)."""
     micro_batch: int | None = None
     """Fix the planner's micro-batch size."""
-    schedule: str = "auto"
+    schedule: Schedule = "auto"
     """Pipeline schedule: "auto" (the faster that fits), "1f1b" or "zb-h1"; re-plans keep the choice."""
-    recompute: str = "none"
+    recompute: Recompute = "none"
     """Activation recomputation: "none", "full" (every stage) or "auto" (the planner picks it per stage where
     it makes the plan fit or faster); re-plans keep the choice."""
-    optimizer_sharding: str = "none"
+    optimizer_sharding: Sharding = "none"
     """Optimizer state (fp32 master, AdamW moments) sharded across each layer's data-parallel holders: "none",
     "dp" (every stage) or "auto" (the planner picks it per stage where it makes the plan fit or faster)."""
-    objective: str = "throughput"
+    objective: Objective = "throughput"
     """What every planning (the first and every re-plan) optimizes: "throughput" (samples/s) or "cost" ($ per
     token, from `prices`; it may leave GPUs or whole nodes out, so a node that joins is used only if it lowers
     the $ per token)."""
@@ -100,7 +113,7 @@ class TrainJob:
     for its device. 0: no pacing, compute runs at this machine's speed."""
     iteration_wall_s: float | None = None
     """Instead of time_scale: pick the scale at the first launch so one predicted iteration lasts this long."""
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     """Compute dtype on the workers: "bfloat16" ("bf16": bf16 compute, fp32 master weights, AdamW moments and
     gradient reduction), "float32" ("fp32"), "float64" ("fp64", exact comparisons), or "auto" (bf16 on CUDA,
     fp32 on CPU). Checkpoints hold the fp32 masters either way. Stored canonical (the torch name)."""
@@ -137,7 +150,7 @@ class TrainJob:
     spot_watch: bool = False
     """Elastic: watch each node's instance metadata for spot interruption notices (a noticed node is flushed
     and planned away before it goes)."""
-    spot_provider: str = "aws"
+    spot_provider: SpotProvider = "aws"
     """Whose instance metadata spot_watch reads: "aws", "gcp", "azure", or "auto" (tries each)."""
     max_recoveries: int = 5
     """Recoveries allowed while the job makes no progress (see recovery_window_steps); one more failure then
@@ -147,6 +160,9 @@ class TrainJob:
     step it had reached when they happened."""
 
     def __post_init__(self):
+        hints = _hints()
+        for f in fields(self):         # a wrong type from Python is one line here, not a confusing failure later
+            check_type(getattr(self, f.name), hints[f.name], f"TrainJob: {f.name}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
             raise ConfigError(f"global_batch={self.global_batch!r} must be a positive integer")
         if self.micro_batch is not None:
@@ -210,6 +226,11 @@ class TrainJob:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@functools.cache
+def _hints() -> dict:
+    return typing.get_type_hints(TrainJob)
 
 
 def job_from_dict(raw: dict) -> TrainJob:
