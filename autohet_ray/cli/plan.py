@@ -8,6 +8,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cli.money import money_lines, money_report
 from autohet_ray.cli.plan_view import draw_plan, slice_note, timeline_text
 from autohet_ray.cli.train import build_job, job_fields
+from autohet_ray.cli.units import seconds, size
 from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
 from autohet_ray.config_io import check_type, read_structured
 from autohet_ray.cost.breakdown import breakdown_line, time_breakdown
@@ -43,21 +44,23 @@ def read_plan(path: str) -> Plan:
     return plan_from_dict(raw)
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:.1f} GB"
+TABLE_LEGEND = ("  (micro: micro-batches per iteration x samples each; layers: [first, last) of the transformer "
+                "layers; tp: tensor-parallel degree; gpus: the node's GPU indices; peak mem: per GPU)")
+BOUND_MEANINGFUL = 2.0     # the bound leaves out bubbles, links and sync: a plan over twice it is mostly those
 
 
 def plan_table(plan: Plan, memory: dict[str, int], saved: dict | None = None) -> str:
     """One row per stage. `saved`: (pipeline, stage) -> bytes per device its sharded optimizer state saves."""
     rows = [f"{'pipe':>4} {'micro':>5} {'stage':>5} {'layers':>9} {'tp':>3} {'device':<10} {'node':<10} "
             f"{'gpus':<16} {'peak mem':>9} recompute  optimizer state"]
+    rows.append(TABLE_LEGEND)
     for k, p in enumerate(plan.pipelines):
         for j, s in enumerate(p.stages):
             mem = memory.get(f"{s.node}:{s.devices[0]}", 0)
             micro = f"{p.num_microbatches}x{plan.micro_batch_of(k)}" if j == 0 else ""
             rows.append(f"{k:>4} {micro:>5} {j:>5} "
                         f"{f'[{s.layers[0]},{s.layers[1]})':>9} {s.tp:>3} {s.device_type:<10} {s.node:<10} "
-                        f"{','.join(map(str, s.devices)):<16} {_gb(mem):>9} {'yes' if s.recompute else 'no':<9}  "
+                        f"{','.join(map(str, s.devices)):<16} {size(mem):>9} {'yes' if s.recompute else 'no':<9}  "
                         f"{_sharding(plan, k, j, saved)}")
     return "\n".join(rows)
 
@@ -69,7 +72,7 @@ def _sharding(plan: Plan, k: int, j: int, saved: dict | None) -> str:
         return f"sharded {ways}-way" if asks and ways > 1 else "replicated"
     if saved[(k, j)] <= 0:
         return "replicated"
-    return (f"{'sharded' if asks else 'partly sharded (by co-holders)'} {ways}-way, saves {_gb(saved[(k, j)])}"
+    return (f"{'sharded' if asks else 'partly sharded (by co-holders)'} {ways}-way, saves {size(saved[(k, j)])}"
             f"{slice_note(plan, k, j)}")
 
 
@@ -127,41 +130,72 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps({"plan": result.plan.to_dict(), "predicted": result.plan.predicted.to_dict(), **report}))
         return 0
-    _print_plan(job, result, report, cluster, priced, profile, seq_len)
+    print("\n".join(plan_lines(job, result, report, cluster, priced, profile, seq_len, left_out=money is None)))
     if money is not None:
-        _print_money(money, goal)
+        _print_money(money, goal)          # it names the GPUs left out, with what each would add
     if args.out:
         print(f"wrote {args.out}")
     return 0
 
 
-def _print_plan(job, result, report: dict, cluster, model, profile, seq_len: int) -> None:
+def plan_lines(job, result, report: dict, cluster, model, profile, seq_len: int, *,
+               left_out: bool = True) -> list[str]:
+    """What `autohet plan` prints of a plan: the table, the prediction, the bound where it means something, the
+    baselines, and (`left_out`; with --prices the money report does it) the GPUs the plan leaves out."""
     ev, bound_s = result.evaluation, report["lower_bound_iteration_s"]
-    print(f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {job.global_batch}, "
-          f"micro-batch {result.plan.micro_batch}, seq {seq_len}, schedule {result.plan.schedule}  "
-          f"[{profile.kind} profile, {report['dtype']}]")
-    print(plan_table(result.plan, ev.memory_bytes, _savings(result.plan, cluster, model, profile)))
-    print(f"predicted: {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
-          f"(slowest pipeline {max(ev.pipeline_times_s):.3f} s; grad sync {ev.sync_time_s:.3f} s, overlapping "
-          f"the cool-down; optimizer {ev.optimizer_time_s:.3f} s); solved in {result.solve_time_s:.1f} s, "
-          f"{report['wall_time_s']:.1f} s in all"
-          f"{' (time limit hit: best so far)' if result.hit_time_limit else ''}")
-    print(breakdown_line(time_breakdown(result.plan, ev)))
-    if bound_s is not None:
-        print(f"within {ev.iteration_time_s / bound_s - 1:.0%} of the proven lower bound {bound_s:.3f} s/iteration "
-              f"(a fluid relaxation of every plan: compute, optimizer and memory per GPU type; no bubbles, links "
-              f"or sync)")
-    for line in gain_lines(report):
-        print(line)
+    lines = [f"plan for {model.name} on {cluster.name} ({cluster.num_gpus} GPUs), global batch {job.global_batch}, "
+             f"micro-batch {result.plan.micro_batch}, seq {seq_len}, schedule {result.plan.schedule}  "
+             f"[{profile.kind} profile, {report['dtype']}]",
+             plan_table(result.plan, ev.memory_bytes, _savings(result.plan, cluster, model, profile)),
+             f"predicted: {seconds(ev.iteration_time_s)}/iteration, {ev.samples_per_s:.1f} samples/s (slowest "
+             f"pipeline {seconds(max(ev.pipeline_times_s))}; grad sync {seconds(ev.sync_time_s)}, overlapping the "
+             f"cool-down; optimizer {seconds(ev.optimizer_time_s)}); solved in {result.solve_time_s:.1f} s, "
+             f"{report['wall_time_s']:.1f} s in all{' (time limit hit: best so far)' if result.hit_time_limit else ''}",
+             breakdown_line(time_breakdown(result.plan, ev))]
+    what = "a fluid relaxation of every plan: compute, optimizer and memory per GPU type; no bubbles, links or sync"
+    if bound_s and ev.iteration_time_s <= BOUND_MEANINGFUL * bound_s:
+        lines.append(f"within {ev.iteration_time_s / bound_s - 1:.0%} of the proven lower bound "
+                     f"{seconds(bound_s)}/iteration ({what})")
+    elif bound_s is not None:
+        lines.append(f"proven lower bound {seconds(bound_s)}/iteration ({what}); this plan is over "
+                     f"{BOUND_MEANINGFUL:g}x it, its time mostly what the bound leaves out, so no distance is claimed")
+    lines += gain_lines(report, headline=not job.goal().minimizes_cost)
+    return lines + (_left_out_lines(result, cluster) if left_out else [])
+
+
+def _left_out_lines(result, cluster) -> list[str]:
+    """The GPUs a throughput plan does not use, by node: a plan with them would be no faster (the planner
+    chose without them), unless the time limit stopped the search."""
+    used: dict[str, int] = {}
+    for p in result.plan.pipelines:
+        for s in p.stages:
+            used[s.node] = used.get(s.node, 0) + s.tp
+    adds = ("not evaluated: the time limit stopped the search (a longer --plan-time-limit-s may use them)"
+            if result.hit_time_limit else "adding them: no faster (the planner found no faster plan with them)")
+    return [f"left out: {n.count - used.get(n.name, 0)}x {n.device} on {n.name}; {adds}"
+            for n in cluster.nodes if n.count > used.get(n.name, 0)]
 
 
 def _print_money(money: dict, goal) -> None:
     for line in money_lines(money, BASELINE_TITLES):
         print(line)
+    if goal.minimizes_cost:
+        print(cost_headline(money))
     low = money["lower_bound_usd_per_million_tokens"]
     if low and goal.minimizes_cost:
         print(f"within {money['plan']['usd_per_million_tokens'] / low - 1:.0%} of the proven lower bound "
               f"${low:.4f} per million tokens (the same relaxation, choosing which GPUs to pay for)")
+
+
+def cost_headline(money: dict) -> str:
+    """Under --objective cost: the plan's $ per million tokens against the cheapest baseline per token."""
+    plan, rivals = money["plan"]["usd_per_million_tokens"], money["baselines"]
+    if not rivals:
+        return f"${plan:.4f} per million tokens; no baseline can run"
+    cheapest = min(rivals, key=lambda n: rivals[n]["usd_per_million_tokens"])
+    theirs = rivals[cheapest]["usd_per_million_tokens"]
+    return (f"cost per million tokens against the cheapest baseline ({BASELINE_TITLES.get(cheapest, cheapest)}): "
+            f"${plan:.4f} vs ${theirs:.4f}, {theirs / plan:.2f}x cheaper")
 
 
 def _per_million(bound: dict, global_batch: int, seq_len: int) -> float | None:
@@ -187,8 +221,8 @@ def plan_report(result, baselines, wall_s: float) -> dict:
             "time_breakdown": time_breakdown(result.plan, ev)}
 
 
-def gain_lines(report: dict) -> list[str]:
-    """One line per baseline, then the headline against the strongest."""
+def gain_lines(report: dict, *, headline: bool = True) -> list[str]:
+    """One line per baseline, then (with `headline`) the headline against the strongest."""
     lines = []
     for name, predicted in report["baselines"].items():
         title = f"{BASELINE_TITLES.get(name, name):<29}"
@@ -198,7 +232,7 @@ def gain_lines(report: dict) -> list[str]:
             lines.append(f"  vs {title}: {predicted['samples_per_s']:8.1f} samples/s -> gain "
                          f"{report['gains'][name]:.2f}x")
     strongest = report["strongest_baseline"]
-    if strongest is not None:
+    if strongest is not None and headline:
         lines.append(f"gain over the strongest baseline ({BASELINE_TITLES.get(strongest, strongest)}): "
                      f"{report['gains'][strongest]:.2f}x")
     return lines
@@ -222,7 +256,7 @@ def cmd_evaluate(args) -> int:
     else:
         print(plan_table(plan, ev.memory_bytes, _savings(plan, cluster, model, profile)))
         status = "feasible" if ev.feasible else f"INFEASIBLE: {ev.reason}"
-        print(f"{status}; predicted {ev.iteration_time_s:.3f} s/iteration, {ev.samples_per_s:.1f} samples/s "
+        print(f"{status}; predicted {seconds(ev.iteration_time_s)}/iteration, {ev.samples_per_s:.1f} samples/s "
               f"[{profile.kind} profile, {out['dtype']}]")
         print(breakdown_line(time_breakdown(plan, ev)))
     return 0 if ev.feasible else 1
