@@ -84,6 +84,11 @@ def _kind(hint, f: dataclasses.Field, reference: dict) -> dict:
     if typing.get_origin(base) is typing.Literal:         # argparse shows the choices in --help
         return {"type": str, "choices": typing.get_args(base)}
     metavar = f.name.upper()
+    if typing.get_origin(base) is tuple and typing.get_args(base)[-1] is Ellipsis:     # tuple[X, ...]
+        item = typing.get_args(base)[0]
+        if typing.get_origin(item) is typing.Literal:
+            return {"type": str, "nargs": "*", "choices": typing.get_args(item)}
+        return {"type": item, "nargs": "*", "metavar": metavar}
     if typing.get_origin(base) is tuple:
         items = typing.get_args(base)
         return {"type": items[0], "nargs": len(items), "metavar": metavar}

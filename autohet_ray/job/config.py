@@ -14,6 +14,7 @@ from autohet_ray.cloud.notices import PROVIDER_CHOICES
 from autohet_ray.config_io import check_type, dataclass_from_dict
 from autohet_ray.cost.money import OBJECTIVES, goal_from
 from autohet_ray.metrics.tensorboard import check_available
+from autohet_ray.metrics.tracking import TRACKERS, check_trackers
 from autohet_ray.plan.schedule import PLAN_SCHEDULES, schedule_choices
 from autohet_ray.plan.schema import RECOMPUTE_MODES, SHARDING_MODES, check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
@@ -32,6 +33,7 @@ Sharding = Literal[SHARDING_MODES]
 Objective = Literal[OBJECTIVES]
 Dtype = Literal[DTYPES]
 SpotProvider = Literal[PROVIDER_CHOICES]
+Tracker = Literal[TRACKERS]
 
 
 def compute_dtype(dtype: str, *, cuda: bool) -> str:
@@ -124,6 +126,15 @@ class TrainJob:
     reading only its slices; restores (resume, recovery) load the checkpoint instead."""
     tensorboard: str | None = None
     """A directory the step metrics are also written to as TensorBoard events (needs the tensorboard package)."""
+    tracking: tuple[Tracker, ...] = ()
+    """Experiment trackers the run also logs to: "tensorboard" (into `tensorboard`), "mlflow" (to `mlflow_uri`),
+    "wandb" (Weights & Biases; offline with WANDB_MODE=offline). Each needs its package: autohet_ray[mlflow],
+    autohet_ray[wandb]. A tracker that fails is logged once and dropped; training goes on."""
+    mlflow_uri: str | None = None
+    """MLflow tracking URI: a directory, file:DIR, or http://HOST:PORT of a tracking server (default:
+    MLFLOW_TRACKING_URI, else ./mlruns)."""
+    tracking_project: str = "autohet"
+    """The MLflow experiment and the W&B project the run is logged under."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """AdamW, clipping and the LR schedule (runtime/lr_schedule.py); part of the job record, so a resumed job
     takes exactly the rates the uninterrupted one would."""
@@ -210,6 +221,8 @@ class TrainJob:
             raise ConfigError(f"spot_provider={self.spot_provider!r}; valid: {', '.join(PROVIDER_CHOICES)}")
         if self.tensorboard is not None:
             check_available(self.tensorboard)
+        object.__setattr__(self, "tracking", tuple(self.tracking))       # a job record's list
+        check_trackers(self.tracking, tensorboard=self.tensorboard)
 
     @property
     def paced(self) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import ray
 
+from autohet_ray.checkpoint.keys import manifest_key
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
 from autohet_ray.elastic.keeper import stop_keeper
@@ -33,10 +34,10 @@ from autohet_ray.job.notice_ahead import earliest_deadline, hand_over_wait_s, no
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
-from autohet_ray.metrics.tensorboard import TensorBoardLog
+from autohet_ray.metrics.tracking import start_tracking
+from autohet_ray.orchestrate import switch_ahead
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
-from autohet_ray.orchestrate import switch_ahead
 from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
 from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
 from autohet_ray.recovery.policy import store_only_nodes
@@ -88,9 +89,10 @@ class Controller(LiveJob):
                                        control_timeout_s=self.job.control_timeout_s)
             self.committer.step_extra = self.data.state
             self.metrics_log = job_files.LineLog(self.job.storage, job_files.METRICS_FILE)
-        if self.job.tensorboard:
-            self.tensorboard_log = TensorBoardLog(self.job.tensorboard)
+        self.tracking = start_tracking(self.job, self.job_id)
         report = self.launch(restore)
+        if self.tracking is not None:
+            self.tracking.started(self.job.to_dict() | {"job_id": self.job_id}, self.plan.to_dict())
         self.state = transition(self.state, State.RUNNING)
         return report
 
@@ -112,7 +114,7 @@ class Controller(LiveJob):
             return self._run(steps, restore, spot_provider, on_event, stopped_by)
 
     def _run(self, steps: int, restore: str | None, spot_provider: str | None, on_event, stopped_by) -> dict:
-        on_event = on_event or (lambda kind, report: None)
+        on_event = self._tracked(on_event or (lambda kind, report: None))
         launch, events, failure, stopping, self.target_steps = {}, [], None, None, steps
         try:
             start = time.perf_counter()
@@ -198,6 +200,9 @@ class Controller(LiveJob):
         if self.committer is not None:
             outcome["completed"] = max(self.step_index, *self.committer.committed, 0)
             outcome["in_storage"] = outcome["completed"] in {0, *self.committer.storage_committed}
+        if self.tracking is not None and outcome.get("step") and outcome.get("in_storage"):
+            self.tracking.artifact(f"manifest-step-{outcome['step']}.json",
+                                   job_files.read_text(self.job.storage, manifest_key(outcome["step"])) or "")
         self._release()
         if outcome.get("in_storage") is False:
             print(not_in_storage(self, outcome), file=sys.stderr, flush=True)
@@ -230,8 +235,16 @@ class Controller(LiveJob):
             self.data.close()
         if self.dataset_hold is not None:
             self.dataset_hold.release()            # the cache may evict the dataset once no job holds it
-        if self.tensorboard_log is not None:
-            self.tensorboard_log.close()
+        if self.tracking is not None:
+            self.tracking.close()
+
+    def _tracked(self, on_event):
+        """`on_event` that also hands the trackers each recovery, re-plan and switch."""
+        def both(kind: str, report: dict) -> None:
+            if self.tracking is not None and kind in ("recovered", "replanned", "switched"):
+                self.tracking.event(kind, report)
+            on_event(kind, report)
+        return both
 
     # -- carrying out recovery's decisions -----------------------------------------------------------------
     def _recover(self, failure: GroupFailure) -> dict:
