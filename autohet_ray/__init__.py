@@ -1,7 +1,32 @@
 """autohet_ray: asymmetric 3D-parallel training on heterogeneous GPU clusters, on Ray."""
+import logging
+import sys
 
 __version__ = "0.1.0"
 
 
 class ConfigError(ValueError):
     """A user-supplied value is invalid; the message names the value and what would be valid."""
+
+
+class _Console(logging.StreamHandler):
+    """Each record as its plain line on whatever sys.stderr is when it is emitted (a CLI or a test may swap it)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
+# Every module logs through its own logger under "autohet_ray"; its records reach stderr as the lines they always
+# were (the CLI sets the level, --log-level, and adds --log-file). Remove CONSOLE to route them elsewhere only.
+CONSOLE = _Console()
+CONSOLE.setLevel(logging.INFO)
+logging.getLogger(__name__).addHandler(CONSOLE)
+logging.getLogger(__name__).setLevel(logging.INFO)

@@ -29,9 +29,11 @@ def add_data_parser(sub) -> None:
                    help="Ray tasks at once, one CPU each (default: every CPU of the cluster, or of this machine)")
     p.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text (default: text)")
     p.add_argument("--eos-token", help="the tokenizer's end-of-document token (default: found by name)")
-    p.add_argument("--shard-mb", type=float, default=16.0, help="input megabytes per shard (one Ray task each) (default: 16)")
+    p.add_argument("--shard-mb", type=float, default=16.0,
+                   help="input megabytes per shard (one Ray task each) (default: 16)")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray of --workers CPUs)")
-    p.add_argument("--endpoint-url", help="S3 endpoint for s3:// inputs and outputs (default: AWS_ENDPOINT_URL, or AWS)")
+    p.add_argument("--endpoint-url",
+                   help="S3 endpoint for s3:// inputs and outputs (default: AWS_ENDPOINT_URL, or AWS)")
     p.add_argument("--json", action="store_true", help="end with one JSON line of the figures (default: off)")
     c = verbs.add_parser("check", help="verify every shard's hash of a prepared dataset and summarize it")
     c.add_argument("dataset", help="dataset directory (default: none, required)")

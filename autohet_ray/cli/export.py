@@ -21,7 +21,8 @@ def add_export_parser(sub) -> None:
     e.add_argument("--storage", required=True, help="the job's storage: directory or s3://bucket/prefix "
                    "(default: none, required)")
     e.add_argument("--step", type=int, help="committed step to export (default: the newest)")
-    e.add_argument("--out", dest="out_dir", required=True, help="new (or empty) directory to write (default: none, required)")
+    e.add_argument("--out", dest="out_dir", required=True,
+                   help="new (or empty) directory to write (default: none, required)")
     e.add_argument("--max-shard-size", default="5GiB", help="largest safetensors file, e.g. 5GiB, 500MB "
                    "(default: 5GiB)")
     e.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 
-from autohet_ray import ConfigError, __version__
+from autohet_ray import CONSOLE, ConfigError, __version__
 from autohet_ray.cli.checks import check_numeric_flags
 from autohet_ray.cli.common import TRAIN_ALIASES, TRAIN_NOTES, run_options
 from autohet_ray.cli.data import add_data_parser, cmd_data
@@ -37,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     ap = _OneLineParser(prog="autohet", description="Asymmetric 3D-parallel training on mixed GPUs")
     ap.add_argument("--version", action="version", version=f"autohet {__version__}",
                     help="print the version and exit")
+    ap.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
+                    help="the least severe log records shown on stderr (default: INFO)")
+    ap.add_argument("--log-file", metavar="FILE", help="also write every log record (DEBUG and up, with time, "
+                    "level and module) to this file (default: none)")
     sub = ap.add_subparsers(dest="command", required=True)
     _plan_parser(sub)
     e = sub.add_parser("evaluate", help="price a hand-written plan, or say why it is infeasible")
@@ -124,8 +129,27 @@ COMMANDS = {"plan": cmd_plan, "evaluate": cmd_evaluate, "show": cmd_show, "train
             "resume": cmd_resume, "export": cmd_export}
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _logging(level: str, log_file: str | None) -> None:
+    """The library's records on stderr from `level` up, and all of them into `log_file`."""
+    package = logging.getLogger("autohet_ray")
+    CONSOLE.setLevel(level)
+    for handler in [h for h in package.handlers if getattr(h, "autohet_file", False)]:
+        package.removeHandler(handler)          # a second main() in one process keeps one file handler
+        handler.close()
+    package.setLevel(logging.DEBUG if log_file else level)
+    if log_file:
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.autohet_file = True
+        package.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _logging(args.log_level, args.log_file)
     try:
         check_numeric_flags(args)
         for option in ("out", "png"):             # outputs are checked before the work that fills them

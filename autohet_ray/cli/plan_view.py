@@ -219,7 +219,8 @@ def draw_plan(plan: Plan, path: str) -> None:
     _draw_timeline(ax, plan, rows, colors)
     _draw_memory(bx, plan, rows, colors)
     title = f"{plan.model} on {plan.cluster or 'cluster'}: {plan.num_devices} GPUs, " \
-        f"{plural(len(plan.pipelines), 'pipeline')}, global batch {plan.global_batch}, micro-batch {_sizes(plan)}, {plan.schedule}"
+        f"{plural(len(plan.pipelines), 'pipeline')}, global batch {plan.global_batch}, micro-batch {_sizes(plan)}, " \
+        f"{plan.schedule}"
     if plan.predicted:
         title += (f"\npredicted {seconds(plan.predicted.iteration_time_s)}/iteration (dashed), "
                   f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind} profile"

@@ -179,8 +179,8 @@ class Tracking:
         self.queue.put(None)
         self.thread.join(timeout_s)
         if self.thread.is_alive():
-            log.warning("tracking: the trackers did not finish within %.0f s; what they still hold is dropped",
-                        timeout_s)
+            log.warning("autohet: tracking: the trackers did not finish within %.0f s; what they still hold is "
+                        "dropped", timeout_s)
 
     def _drain(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -193,8 +193,8 @@ class Tracking:
             call()
         except Exception as err:       # noqa: BLE001 - a tracker never stops training: logged once, dropped
             self.trackers.pop(name, None)
-            log.warning("tracking: %s failed (%s: %s); the run goes on without it", name, type(err).__name__,
-                        str(err).splitlines()[0] if str(err) else "")
+            log.warning("autohet: tracking: %s failed (%s: %s); the run goes on without it", name,
+                        type(err).__name__, str(err).splitlines()[0] if str(err) else "")
 
 
 def start_tracking(job, job_id: str) -> Tracking | None:

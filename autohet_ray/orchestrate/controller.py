@@ -15,8 +15,8 @@ newest committed step is safe in the storage.
 """
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import time
 from dataclasses import replace
 
@@ -47,6 +47,8 @@ from autohet_ray.storage.dataset_cache import held_dataset
 from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
+
+log = logging.getLogger(__name__)
 
 LEAVING = "spot notice or drain: the node is leaving"     # why a leaving node's store is dropped (printed)
 
@@ -205,7 +207,7 @@ class Controller(LiveJob):
                                    job_files.read_text(self.job.storage, manifest_key(outcome["step"])) or "")
         self._release()
         if outcome.get("in_storage") is False:
-            print(not_in_storage(self, outcome), file=sys.stderr, flush=True)
+            log.warning(not_in_storage(self, outcome))
         if "error" not in outcome:               # else kept: the message above says where and how to resume
             dropped = self.committer.dropped.remaining() if self.committer else []
             for spec in [*self.keeper_specs.values(), *dropped]:
@@ -228,7 +230,7 @@ class Controller(LiveJob):
             try:
                 self.committer.close()
             except Exception as err:             # noqa: BLE001 - a failed collection of old steps loses nothing
-                print(f"autohet: collecting old checkpoint steps failed: {err}", file=sys.stderr)
+                log.warning(f"autohet: collecting old checkpoint steps failed: {err}")
         if self.committer is not None:           # the storage was in use (a failed start touches nothing)
             sweep_or_warn(self.sweeper.at_close, self.job.storage, "close")
         if self.data is not None:

@@ -155,3 +155,23 @@ def test_plan_and_train_share_the_time_limit_default():
     plan = COMMANDS["plan"]._option_string_actions["--plan-time-limit-s"]
     train = COMMANDS["train"]._option_string_actions["--plan-time-limit-s"]
     assert plan.help == train.help and f"(default: {TrainJob.plan_time_limit_s})" in plan.help
+
+
+def test_log_level_and_log_file(tmp_path, capsys):
+    import logging
+
+    from autohet_ray.cli.main import _logging
+    path = tmp_path / "run.log"
+    records = logging.getLogger("autohet_ray.storage.job_files")
+    try:
+        _logging("WARNING", str(path))
+        records.info("autohet: an info line")
+        records.warning("autohet: a warning line")
+        assert capsys.readouterr().err == "autohet: a warning line\n"     # the line as it always was
+        text = path.read_text()
+        assert "INFO autohet_ray.storage.job_files: autohet: an info line" in text
+        assert "WARNING autohet_ray.storage.job_files: autohet: a warning line" in text
+    finally:
+        _logging("INFO", None)
+    records.info("autohet: shown again")
+    assert capsys.readouterr().err == "autohet: shown again\n" and "shown again" not in path.read_text()
