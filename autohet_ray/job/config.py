@@ -171,6 +171,8 @@ class TrainJob:
     step it had reached when they happened."""
 
     def __post_init__(self):
+        if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
+            raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
         hints = _hints()
         for f in fields(self):         # a wrong type from Python is one line here, not a confusing failure later
             check_type(getattr(self, f.name), hints[f.name], f"TrainJob: {f.name}")
@@ -212,8 +214,6 @@ class TrainJob:
         check_recompute(self.recompute)
         check_sharding(self.optimizer_sharding)
         self.goal()
-        if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
-            raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
         if self.elastic and self.storage is None:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
