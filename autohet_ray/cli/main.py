@@ -149,8 +149,10 @@ def _logging(level: str, log_file: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _logging(args.log_level, args.log_file)
     try:
+        if args.log_file:
+            check_writable(args.log_file, "--log-file")
+        _logging(args.log_level, args.log_file)
         check_numeric_flags(args)
         for option in ("out", "png"):             # outputs are checked before the work that fills them
             if getattr(args, option, None):
