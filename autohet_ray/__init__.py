@@ -30,3 +30,20 @@ CONSOLE = _Console()
 CONSOLE.setLevel(logging.INFO)
 logging.getLogger(__name__).addHandler(CONSOLE)
 logging.getLogger(__name__).setLevel(logging.INFO)
+
+
+_BASE_RECORDS = logging.getLogRecordFactory()
+
+
+def label_records(*, rank: int, pipeline: int, stage: int, device: str) -> None:
+    """In a Ray worker: each record names the rank, stage and device that wrote it, as fields (record.rank,
+    .pipeline, .stage, .device) and at the start of its console line (Ray forwards a worker's stderr to the
+    driver, prefixed with the worker's pid and node). A reused worker that takes a new place calls it again."""
+    place = {"rank": rank, "pipeline": pipeline, "stage": stage, "device": device}
+
+    def placed(*args, **kwargs) -> logging.LogRecord:
+        record = _BASE_RECORDS(*args, **kwargs)
+        record.__dict__.update(place)
+        return record
+    logging.setLogRecordFactory(placed)
+    CONSOLE.setFormatter(logging.Formatter(f"[rank {rank} pipeline {pipeline} stage {stage} {device}] %(message)s"))

@@ -175,3 +175,27 @@ def test_log_level_and_log_file(tmp_path, capsys):
         _logging("INFO", None)
     records.info("autohet: shown again")
     assert capsys.readouterr().err == "autohet: shown again\n" and "shown again" not in path.read_text()
+
+
+def test_a_workers_records_name_its_rank_stage_and_device(capsys):
+    import logging
+
+    import autohet_ray
+    records = logging.getLogger("autohet_ray.checkpoint.copy_check")
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.rank, record.pipeline, record.stage, record.device))
+
+    keep = Keep()
+    try:
+        autohet_ray.label_records(rank=3, pipeline=1, stage=0, device="H800 b:0")
+        records.addHandler(keep)
+        records.warning("autohet: copy refused")
+        assert capsys.readouterr().err == "[rank 3 pipeline 1 stage 0 H800 b:0] autohet: copy refused\n"
+        assert seen == [(3, 1, 0, "H800 b:0")]
+    finally:
+        records.removeHandler(keep)
+        logging.setLogRecordFactory(logging.LogRecord)
+        autohet_ray.CONSOLE.setFormatter(None)
