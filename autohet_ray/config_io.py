@@ -130,9 +130,13 @@ _PLAIN = {int: (int,), float: (int, float), str: (str,), bool: (bool,), dict: (d
 
 
 def check_type(value, hint, where: str) -> None:
-    """ConfigError unless `value` fits the annotation `hint` (plain types, `X | None`, dict[...], list[...]);
-    other annotations (dataclasses, which check themselves) are not checked here."""
+    """ConfigError unless `value` fits the annotation `hint` (plain types, `X | None`, dict[...], list[...],
+    Literal[...]); other annotations (dataclasses, which check themselves) are not checked here."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        if value not in args or isinstance(value, bool) != isinstance(args[0], bool):
+            raise ConfigError(f"{where}={value!r}; valid: {', '.join(map(str, args))}")
+        return
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return

@@ -100,7 +100,7 @@ def _whole_command(name: str, model_name: str, batch: int, extra: tuple = ()) ->
     cli = pathlib.Path(sys.executable).with_name("autohet")
     before, t0 = os.times(), time.perf_counter()
     out = subprocess.run([str(cli), "plan", "--cluster", str(CLUSTERS / f"{name}.yaml"), "--model", model_name,
-                          "--global-batch", str(batch), "--time-limit", "300", "--json", *extra],
+                          "--global-batch", str(batch), "--plan-time-limit-s", "300", "--json", *extra],
                          capture_output=True, text=True, check=True)
     wall, after = time.perf_counter() - t0, os.times()
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)

@@ -3,11 +3,13 @@ only when the bytes copied hash to the manifest's digest. A copy that fails is r
 counted, and reported as a plain dict (it crosses Ray) that `report_refused` prints as one line on stderr."""
 from __future__ import annotations
 
-import sys
+import logging
 
 from autohet_ray.checkpoint.chunk_hash import verify
 from autohet_ray.checkpoint.errors import ChunkMissingError, CorruptChunkError
 from autohet_ray.checkpoint.keys import step_of_key
+
+log = logging.getLogger(__name__)
 
 
 def refusal(key: str, source: str, target: str, reason: str) -> dict:
@@ -44,6 +46,6 @@ def report_refused(refused: list[dict], sink: list[str] | None = None) -> None:
     """Print one line per refused copy on stderr (and keep it in `sink`, e.g. a Committer's `skipped`)."""
     for r in refused:
         line = refusal_line(r)
-        print(line, file=sys.stderr, flush=True)
+        log.warning(line)
         if sink is not None:
             sink.append(line)

@@ -13,25 +13,31 @@ def add_data_parser(sub) -> None:
     verbs = d.add_subparsers(dest="data_command", required=True)
     p = verbs.add_parser("prepare", help="tokenize text, JSONL or Parquet files into token shards and an index")
     p.add_argument("--input", action="append", required=True,
-                   help="file, directory, glob or s3://bucket/prefix (a key glob is allowed); repeatable")
-    p.add_argument("--tokenizer", help="directory (or file) of a Hugging Face tokenizer.json; never fetched")
+                   help="file, directory, glob or s3://bucket/prefix (a key glob is allowed); repeatable "
+                        "(default: none, required)")
+    p.add_argument("--tokenizer", help="directory (or file) of a Hugging Face tokenizer.json; never fetched "
+                                                       "(default: none)")
     p.add_argument("--train-tokenizer", type=int, metavar="VOCAB",
-                   help="train a byte-level BPE of VOCAB ids on the inputs (saved as tokenizer.json in --out)")
+                   help="train a byte-level BPE of VOCAB ids on the inputs (saved as tokenizer.json in --out) "
+                        "(default: none)")
     # dest is not "out": `autohet` checks an --out as a file to be written, and this one is a directory
-    p.add_argument("--out", dest="dataset_out", required=True, help="dataset directory or s3://bucket/prefix")
+    p.add_argument("--out", dest="dataset_out", required=True, help="dataset directory or s3://bucket/prefix "
+                   "(default: none, required)")
     p.add_argument("--val-fraction", type=float, default=0.0,
-                   help="fraction of the tokens held out at the end of the corpus for validation")
+                   help="fraction of the tokens held out at the end of the corpus for validation (default: 0)")
     p.add_argument("--workers", type=int,
                    help="Ray tasks at once, one CPU each (default: every CPU of the cluster, or of this machine)")
-    p.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
+    p.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text (default: text)")
     p.add_argument("--eos-token", help="the tokenizer's end-of-document token (default: found by name)")
-    p.add_argument("--shard-mb", type=float, default=16.0, help="input megabytes per shard (one Ray task each)")
+    p.add_argument("--shard-mb", type=float, default=16.0,
+                   help="input megabytes per shard (one Ray task each) (default: 16)")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray of --workers CPUs)")
-    p.add_argument("--endpoint-url", help="S3 endpoint for s3:// inputs and outputs (default: AWS_ENDPOINT_URL)")
-    p.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    p.add_argument("--endpoint-url",
+                   help="S3 endpoint for s3:// inputs and outputs (default: AWS_ENDPOINT_URL, or AWS)")
+    p.add_argument("--json", action="store_true", help="end with one JSON line of the figures (default: off)")
     c = verbs.add_parser("check", help="verify every shard's hash of a prepared dataset and summarize it")
-    c.add_argument("dataset", help="dataset directory")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("dataset", help="dataset directory (default: none, required)")
+    c.add_argument("--json", action="store_true", help="one JSON line instead of the summary (default: off)")
 
 
 def cmd_data(args) -> int:

@@ -18,12 +18,15 @@ SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
 
 def add_export_parser(sub) -> None:
     e = sub.add_parser("export", help="write a committed step of a job as a Hugging Face model directory")
-    e.add_argument("--storage", required=True, help="the job's storage: directory or s3://bucket/prefix")
+    e.add_argument("--storage", required=True, help="the job's storage: directory or s3://bucket/prefix "
+                   "(default: none, required)")
     e.add_argument("--step", type=int, help="committed step to export (default: the newest)")
-    e.add_argument("--out", dest="out_dir", required=True, help="new (or empty) directory to write")
-    e.add_argument("--max-shard-size", default="5GiB", help="largest safetensors file, e.g. 5GiB, 500MB")
+    e.add_argument("--out", dest="out_dir", required=True,
+                   help="new (or empty) directory to write (default: none, required)")
+    e.add_argument("--max-shard-size", default="5GiB", help="largest safetensors file, e.g. 5GiB, 500MB "
+                   "(default: 5GiB)")
     e.add_argument("--endpoint-url", help="S3 endpoint of an s3:// --storage (default: AWS_ENDPOINT_URL, or AWS)")
-    e.add_argument("--json", action="store_true", help="print the export report as one JSON line")
+    e.add_argument("--json", action="store_true", help="print the export report as one JSON line (default: off)")
 
 
 def parse_size(text: str) -> int:

@@ -1,5 +1,5 @@
-"""Money on the command line: the --prices / --objective / --max-cost-per-hour / --min-samples-per-s options of
-`autohet plan` and `autohet train`, and the plan's money report: its $/hour and $ per million tokens beside each
+"""Money on the command line (the --prices / --objective / --max-cost-per-hour / --min-samples-per-s options are
+TrainJob's fields, cli/options.py): the plan's money report: its $/hour and $ per million tokens beside each
 baseline's, the GPUs it leaves out with what each would add, and the instances to rent (the fleet answer: whole
 instances, as cost/money.py bills them)."""
 from __future__ import annotations
@@ -8,31 +8,12 @@ import time
 from dataclasses import replace
 
 from autohet_ray import ConfigError
-from autohet_ray.cost.money import (OBJECTIVES, Goal, cluster_usd_per_hour, goal_from, node_rental,
-                                    node_usd_per_hour, plan_usd_per_hour, usd_per_million_tokens)
-from autohet_ray.job.config import TrainJob
+from autohet_ray.cost.money import (Goal, cluster_usd_per_hour, node_rental, node_usd_per_hour, plan_usd_per_hour,
+                                    usd_per_million_tokens)
 from autohet_ray.planner import plan_training
 from autohet_ray.planner.workers import run_split
 
 LEFT_OUT_TIME_LIMIT_S = 0.5      # each "what would it add" re-plan
-
-
-def add_money_options(parser) -> None:
-    parser.add_argument("--prices", help="prices file: $ per instance-hour per instance type (with its GPUs), or "
-                                         "per GPU-hour per device type, on-demand and spot (e.g. "
-                                         "jobs/clusters/prices.yaml); a plan pays for every node it uses, whole; "
-                                         "nodes marked spot: true pay spot")
-    parser.add_argument("--objective", default=TrainJob.objective, choices=OBJECTIVES,
-                        help="throughput (most samples/s) or cost (least $ per token; may leave GPUs or whole "
-                             f"nodes out); default {TrainJob.objective}")
-    parser.add_argument("--max-cost-per-hour", type=float, metavar="USD",
-                        help="budget: the fastest plan whose instances cost at most this per hour (needs --prices)")
-    parser.add_argument("--min-samples-per-s", type=float, metavar="N",
-                        help="throughput floor: the cheapest plan per token that reaches it (needs --prices)")
-
-
-def goal_from_args(args, cluster) -> Goal:
-    return goal_from(args.objective, args.prices, args.max_cost_per_hour, args.min_samples_per_s, cluster)
 
 
 def _money(plan, samples_per_s: float, cluster, goal: Goal, seq_len: int) -> dict:
@@ -155,7 +136,7 @@ def money_lines(report: dict, titles: dict) -> list[str]:
             else f"adding them: {adds.get('reason', 'not evaluated')}"
         if report["objective"] == "cost" and adds.get("usd_per_million_tokens", float("inf")) < \
                 plan["usd_per_million_tokens"]:
-            gain += " (cheaper per token than the plan: a longer --time-limit may find it)"
+            gain += " (cheaper per token than the plan: a longer --plan-time-limit-s may find it)"
         lines.append(f"left out: {row['gpus']}x {row['device']} ({_spot(row['spot'])}) {where}; {gain}")
     lines.append("rent: " + rent_line(report["rent"]))
     return lines

@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import sys
 import textwrap
 import types
 import typing
@@ -80,7 +81,14 @@ def _kind(hint, f: dataclasses.Field, reference: dict) -> dict:
         return {"type": str, "metavar": reference[f.name]}
     if base is bool:
         return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(base) is typing.Literal:         # argparse shows the choices in --help
+        return {"type": str, "choices": typing.get_args(base)}
     metavar = f.name.upper()
+    if typing.get_origin(base) is tuple and typing.get_args(base)[-1] is Ellipsis:     # tuple[X, ...]
+        item = typing.get_args(base)[0]
+        if typing.get_origin(item) is typing.Literal:
+            return {"type": str, "nargs": "*", "choices": typing.get_args(item)}
+        return {"type": item, "nargs": "*", "metavar": metavar}
     if typing.get_origin(base) is tuple:
         items = typing.get_args(base)
         return {"type": items[0], "nargs": len(items), "metavar": metavar}
@@ -118,10 +126,28 @@ def add_options(parser, cls, *, skip=(), reference: dict | None = None, aliases:
         help_text = f"{help_text} (default: {_shown(_default_of(f))})".replace("%", "%%")
         kind = _kind(hints[f.name], f, reference)
         parser.add_argument(flag_of(f.name), dest=prefix + f.name, default=argparse.SUPPRESS, help=help_text, **kind)
-        for old in aliases.get(f.name, ()):        # a deprecated spelling: still read, not shown in --help
-            parser.add_argument(old, dest=prefix + f.name, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kind)
+        for old in aliases.get(f.name, ()):
+            add_deprecated(parser, old, flag_of(f.name), dest=prefix + f.name, default=argparse.SUPPRESS, **kind)
         dests.append(prefix + f.name)
     return dests
+
+
+class _Deprecated(argparse.Action):
+    """A deprecated spelling of a flag: stores as the flag does, with a one-line note on stderr."""
+
+    def __init__(self, *args, new_flag: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.new_flag = new_flag
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"autohet: {option_string} is deprecated; use {self.new_flag}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated(parser, old: str, new_flag: str, **kind) -> None:
+    """`old` read as `new_flag` is (same dest and type), hidden from --help, with a deprecation note."""
+    assert "action" not in kind, f"{old}: a deprecated switch is not supported"
+    parser.add_argument(old, action=_Deprecated, new_flag=new_flag, help=argparse.SUPPRESS, **kind)
 
 
 def overrides(args: argparse.Namespace, dests: list[str]) -> dict:

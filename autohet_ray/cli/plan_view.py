@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autohet_ray.cli.units import plural, seconds
 from autohet_ray.cost.sharding import equal_slices, shard_ways
 from autohet_ray.cost.timeline import Slot, simulate
 from autohet_ray.plan.schedule import SPLIT_BACKWARD
@@ -102,11 +103,11 @@ def timeline_text(plan: Plan) -> str:
     scale = MAX_TEXT_COLUMNS / horizon
     unit = f"{horizon / MAX_TEXT_COLUMNS * 1e3:.2f} ms per column" if in_seconds(plan) else \
         "time relative to layers held"
-    lines = [f"{plan.model}: {len(plan.pipelines)} pipelines, global batch {plan.global_batch}, "
+    lines = [f"{plan.model}: {plural(len(plan.pipelines), 'pipeline')}, global batch {plan.global_batch}, "
              f"micro-batch {_sizes(plan)}, {plan.schedule} (F = forward, B = backward, W = weight gradients, "
              f"~ = gradient sync, O = optimizer; {unit})"]
     if plan.predicted:
-        lines.append(f"predicted {plan.predicted.iteration_time_s:.3f} s/iteration, "
+        lines.append(f"predicted {seconds(plan.predicted.iteration_time_s)}/iteration, "
                      f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind}"
                      f"{', ' + plan.predicted.dtype if plan.predicted.dtype else ''}]")
     width = max(len(_label(plan, r)) for r in rows) + 1
@@ -217,10 +218,11 @@ def draw_plan(plan: Plan, path: str) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, height), gridspec_kw={"width_ratios": [4, 1]}, sharey=False)
     _draw_timeline(ax, plan, rows, colors)
     _draw_memory(bx, plan, rows, colors)
-    title = f"{plan.model} on {plan.cluster or 'cluster'}: {plan.num_devices} GPUs, {len(plan.pipelines)} " \
-        f"pipelines, global batch {plan.global_batch}, micro-batch {_sizes(plan)}, {plan.schedule}"
+    title = f"{plan.model} on {plan.cluster or 'cluster'}: {plan.num_devices} GPUs, " \
+        f"{plural(len(plan.pipelines), 'pipeline')}, global batch {plan.global_batch}, micro-batch {_sizes(plan)}, " \
+        f"{plan.schedule}"
     if plan.predicted:
-        title += (f"\npredicted {plan.predicted.iteration_time_s:.3f} s/iteration (dashed), "
+        title += (f"\npredicted {seconds(plan.predicted.iteration_time_s)}/iteration (dashed), "
                   f"{plan.predicted.samples_per_s:.1f} samples/s [{plan.predicted.profile_kind} profile"
                   f"{', ' + plan.predicted.dtype if plan.predicted.dtype else ''}]")
     fig.suptitle(title, fontsize=9)

@@ -7,6 +7,7 @@ the storage), and training continues to --steps (a total step count). The output
 restored and every chunk that had to be skipped on the way."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -83,8 +84,8 @@ def add_resume_parser(sub) -> None:
     r.add_argument("--storage", required=True, help="the job's storage: a directory or s3://bucket/prefix "
                    "(default: none, required)")
     r.add_argument("--steps", type=int, help="train until this total step count (default: one more step)")
-    r.add_argument("--emulate", action="store_true", help="start an emulated cluster from the job's cluster file "
-                   "(default: off)")
+    r.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=False,
+                   help="start an emulated cluster from the job's cluster file (default: off)")
     r.add_argument("--json", action="store_true", help="end with one JSON line (default: off)")
     run_options(r)
     r.set_defaults(job_dests=add_options(r, TrainJob, skip=KEPT_ON_RESUME))

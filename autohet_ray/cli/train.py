@@ -36,14 +36,31 @@ from autohet_ray.storage.lease import new_job_id, storage_lease
 from autohet_ray.storage.spec import check_storage, storage_spec, storage_url
 
 
-def train_job(args):
-    """(TrainJob, Launch) of `autohet train`: the job file's fields (--config), the flags given over them, then
-    TrainJob's defaults; checked before any cluster starts. The default storage is chosen here (a new directory
-    named by the time) unless --print-config only shows the job."""
+def job_fields(args, *, only=None) -> tuple[dict, dict, str | None, set]:
+    """(TrainJob fields, Launch fields, where, the fields from the file): the job file's fields (--config) with
+    the flags given over them, unresolved; `only`: just those TrainJob fields (`autohet plan` keeps the ones
+    planning reads)."""
     where = f"job file {args.config!r}" if args.config else None
     given, flags = job_file.read_job_file(args.config) if args.config else {}, overrides(args, args.job_dests)
     from_file = job_file.file_names(given) - job_file.file_names(flags)     # the fields the flags leave alone
     fields, launch = job_file.split_launch(job_file.merge(given, flags))
+    if only is not None:
+        fields = {k: v for k, v in fields.items() if k in only}
+    return fields, launch, where, from_file
+
+
+def build_job(fields: dict, where: str | None, from_file: set) -> TrainJob:
+    try:
+        return dataclass_from_dict(TrainJob, fields, "train job")
+    except ConfigError as exc:
+        raise job_file.blamed(exc, where, from_file) from None
+
+
+def train_job(args):
+    """(TrainJob, Launch) of `autohet train`: the job file's fields (--config), the flags given over them, then
+    TrainJob's defaults; checked before any cluster starts. The default storage is chosen here (a new directory
+    named by the time) unless --print-config only shows the job."""
+    fields, launch, where, from_file = job_fields(args)
     launch = job_file.build_launch(launch, where)
     job_file.check_required(fields, where)
     fields = job_file.resolve_all(fields, where=where, from_file=from_file, endpoint_url=args.endpoint_url)
@@ -53,11 +70,7 @@ def train_job(args):
     args.default_storage = not fields.get("storage") and not fields.get("elastic") and not args.print_config
     if args.default_storage:
         fields["storage"] = _default_storage()
-    try:
-        job = dataclass_from_dict(TrainJob, fields, "train job")
-    except ConfigError as exc:
-        raise job_file.blamed(exc, where, from_file) from None
-    return job, launch
+    return build_job(fields, where, from_file), launch
 
 
 def _decay_ends_at_steps(fields: dict, steps: int) -> None:
@@ -133,7 +146,7 @@ def cmd_profile_ray(args) -> int:
     seq_len = args.seq_len or model.max_seq_len
     start = time.perf_counter()
     with ray_session(cluster, address=args.address, emulate=args.emulate, on_start=_starting):
-        db = profile_on_ray(cluster, model, seq_len, args.cache)
+        db = profile_on_ray(cluster, model, seq_len, args.profile_cache)
     db.save(args.out)
     for name, info in db.meta["types"].items():
         print(f"{name}: node {info['node']} ({info['device_name']}), {info['seconds']:.1f} s"

@@ -13,7 +13,7 @@ uint8 numpy view (moved out of band through the object store, zero-copy for the 
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 
 import numpy as np
 import ray
@@ -26,6 +26,8 @@ from autohet_ray.checkpoint.node_store import NodeStore
 from autohet_ray.elastic.keeper_tier import (DEAD, KEEPER_NAMESPACE, KeeperTier, get_keeper,  # noqa: F401 (re-exported)
                                              keeper_name, wire)
 from autohet_ray.elastic.tiers import build_tier
+
+log = logging.getLogger(__name__)
 
 REPLICATE_TIMEOUT_S = 300.0     # a peer keeper that takes no chunks for this long is stuck
 
@@ -137,6 +139,6 @@ def stop_dropped_keeper(spec: dict) -> bool:
     """Stop the keeper of a node the job dropped (recovery/dropped.py), and say so."""
     stopped = stop_keeper(spec["job_id"], spec["node_id"])
     if stopped:
-        print(f"autohet: stopped the keeper of dropped node {spec['name'].removeprefix('keeper-')} and removed "
-              f"its store {spec['dir']} (its chunks are committed elsewhere)", file=sys.stderr)
+        log.warning(f"autohet: stopped the keeper of dropped node {spec['name'].removeprefix('keeper-')} and removed "
+                    f"its store {spec['dir']} (its chunks are committed elsewhere)")
     return stopped

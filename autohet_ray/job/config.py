@@ -4,15 +4,19 @@ committed manifest, so `autohet resume` can restart the job from its storage alo
 default is stated here once."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import functools
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 
 from autohet_ray import ConfigError
 from autohet_ray.cloud.notices import PROVIDER_CHOICES
-from autohet_ray.config_io import dataclass_from_dict
-from autohet_ray.cost.money import goal_from
+from autohet_ray.config_io import check_type, dataclass_from_dict
+from autohet_ray.cost.money import OBJECTIVES, goal_from
 from autohet_ray.metrics.tensorboard import check_available
-from autohet_ray.plan.schedule import schedule_choices
-from autohet_ray.plan.schema import check_recompute, check_sharding
+from autohet_ray.metrics.tracking import TRACKERS, check_trackers
+from autohet_ray.plan.schedule import PLAN_SCHEDULES, schedule_choices
+from autohet_ray.plan.schema import RECOMPUTE_MODES, SHARDING_MODES, check_recompute, check_sharding
 from autohet_ray.plan.validate import check_micro_batch
 from autohet_ray.runtime.lr_schedule import OptimizerConfig
 from autohet_ray.storage.dataset_cache import DEFAULT_CACHE_GB
@@ -21,6 +25,15 @@ PROFILE_MODES = ("analytic", "measured")
 DTYPE_NAMES = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16", "fp32": "float32",
                "fp64": "float64", "bf16": "bfloat16", "auto": "auto"}
 DTYPES = tuple(DTYPE_NAMES)
+
+# the choices of the fields that have them: `--help` lists them and the job file's schema (job/schema.py) holds them
+Schedule = Literal[("auto", *PLAN_SCHEDULES)]
+Recompute = Literal[RECOMPUTE_MODES]
+Sharding = Literal[SHARDING_MODES]
+Objective = Literal[OBJECTIVES]
+Dtype = Literal[DTYPES]
+SpotProvider = Literal[PROVIDER_CHOICES]
+Tracker = Literal[TRACKERS]
 
 
 def compute_dtype(dtype: str, *, cuda: bool) -> str:
@@ -32,6 +45,8 @@ def compute_dtype(dtype: str, *, cuda: bool) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainJob:
+    __pydantic_config__ = {"use_attribute_docstrings": True}     # job/schema.py: docstrings as descriptions
+
     model: dict
     """The model that runs: a preset name, a model YAML or hf:DIR (a Hugging Face config.json); kept as its
     ModelSpec fields."""
@@ -72,15 +87,15 @@ class TrainJob:
     """Tokens per sample the plan is priced for (default: seq_len)."""
     micro_batch: int | None = None
     """Fix the planner's micro-batch size."""
-    schedule: str = "auto"
+    schedule: Schedule = "auto"
     """Pipeline schedule: "auto" (the faster that fits), "1f1b" or "zb-h1"; re-plans keep the choice."""
-    recompute: str = "none"
+    recompute: Recompute = "none"
     """Activation recomputation: "none", "full" (every stage) or "auto" (the planner picks it per stage where
     it makes the plan fit or faster); re-plans keep the choice."""
-    optimizer_sharding: str = "none"
+    optimizer_sharding: Sharding = "none"
     """Optimizer state (fp32 master, AdamW moments) sharded across each layer's data-parallel holders: "none",
     "dp" (every stage) or "auto" (the planner picks it per stage where it makes the plan fit or faster)."""
-    objective: str = "throughput"
+    objective: Objective = "throughput"
     """What every planning (the first and every re-plan) optimizes: "throughput" (samples/s) or "cost" ($ per
     token, from `prices`; it may leave GPUs or whole nodes out, so a node that joins is used only if it lowers
     the $ per token)."""
@@ -104,7 +119,7 @@ class TrainJob:
     for its device. 0: no pacing, compute runs at this machine's speed."""
     iteration_wall_s: float | None = None
     """Instead of time_scale: pick the scale at the first launch so one predicted iteration lasts this long."""
-    dtype: str = "auto"
+    dtype: Dtype = "auto"
     """Compute dtype on the workers: "bfloat16" ("bf16": bf16 compute, fp32 master weights, AdamW moments and
     gradient reduction), "float32" ("fp32"), "float64" ("fp64", exact comparisons), or "auto" (bf16 on CUDA,
     fp32 on CPU). Checkpoints hold the fp32 masters either way. Stored canonical (the torch name)."""
@@ -115,6 +130,15 @@ class TrainJob:
     reading only its slices; restores (resume, recovery) load the checkpoint instead."""
     tensorboard: str | None = None
     """A directory the step metrics are also written to as TensorBoard events (needs the tensorboard package)."""
+    tracking: tuple[Tracker, ...] = ()
+    """Experiment trackers the run also logs to: "tensorboard" (into `tensorboard`), "mlflow" (to `mlflow_uri`),
+    "wandb" (Weights & Biases; offline with WANDB_MODE=offline). Each needs its package: autohet_ray[mlflow],
+    autohet_ray[wandb]. A tracker that fails is logged once and dropped; training goes on."""
+    mlflow_uri: str | None = None
+    """MLflow tracking URI: a directory, file:DIR, or http://HOST:PORT of a tracking server (default:
+    MLFLOW_TRACKING_URI, else ./mlruns)."""
+    tracking_project: str = "autohet"
+    """The MLflow experiment and the W&B project the run is logged under."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """AdamW, clipping and the LR schedule (runtime/lr_schedule.py); part of the job record, so a resumed job
     takes exactly the rates the uninterrupted one would."""
@@ -141,7 +165,7 @@ class TrainJob:
     spot_watch: bool = False
     """Elastic: watch each node's instance metadata for spot interruption notices (a noticed node is flushed
     and planned away before it goes)."""
-    spot_provider: str = "aws"
+    spot_provider: SpotProvider = "aws"
     """Whose instance metadata spot_watch reads: "aws", "gcp", "azure", or "auto" (tries each)."""
     request_fleet: bool = False
     """Ask the Ray autoscaler (its public SDK, request_resources) for the nodes of the cluster file's node types
@@ -157,6 +181,11 @@ class TrainJob:
     step it had reached when they happened."""
 
     def __post_init__(self):
+        if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
+            raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
+        hints = _hints()
+        for f in fields(self):         # a wrong type from Python is one line here, not a confusing failure later
+            check_type(getattr(self, f.name), hints[f.name], f"TrainJob: {f.name}")
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch < 1:
             raise ConfigError(f"global_batch={self.global_batch!r} must be a positive integer")
         if self.micro_batch is not None:
@@ -195,8 +224,6 @@ class TrainJob:
         check_recompute(self.recompute)
         check_sharding(self.optimizer_sharding)
         self.goal()
-        if self.storage is not None and (not isinstance(self.storage, dict) or "kind" not in self.storage):
-            raise ConfigError(f"storage={self.storage!r} must be a tier spec; build it with storage_spec(url)")
         if self.elastic and self.storage is None:
             raise ConfigError("an elastic job needs storage (a directory or s3://bucket/prefix): its durable "
                               "tier and resume point")
@@ -204,6 +231,8 @@ class TrainJob:
             raise ConfigError(f"spot_provider={self.spot_provider!r}; valid: {', '.join(PROVIDER_CHOICES)}")
         if self.tensorboard is not None:
             check_available(self.tensorboard)
+        object.__setattr__(self, "tracking", tuple(self.tracking))       # a job record's list
+        check_trackers(self.tracking, tensorboard=self.tensorboard)
 
     @property
     def paced(self) -> bool:
@@ -220,6 +249,11 @@ class TrainJob:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@functools.cache
+def _hints() -> dict:
+    return typing.get_type_hints(TrainJob)
 
 
 def job_from_dict(raw: dict) -> TrainJob:

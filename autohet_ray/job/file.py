@@ -7,6 +7,8 @@ flag's are. Resolved, a job is the `job` of the record its storage keeps (job.js
 --print-config` writes it in this format: a job record or a printed config is a job file too."""
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 from dataclasses import MISSING, dataclass, fields
@@ -15,6 +17,7 @@ from autohet_ray import ConfigError
 from autohet_ray.cluster.spec import cluster_from_dict, load_cluster
 from autohet_ray.config_io import dataclass_from_dict, mapping, read_structured
 from autohet_ray.job.config import TrainJob
+from autohet_ray.job.schema import job_file_schema, schema_errors
 from autohet_ray.model.spec import load_model, model_from_dict
 from autohet_ray.plan.schema import load_plan, plan_from_dict
 from autohet_ray.storage.spec import storage_spec
@@ -27,6 +30,8 @@ ABSOLUTE_PATHS = ("init_from", "tensorboard", "profile_cache")     # kept absolu
 @dataclass(frozen=True, kw_only=True)
 class Launch:
     """How `autohet train` runs a job; not part of the job record (`autohet resume` says its own)."""
+    __pydantic_config__ = {"use_attribute_docstrings": True}     # job/schema.py: docstrings as descriptions
+
     steps: int
     """Train until this total step count."""
     emulate: bool = False
@@ -51,7 +56,16 @@ def read_job_file(path: str) -> dict:
     for key in raw:
         if key not in job_keys():
             raise ConfigError(f"job file {path!r}: unknown field {key!r}; valid: {', '.join(job_keys())}")
+    wrong = schema_errors(raw, job_schema())
+    if wrong:
+        raise ConfigError(f"job file {path!r}: {wrong} (the job file schema: docs/job-schema.json)")
     return dict(raw)
+
+
+@functools.cache
+def job_schema() -> dict:
+    """The JSON Schema every job file is checked against (job/schema.py)."""
+    return job_file_schema(Launch, REFERENCES)
 
 
 def resolve(name: str, value, *, endpoint_url: str | None = None):
@@ -136,3 +150,7 @@ def blamed(exc: ConfigError, where: str | None, from_file: set) -> ConfigError:
     if where and found and found.group(1) in from_file:
         return ConfigError(f"{where}: {exc}")
     return exc
+
+
+if __name__ == "__main__":             # python -m autohet_ray.job.file > docs/job-schema.json
+    print(json.dumps(job_schema(), indent=1))

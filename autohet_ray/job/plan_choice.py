@@ -10,9 +10,11 @@ from autohet_ray import ConfigError
 from autohet_ray.cluster.live import Discovered
 from autohet_ray.cluster.spec import Cluster
 from autohet_ray.cost.evaluate import evaluate_plan
-from autohet_ray.job.config import TrainJob
+from autohet_ray.job.config import TrainJob, compute_dtype
 from autohet_ray.job.foresight import cached_entry
+from autohet_ray.metrics.step import peak_dtype
 from autohet_ray.plan.schema import Plan, plan_from_dict
+from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 
 
 PLANNER_LOCK = threading.Lock()   # one planner run at a time: the controller's and the plan-ahead thread's
@@ -21,6 +23,20 @@ PLANNER_LOCK = threading.Lock()   # one planner run at a time: the controller's 
 def state_key(cluster: Cluster) -> str:
     """An availability state: the GPUs alive, by node."""
     return json.dumps(cluster.to_dict(), sort_keys=True)
+
+
+def job_micro_batches(job: TrainJob) -> tuple[int, ...]:
+    """The micro-batch sizes the job's profile holds: the defaults, the job's fixed size and its plan's."""
+    plan = plan_from_dict(job.plan) if job.plan else None
+    plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
+    return with_micro_batches(job.micro_batch, *plan_sizes)
+
+
+def analytic_job_profile(job: TrainJob, *, priced_model, cluster: Cluster, seq_len: int, cuda: bool):
+    """The job's analytic profile, priced in the dtype its workers compute in (fp64 as fp32; "auto": bf16 on
+    CUDA, fp32 on CPUs, emulated GPUs included). `autohet train` and `autohet plan` both price with it."""
+    dtype = peak_dtype(compute_dtype(job.dtype, cuda=cuda))
+    return analytic_profile(priced_model, cluster, seq_len, job_micro_batches(job), dtype=dtype)
 
 
 def plan_request(job: TrainJob, cluster: Cluster, *, profile, priced_model, seq_len: int) -> dict:

@@ -15,14 +15,15 @@ newest committed step is safe in the storage.
 """
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import time
 from dataclasses import replace
 
 import ray
 
 from autohet_ray import ConfigError
+from autohet_ray.checkpoint.keys import manifest_key
 from autohet_ray.cluster.live import check_types
 from autohet_ray.data.training import TrainingData
 from autohet_ray.elastic.commit import Committer
@@ -35,12 +36,12 @@ from autohet_ray.job.notice_ahead import earliest_deadline, hand_over_wait_s, no
 from autohet_ray.job.plan_choice import state_key
 from autohet_ray.job.record import refuse_existing_job
 from autohet_ray.metrics.step import run_figures
-from autohet_ray.metrics.tensorboard import TensorBoardLog
+from autohet_ray.metrics.tracking import start_tracking
+from autohet_ray.orchestrate import switch_ahead
 from autohet_ray.orchestrate.discovery import live_nodes
 from autohet_ray.orchestrate.fleet import Fleet
 from autohet_ray.orchestrate.live_job import LiveJob
 from autohet_ray.orchestrate.stopping import not_in_storage, secure_nodes_first
-from autohet_ray.orchestrate import switch_ahead
 from autohet_ray.orchestrate.worker_group import GroupFailure, rescue_orphans
 from autohet_ray.recovery.decisions import Relaunch, RecoveryFailed, Salvage, StepFailed, Stop
 from autohet_ray.recovery.policy import store_only_nodes
@@ -50,6 +51,8 @@ from autohet_ray.storage.dataset_cache import held_dataset
 from autohet_ray.storage.lease import storage_lease
 from autohet_ray.storage.spec import storage_url
 from autohet_ray.storage.sweep import StorageSweeper, sweep_or_warn
+
+log = logging.getLogger(__name__)
 
 LEAVING = "spot notice or drain: the node is leaving"     # why a leaving node's store is dropped (printed)
 
@@ -97,9 +100,10 @@ class Controller(LiveJob):
                                        control_timeout_s=self.job.control_timeout_s)
             self.committer.step_extra = self.data.state
             self.metrics_log = job_files.LineLog(self.job.storage, job_files.METRICS_FILE)
-        if self.job.tensorboard:
-            self.tensorboard_log = TensorBoardLog(self.job.tensorboard)
+        self.tracking = start_tracking(self.job, self.job_id)
         report = self.launch(restore)
+        if self.tracking is not None:
+            self.tracking.started(self.job.to_dict() | {"job_id": self.job_id}, self.plan.to_dict())
         self.state = transition(self.state, State.RUNNING)
         return report
 
@@ -121,7 +125,7 @@ class Controller(LiveJob):
             return self._run(steps, restore, spot_provider, on_event, stopped_by)
 
     def _run(self, steps: int, restore: str | None, spot_provider: str | None, on_event, stopped_by) -> dict:
-        on_event = on_event or (lambda kind, report: None)
+        on_event = self._tracked(on_event or (lambda kind, report: None))
         launch, events, failure, stopping, self.target_steps = {}, [], None, None, steps
         try:
             start = time.perf_counter()
@@ -214,9 +218,12 @@ class Controller(LiveJob):
         if self.committer is not None:
             outcome["completed"] = max(self.step_index, *self.committer.committed, 0)
             outcome["in_storage"] = outcome["completed"] in {0, *self.committer.storage_committed}
+        if self.tracking is not None and outcome.get("step") and outcome.get("in_storage"):
+            self.tracking.artifact(f"manifest-step-{outcome['step']}.json",
+                                   job_files.read_text(self.job.storage, manifest_key(outcome["step"])) or "")
         self._release()
         if outcome.get("in_storage") is False:
-            print(not_in_storage(self, outcome), file=sys.stderr, flush=True)
+            log.warning(not_in_storage(self, outcome))
         if "error" not in outcome:               # else kept: the message above says where and how to resume
             dropped = self.committer.dropped.remaining() if self.committer else []
             for spec in [*self.keeper_specs.values(), *dropped]:
@@ -239,15 +246,23 @@ class Controller(LiveJob):
             try:
                 self.committer.close()
             except Exception as err:             # noqa: BLE001 - a failed collection of old steps loses nothing
-                print(f"autohet: collecting old checkpoint steps failed: {err}", file=sys.stderr)
+                log.warning(f"autohet: collecting old checkpoint steps failed: {err}")
         if self.committer is not None:           # the storage was in use (a failed start touches nothing)
             sweep_or_warn(self.sweeper.at_close, self.job.storage, "close")
         if self.data is not None:
             self.data.close()
         if self.dataset_hold is not None:
             self.dataset_hold.release()            # the cache may evict the dataset once no job holds it
-        if self.tensorboard_log is not None:
-            self.tensorboard_log.close()
+        if self.tracking is not None:
+            self.tracking.close()
+
+    def _tracked(self, on_event):
+        """`on_event` that also hands the trackers each recovery, re-plan and switch."""
+        def both(kind: str, report: dict) -> None:
+            if self.tracking is not None and kind in ("recovered", "replanned", "switched"):
+                self.tracking.event(kind, report)
+            on_event(kind, report)
+        return both
 
     # -- carrying out recovery's decisions -----------------------------------------------------------------
     def _recover(self, failure: GroupFailure) -> dict:

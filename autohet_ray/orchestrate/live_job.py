@@ -45,7 +45,7 @@ class LiveJob:
         self.priced_seq_len = job.priced_seq_len or self.seq_len
         self.base_cluster = cluster_from_dict(job.cluster)
         self.found = self.plan = self.evaluation = self.plan_source = self.group = self.committer = None
-        self.data = self.dataset_hold = self.metrics_log = self.tensorboard_log = None
+        self.data = self.dataset_hold = self.metrics_log = self.tracking = None
         self.baselines: dict[str, float] = {}
         self.keeper_specs: dict[str, dict] = {}
         self.recovery = LiveRecovery(max_recoveries=job.max_recoveries, window_steps=job.recovery_window_steps)
@@ -232,8 +232,8 @@ class LiveJob:
         self.history.append(metrics)
         if self.metrics_log is not None:
             self.metrics_log.append(json.dumps(metrics))
-        if self.tensorboard_log is not None:
-            self.tensorboard_log.append(metrics)
+        if self.tracking is not None:
+            self.tracking.step(metrics)
         return metrics
 
     def flush(self, timeout_s: float = 600.0, *, wait_storage: bool = True) -> dict:

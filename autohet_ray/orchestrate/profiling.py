@@ -24,11 +24,9 @@ import torch.distributed as dist
 
 from autohet_ray.cluster.labels import ACCELERATOR_LABEL, NODE_ID_LABEL, label_value
 from autohet_ray.cluster.live import Discovered, LiveNode
-from autohet_ray.job.config import TrainJob, compute_dtype
-from autohet_ray.metrics.step import peak_dtype
+from autohet_ray.job.config import TrainJob
+from autohet_ray.job.plan_choice import analytic_job_profile, job_micro_batches
 from autohet_ray.model.spec import ModelSpec, model_from_dict
-from autohet_ray.plan.schema import plan_from_dict
-from autohet_ray.profile.analytic import analytic_profile, with_micro_batches
 from autohet_ray.profile.db import LinkProfile, ProfileDB, load_profile, profile_from_dict
 from autohet_ray.profile.link_probe import probe_link
 from autohet_ray.profile.measure import measure_profile, software_versions
@@ -178,12 +176,10 @@ def profile_cluster(found: Discovered, spec: ModelSpec, seq_len: int, *, micro_b
 def job_profile(job: TrainJob, *, found: Discovered, priced_model: ModelSpec, cluster, seq_len: int) -> ProfileDB:
     """The job's ProfileDB (analytic, measured on the cluster, or a file), made once per job (every re-plan
     prices with it)."""
-    plan = plan_from_dict(job.plan) if job.plan else None
-    plan_sizes = [plan.micro_batch_of(k) for k in range(len(plan.pipelines))] if plan else []
-    sizes = with_micro_batches(job.micro_batch, *plan_sizes)
-    if job.profile == "analytic":        # priced in the dtype the workers compute in (fp64 as fp32)
-        dtype = peak_dtype(compute_dtype(job.dtype, cuda=not found.emulated))
-        return analytic_profile(priced_model, cluster, seq_len, sizes, dtype=dtype)
+    if job.profile == "analytic":
+        return analytic_job_profile(job, priced_model=priced_model, cluster=cluster, seq_len=seq_len,
+                                    cuda=not found.emulated)
     if job.profile == "measured":
-        return profile_cluster(found, priced_model, seq_len, micro_batches=sizes, cache_dir=job.profile_cache)
+        return profile_cluster(found, priced_model, seq_len, micro_batches=job_micro_batches(job),
+                               cache_dir=job.profile_cache)
     return load_profile(job.profile)

@@ -8,7 +8,7 @@ at any point leaves a resumable state: node stores are served by detached keeper
 """
 from __future__ import annotations
 
-import sys
+import logging
 
 import ray
 
@@ -16,6 +16,8 @@ from autohet_ray.checkpoint.errors import CheckpointError
 from autohet_ray.orchestrate.worker_group import GroupFailure
 from autohet_ray.recovery.exit_messages import describe_places, not_in_storage_message, resume_command
 from autohet_ray.recovery.report import report_failure
+
+log = logging.getLogger(__name__)
 
 FAST_TIMEOUT_S = 2.0        # a stopping job's node-store commit and second copies (Ray kills it 3 s after SIGTERM)
 
@@ -62,8 +64,8 @@ def secure_nodes_first(ctl, signal_name: str) -> dict:
         ray.wait(copies, num_returns=len(copies), timeout=FAST_TIMEOUT_S)
         places = newest_places(ctl)
     then = "" if places["in_storage"] else " Copying it to the storage now."
-    print(f"autohet: {signal_name}: {describe_places(ctl.job.storage, places)}; if this process is killed now, "
-          f"`{resume_command_of(ctl)}` continues from it.{then}", file=sys.stderr, flush=True)
+    log.warning(f"autohet: {signal_name}: {describe_places(ctl.job.storage, places)}; if this process is killed now, "
+                f"`{resume_command_of(ctl)}` continues from it.{then}")
     return places
 
 

@@ -19,6 +19,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from autohet_ray import label_records
 from autohet_ray.checkpoint import AsyncSnapshotter, Manifest, SnapshotPolicy, restore
 from autohet_ray.checkpoint.codec import digest, encode
 from autohet_ray.checkpoint.errors import ChunkUnavailableError
@@ -116,6 +117,9 @@ class Worker:
                              seed=seed, optimizer=OptimizerConfig.from_dict(optimizer or {}), lr=lr,
                              dtype=getattr(torch, compute_dtype(dtype, cuda=backend == "nccl")), pacer=self.pacer)
         sockets.capture()                     # the engine has built every subgroup
+        place = self.engine.rank_map.ranks[self.rank]
+        label_records(rank=self.rank, pipeline=place.pipeline, stage=place.stage,
+                      device=f"{place.device_type} {place.node}:{place.device}")
         self.collective_sockets = sockets
         built = self.engine.groups_built
         return {"rank": self.rank, "backend": backend, "setup_s": time.perf_counter() - start, "started_at": started_at,

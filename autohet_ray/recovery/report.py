@@ -3,7 +3,9 @@ failed (a tensor's chunk, a node's keeper, an upload), the tier and the reason. 
 ending that left something undone live here too, so every entry point reports them alike."""
 from __future__ import annotations
 
-import sys
+import logging
+
+log = logging.getLogger(__name__)
 
 EXIT_NOT_IN_STORAGE = 3      # the newest step did not reach the storage (it is in node stores, or was lost)
 EXIT_GAVE_UP = 4             # the job stopped on a failure: a step raised, or recovery gave up (before 3)
@@ -19,5 +21,5 @@ def report_failure(step: int | None, what: str, tier: str | None, reason) -> str
     """Print `autohet: step S: WHAT [tier T]: REASON` on stderr; returns the line (without the prefix)."""
     line = f"step {step if step is not None else '-'}: {what}" + (f" [tier {tier}]" if tier else "") + \
         f": {one_line(reason)}"
-    print(f"autohet: {line}", file=sys.stderr, flush=True)
+    log.warning(f"autohet: {line}")
     return line

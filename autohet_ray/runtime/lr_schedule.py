@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 from autohet_ray import ConfigError
 from autohet_ray.config_io import dataclass_from_dict
 
 DECAYS = ("cosine", "linear", "constant")
+Decay = Literal[DECAYS]
 
 
 def check_schedule(*, lr: float, min_lr: float, warmup_steps: int, decay: str, decay_steps: int | None) -> None:
@@ -62,7 +64,7 @@ class OptimizerConfig:
     """The rate at the end of the decay (and after it)."""
     warmup_steps: int = 0
     """Updates of linear warm-up from lr / warmup_steps to lr."""
-    decay: str = "constant"
+    decay: Decay = "constant"
     """"cosine", "linear" or "constant" (no decay) from the end of warm-up to decay_steps."""
     decay_steps: int | None = None
     """The step at which the decay reaches min_lr, warm-up included (`autohet train`: its --steps)."""

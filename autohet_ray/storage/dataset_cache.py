@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
-import sys
 
 from autohet_ray.checkpoint.node_store import default_store_root
 from autohet_ray.storage.datasets import download_dataset
+
+log = logging.getLogger(__name__)
 
 LOCK_SUFFIX = ".lock"
 DEFAULT_CACHE_GB = 50.0           # a job's `dataset_cache_gb` unless it sets one
@@ -70,8 +72,8 @@ def evict_to_cap(root: str, cap_bytes: int, *, room_for: int = 0, keep: str | No
         removed.append(path)
         total -= size
     if total + room_for > cap_bytes:
-        print(f"autohet: dataset cache {root} holds {total / 1e9:.2f} GB, over its cap of {cap_bytes / 1e9:.2f} "
-              "GB: the rest is in use by running jobs", file=sys.stderr)
+        log.warning(f"autohet: dataset cache {root} holds {total / 1e9:.2f} GB, over its cap of {cap_bytes / 1e9:.2f} "
+                    "GB: the rest is in use by running jobs")
     return removed
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
-import sys
 
 from autohet_ray.durable import append_line, write_atomic
 from autohet_ray.storage.spec import location
+
+log = logging.getLogger(__name__)
 
 JOB_FILE, PROFILE_FILE, PLAN_FILE, METRICS_FILE = "job.json", "profile.json", "plan.json", "metrics.jsonl"
 PART_LINES = 16                  # lines per metrics part on S3: each step uploads at most this many
@@ -76,8 +78,8 @@ def read_lines(spec: dict, name: str = METRICS_FILE) -> list[str]:
     for text in texts:
         body, _, torn = text.rpartition("\n") if not text.endswith("\n") else (text[:-1], "", "")
         if torn:
-            print(f"autohet: {location(spec, name)}: skipped a torn last line ({len(torn)} bytes, its writer "
-                  f"stopped mid-write)", file=sys.stderr)
+            log.warning(f"autohet: {location(spec, name)}: skipped a torn last line ({len(torn)} bytes, its writer "
+                        f"stopped mid-write)")
         lines += body.split("\n") if body else []
     return lines
 
@@ -92,8 +94,8 @@ def read_metrics(spec: dict) -> list[dict]:
         except json.JSONDecodeError:
             record = None
         if not isinstance(record, dict):
-            print(f"autohet: {location(spec, METRICS_FILE)}: skipped line {number}, not a JSON object "
-                  f"(a torn write): {line[:60]!r}", file=sys.stderr)
+            log.warning(f"autohet: {location(spec, METRICS_FILE)}: skipped line {number}, not a JSON object "
+                        f"(a torn write): {line[:60]!r}")
             continue
         out.append(record)
     return out

@@ -17,10 +17,10 @@ import atexit
 import contextlib
 import datetime
 import json
+import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -28,6 +28,8 @@ import uuid
 from autohet_ray import ConfigError
 from autohet_ray.storage import lease_backends
 from autohet_ray.storage.spec import location
+
+log = logging.getLogger(__name__)
 
 LEASE_FILE = "lease.json"
 LEASE_WAIT_S = 10.0          # how long a run waits for another one's lease to be released
@@ -128,8 +130,7 @@ class StorageLease:
     def _break(self, other: dict | None, version, reason: str) -> None:
         if self.backend.remove(version):
             why = "broken by --break-lease" if reason == "--break-lease" else reason
-            print(f"autohet: broke the lease of {describe(other)} on storage {self.url!r} ({why})",
-                  file=sys.stderr, flush=True)
+            log.warning(f"autohet: broke the lease of {describe(other)} on storage {self.url!r} ({why})")
         self.break_lease = False                  # the flag breaks one lease, never the next holder's
 
     def release(self) -> None:

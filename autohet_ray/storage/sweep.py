@@ -8,11 +8,13 @@ start (less a margin) are aborted and the ids of the other pending ones are kept
 pending are aborted (they began before the start); uploads begun after the start are never touched then."""
 from __future__ import annotations
 
-import sys
+import logging
 import time
 
 from autohet_ray.checkpoint.tier_specs import direct_tier
 from autohet_ray.storage.spec import location
+
+log = logging.getLogger(__name__)
 
 S3_MARGIN_S = 2.0
 
@@ -54,8 +56,8 @@ class StorageSweeper:
         """`removed`, after one line on stderr when it is not empty."""
         what = "temporary files" if self.spec["kind"] == "dir" else "abandoned multipart uploads"
         if removed:
-            print(f"autohet: removed {len(removed)} {what} older than the job's start from "
-                  f"{location(self.spec, '')} (left by writers that stopped), e.g. {removed[0]}", file=sys.stderr)
+            log.warning(f"autohet: removed {len(removed)} {what} older than the job's start from "
+                        f"{location(self.spec, '')} (left by writers that stopped), e.g. {removed[0]}")
         return removed
 
 
@@ -65,6 +67,6 @@ def sweep_or_warn(sweep, spec: dict, when: str) -> list[str]:
     try:
         return sweep()
     except Exception as err:      # noqa: BLE001 - reported; a later start or close sweeps again
-        print(f"autohet: sweeping {location(spec, '')} at {when} failed: {type(err).__name__}: "
-              f"{str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+        log.warning(f"autohet: sweeping {location(spec, '')} at {when} failed: {type(err).__name__}: "
+                    f"{str(err).splitlines()[0] if str(err) else ''}")
         return []

@@ -10,7 +10,7 @@ import yaml
 
 from bad_inputs import CLUSTER, DIRECTORY, JUNK, MODEL, PLAN, document_cases
 
-PLAN_ARGS = ["--global-batch", "4", "--time-limit", "5"]
+PLAN_ARGS = ["--global-batch", "4", "--plan-time-limit-s", "5"]
 TRAIN_ARGS = ["--global-batch", "4", "--steps", "1", "--emulate"]
 
 
@@ -130,7 +130,7 @@ def _train_cases() -> list:
 BAD_NUMBERS = ("-1", "nan", "inf", "-inf", "x")
 NUMERIC_FLAGS = {
     "plan": (["plan", "--cluster", "{ok}/cluster.yaml", "--model", "tiny-gpt", *PLAN_ARGS],
-             ["--time-limit", "--global-batch", "--seq-len", "--micro-batch"]),
+             ["--plan-time-limit-s", "--global-batch", "--seq-len", "--micro-batch"]),
     "evaluate": (None, []),
     "train": (["train", "--cluster", "{ok}/cluster.yaml", "--model", "tiny-gpt", *TRAIN_ARGS, "--storage",
                "{d}/s"],

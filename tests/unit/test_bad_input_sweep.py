@@ -91,8 +91,8 @@ NAMED_CRASHES = [
     ("evaluate --plan DIR", ["evaluate", "--plan", "{d}", "--cluster", f"{REPO}/jobs/local-3.yaml"], {}),
     ("job.json {}", ["export", "--storage", "{d}", "--out", "{d}/out"], {"job.json": "{}"}),
     ("job.json not JSON", ["export", "--storage", "{d}", "--out", "{d}/out"], {"job.json": "job: x"}),
-    ("--time-limit -1", ["plan", "--cluster", f"{REPO}/jobs/local-3.yaml", "--model", "tiny-gpt",
-                         "--global-batch", "4", "--time-limit", "-1"], {}),
+    ("--plan-time-limit-s -1", ["plan", "--cluster", f"{REPO}/jobs/local-3.yaml", "--model", "tiny-gpt",
+                         "--global-batch", "4", "--plan-time-limit-s", "-1"], {}),
 ]
 
 

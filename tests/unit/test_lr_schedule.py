@@ -90,8 +90,8 @@ def test_train_flags_fill_the_config():
                                                            decay_steps=30, weight_decay=0.1, clip_grad=0.5,
                                                            betas=(0.9, 0.95))
     assert train_job(_parser().parse_args(base))[0].optimizer == OptimizerConfig()   # no flag: the config's defaults
-    with pytest.raises(ConfigError, match="decay='step'; valid: cosine, linear, constant"):
-        train_job(_parser().parse_args(base + ["--decay", "step"]))
+    with pytest.raises(SystemExit):                  # argparse refuses a choice --help does not list
+        _parser().parse_args(base + ["--decay", "step"])
 
 
 def test_a_resume_under_another_schedule_is_refused_by_field():

@@ -133,7 +133,7 @@ def test_saved_profile_plans_and_json_plan_output_evaluates(tmp_path):
 @pytest.mark.cli
 def test_same_input_same_plan_and_a_hit_limit_is_reported():
     runs = [_cli("plan", "--cluster", "jobs/clusters/uneven-4-4-16.yaml", "--model", "gpt3-1.3b",
-                 "--global-batch", "256", "--json", *extra) for extra in ((), (), ("--time-limit", "0.01"))]
+                 "--global-batch", "256", "--json", "--plan-time-limit-s", limit) for limit in ("60", "60", "0.01")]
     docs = [json.loads(r.stdout) for r in runs]
     assert docs[0]["plan"] == docs[1]["plan"] and docs[0]["hit_time_limit"] is False
     assert docs[2]["hit_time_limit"] is True and docs[2]["plan"]["pipelines"]

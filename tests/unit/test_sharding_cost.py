@@ -161,6 +161,7 @@ def test_plan_table_shows_per_stage_sharding_and_the_memory_it_saves():
     layers 0-2 and the embedding, layers 5-7 and the head. So every stage keeps half the (master + moments)
     of the units it holds of those, whether it asked or not."""
     from autohet_ray.cli.plan import plan_table
+    from autohet_ray.cli.units import size
     from autohet_ray.model.costs import layer_params
     from autohet_ray.model.spec import model_from_dict
     wide = model_from_dict({"name": "wide8", "family": "gpt", "num_layers": 8, "hidden": 2048, "num_heads": 16,
@@ -170,7 +171,7 @@ def test_plan_table_shows_per_stage_sharding_and_the_memory_it_saves():
     plain = replace(_two_pipelines(False), model=wide.name, model_spec=wide.to_dict())
     plan = plain.with_optimizer_sharding([[True, False], [False, True]])
     ev, whole = evaluate_plan(plan, cluster, wide, profile), evaluate_plan(plain, cluster, wide, profile)
-    rows = plan_table(plan, ev.memory_bytes, saved_bytes(plan, cluster, wide, profile)).splitlines()[1:]
+    rows = plan_table(plan, ev.memory_bytes, saved_bytes(plan, cluster, wide, profile)).splitlines()[2:]   # header, legend
     layer, embed, head = (layer_params(wide, kind) for kind in ("layer", "embedding", "head"))
     sharded_params = [3 * layer + embed, 3 * layer + head, 3 * layer + embed, 3 * layer + head]
     stages = [s for p in plan.pipelines for s in p.stages]
@@ -179,7 +180,7 @@ def test_plan_table_shows_per_stage_sharding_and_the_memory_it_saves():
         saved = whole.memory_bytes[f"n0:{stage.devices[0]}"] - ev.memory_bytes[f"n0:{stage.devices[0]}"]
         assert saved == pytest.approx(params * 12 / 2, abs=2)        # bf16: 12 B of master + moments, halved
         kind = "sharded" if stage.shard_optimizer else "partly sharded (by co-holders)"
-        assert row.endswith(f"{kind} 2-way, saves {saved / 1e9:.1f} GB")
+        assert row.endswith(f"{kind} 2-way, saves {size(saved)}")
 
 
 def test_reduce_scatter_and_all_gather_are_ring_halves_on_gpus_and_gloo_priced_on_a_cpu_profile():
