@@ -69,6 +69,11 @@ CASES = (
          inputs="[--hidden 256|512] [--layers N --vocab N] [--cloud-mib-s R,R] [--overhead-only] [--emulate-wall-s S] "
                 "[--reassemble FILE] ...",
          result_fields=("speedup_total", "pairs", "overhead", "goals")),
+    Case(name="restart-scaling", module="restart_scaling",
+         measures="a relaunch's phases (process groups every-rank vs members-only, engine build, state load, first "
+                  "step) at 8, 16, 32, ... ranks, fitted and extrapolated to 1024 (gloo, CPU)",
+         inputs="[--ranks 8,16,32,48] [--json-out FILE]", result_fields=("fits", "restart_at_1024_s"),
+         quick=("--ranks", "8")),
     Case(name="spot-replay", module="spot_replay",
          measures="goodput and USD per million tokens of ours vs checkpoint-restart over AWS spot traces on 1024 GPUs "
                   "(simulated: cost-model predictions)",

@@ -16,7 +16,7 @@ and one sync group per stage and TP rank across the pipelines: N/2 + 4 groups in
 larger worlds is serialized here (the fits are upper bounds for the compute phases on a real cluster, where
 each rank has its own GPU; the group phase's store traffic is the part that scales with the world).
 
-    python benchmarks/restart_scaling.py [--ranks 8,16,32,48] [--json-out FILE]
+    python -m benchmarks run restart-scaling -- [--ranks 8,16,32,48] [--json-out FILE]
 Ends with one JSON line.
 """
 from __future__ import annotations
