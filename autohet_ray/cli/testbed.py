@@ -15,16 +15,17 @@ def add_testbed_parser(sub) -> None:
                                        "links between network namespaces, one raylet per node (needs root)")
     cmds = t.add_subparsers(dest="testbed_command", required=True)
     u = cmds.add_parser("up", help="bring a testbed up from its file (takes down what a crashed run left first)")
-    u.add_argument("file")
-    u.add_argument("--check", action="store_true", help="only read the file and check this host; start nothing")
+    u.add_argument("file", help="the testbed file, e.g. jobs/testbeds/smallest.yaml (default: none, required)")
+    u.add_argument("--check", action="store_true", help="only read the file and check this host; start nothing "
+                                                        "(default: bring it up)")
     cmds.add_parser("down", help="remove every namespace, veth, qdisc, cgroup and process of the testbed")
     cmds.add_parser("status", help="what of the testbed is on this host (JSON)")
     cmds.add_parser("env", help="the driver's environment (NAME=VALUE lines): Ray address, token, gloo interface")
     r = cmds.add_parser("run", help="up, run CMD in the head's namespace as the driver, down on every exit path")
-    r.add_argument("file")
-    r.add_argument("cmd", nargs="+", help="the driver command (after --)")
+    r.add_argument("file", help="the testbed file, e.g. jobs/testbeds/smallest.yaml (default: none, required)")
+    r.add_argument("cmd", nargs="+", help="the driver command, after -- (default: none, required)")
     v = cmds.add_parser("vanish", help="freeze every process of a node and take its link down")
-    v.add_argument("node")
+    v.add_argument("node", help="the testbed node's name, as in its file (default: none, required)")
 
 
 def cmd_testbed(args) -> int:

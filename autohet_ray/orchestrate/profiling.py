@@ -46,7 +46,7 @@ LINK_BYTES = 4 << 20
 class ProfileActor:
     def __init__(self):
         torch.set_num_threads(1)
-        join_device_cgroup(ray.get_gpu_ids())        # a testbed device computes at its CPU share
+        join_device_cgroup(ray.get_gpu_ids)        # a testbed device computes at its CPU share
 
     def device_name(self) -> str:
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else (platform.processor() or "cpu")

@@ -66,7 +66,7 @@ class Worker:
         self._handles_lock = threading.Lock()
         self._copy_wait_s = 0.0
         torch.set_num_threads(1)
-        self.device_cgroup = join_device_cgroup(ray.get_gpu_ids()) if gpu_index is None else None
+        self.device_cgroup = join_device_cgroup(ray.get_gpu_ids) if gpu_index is None else None
 
     @ray.method(concurrency_group="control")
     def where(self) -> dict:

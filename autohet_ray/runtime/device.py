@@ -39,12 +39,16 @@ def standby_gpu_indices(slots: list[dict], reuse: dict[str, list], real_gpu_node
     return out
 
 
-def join_device_cgroup(gpu_ids: list) -> str | None:
+def join_device_cgroup(device_ids) -> str | None:
     """On a testbed node (its raylet's AUTOHET_DEVICE_CGROUPS: the node's cgroup v1 cpu directory, one `dev<i>`
     per device), move this process into the CPU cgroup of the one device Ray gave it, so it computes at that
-    device's share; the path joined, or None off a testbed or for a process that takes no device."""
+    device's share; the path joined, or None off a testbed or for a process that takes no device.
+    `device_ids`: a function giving the devices (Ray's get_gpu_ids), asked only on a testbed node."""
     root = os.environ.get("AUTOHET_DEVICE_CGROUPS")
-    if not root or not gpu_ids:
+    if not root:
+        return None
+    gpu_ids = device_ids()
+    if not gpu_ids:
         return None
     if len(gpu_ids) != 1:
         raise RuntimeError(f"a testbed worker takes exactly one device; Ray gave it {gpu_ids}")

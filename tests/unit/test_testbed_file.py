@@ -67,14 +67,16 @@ def test_a_bad_testbed_file_is_one_line_and_exit_2(tmp_path, capsys, change, mes
 def test_a_worker_joins_the_cgroup_of_the_device_ray_gave_it(tmp_path, monkeypatch):
     from autohet_ray.runtime.device import join_device_cgroup
     monkeypatch.delenv("AUTOHET_DEVICE_CGROUPS", raising=False)
-    assert join_device_cgroup(["1"]) is None                          # off a testbed: nothing to join
+    def never_asked():
+        raise AssertionError("the devices were asked for off a testbed (outside Ray that starts a Ray cluster)")
+    assert join_device_cgroup(never_asked) is None                    # off a testbed: nothing to join
     (tmp_path / "dev1").mkdir()
     monkeypatch.setenv("AUTOHET_DEVICE_CGROUPS", str(tmp_path))
-    assert join_device_cgroup([]) is None                             # a worker that takes no device
-    assert join_device_cgroup(["1"]) == str(tmp_path / "dev1" / "cgroup.procs")
+    assert join_device_cgroup(lambda: []) is None                     # a worker that takes no device
+    assert join_device_cgroup(lambda: ["1"]) == str(tmp_path / "dev1" / "cgroup.procs")
     assert (tmp_path / "dev1" / "cgroup.procs").read_text() == str(os.getpid())
     with pytest.raises(RuntimeError, match="exactly one device"):
-        join_device_cgroup(["0", "1"])
+        join_device_cgroup(lambda: ["0", "1"])
 
 
 def test_under_a_quota_a_timed_rep_spans_twenty_periods():
