@@ -56,8 +56,9 @@ def wait_for_nodes(dashboard: str, names: set[str], procs, timeout_s: float) -> 
 @pytest.fixture
 def two_node_ray_head(tmp_path):
     """`ray start --head` (node a, with the job server) and `ray start --address` (node b), as users run them."""
-    from test_job_submit import BIN, _free_port, _wait_http
-    gcs, dash, client, agent = _free_port(), _free_port(), _free_port(), _free_port()
+    from autoscaling_cluster import free_port
+    from test_job_submit import BIN, _wait_http
+    gcs, dash, client, agent = free_port(), free_port(), free_port(), free_port()
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="disabled")
     env.pop("RAY_ADDRESS", None)
     log = open(tmp_path / "ray.log", "w")
