@@ -3,7 +3,7 @@ is job/fleet.py's; this asks, waits for the first nodes, and re-asks after each 
 replaced, so a reclaimed node's replacement is launched by the autoscaler while the job trains on the rest."""
 from __future__ import annotations
 
-import sys
+import logging
 import time
 
 from ray.autoscaler.sdk import request_resources
@@ -13,6 +13,7 @@ from autohet_ray.cluster.spec import Cluster
 from autohet_ray.job.fleet import fleet_bundles, fleet_ready, initial_counts, next_counts, nodes_by_type
 
 POLL_S = 0.5
+log = logging.getLogger(__name__)
 
 
 class Fleet:
@@ -29,8 +30,8 @@ class Fleet:
         request_resources(bundles=bundles, bundle_label_selectors=selectors)
         self.counts = dict(counts)
         self.events.append({"at": time.time(), "counts": dict(counts), "why": why})
-        print(f"autohet: asked the autoscaler for {', '.join(f'{n}x {t}' for t, n in counts.items())}"
-              f"{f' ({why})' if why else ''}", file=sys.stderr, flush=True)
+        log.info(f"autohet: asked the autoscaler for {', '.join(f'{n}x {t}' for t, n in counts.items())}"
+                 f"{f' ({why})' if why else ''}")
 
     def start(self, discover, wait_s: float) -> None:
         """Ask for each type's max and wait (up to `wait_s`) until discover() (a Discovered) holds them."""

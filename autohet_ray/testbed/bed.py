@@ -13,6 +13,7 @@ Intra-node traffic is between addresses of one namespace and never reaches a vet
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -22,9 +23,11 @@ import sys
 import time
 
 from autohet_ray.cluster.labels import gpu_resource
-from autohet_ray.testbed.host import (CPU_ROOT, FREEZER_ROOT, NODE_STORE_ROOT, PREFIX, STATE_DIR, cgroup_pids, enter_ns, enter_ns,
+from autohet_ray.testbed.host import (CPU_ROOT, FREEZER_ROOT, NODE_STORE_ROOT, PREFIX, STATE_DIR, cgroup_pids, enter_ns,
                                       check_host, our_namespaces, remove_cgroup_tree, sh, write)
 from autohet_ray.testbed.spec import CFS_PERIOD_US, Testbed, parse_testbed
+
+log = logging.getLogger(__name__)
 
 SWITCH_NS, HEAD_NS, S3_NS = f"{PREFIX}-sw", f"{PREFIX}-head", f"{PREFIX}-s3"
 IFNAME = "tb0"                     # every namespace's veth has this name inside it (GLOO_SOCKET_IFNAME)
@@ -300,8 +303,8 @@ def down(*, quiet: bool = False) -> dict:
         shutil.rmtree(path, ignore_errors=True)
     removed = {"processes": len(pids), "namespaces": namespaces}
     if not quiet:
-        print(f"testbed down: {len(pids)} processes, namespaces {namespaces or 'none'}, cgroups "
-              f"{CPU_ROOT} and {FREEZER_ROOT} removed", flush=True)
+        log.info(f"testbed down: {len(pids)} processes, namespaces {namespaces or 'none'}, cgroups "
+                 f"{CPU_ROOT} and {FREEZER_ROOT} removed")
     return removed
 
 
