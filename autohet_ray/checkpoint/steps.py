@@ -101,10 +101,12 @@ class CollectReport:
     deleted_chunks: int
 
 
-def collect_garbage(tier, *, keep_last: int = 2, committed: list[int] | None = None) -> CollectReport:
+def collect_garbage(tier, *, keep_last: int = 2, committed: list[int] | None = None,
+                    in_use: frozenset = frozenset()) -> CollectReport:
     """Delete steps of `tier` older than its newest `keep_last` committed ones. `committed` defaults to
     the steps with a valid manifest in this tier (pass it when the manifests live in another tier).
-    Nothing newer than the newest committed step is touched (it may be a step being written)."""
+    Nothing newer than the newest committed step is touched (it may be a step being written), nor any step in
+    `in_use` (one still being copied from this tier, such as a storage upload in flight)."""
     if keep_last < 1:
         raise ConfigError(f"keep_last must be >= 1 (never delete the newest committed step), got {keep_last}")
     if committed is None:
@@ -112,12 +114,12 @@ def collect_garbage(tier, *, keep_last: int = 2, committed: list[int] | None = N
     committed = sorted(set(committed))
     if not committed:
         return CollectReport([], [], [], 0)
-    keep = set(committed[-keep_last:])
+    keep = set(committed[-keep_last:]) | set(in_use)
     newest = committed[-1]
     on_tier = {s for s in (step_of_key(k) for k in tier.list("step-")) if s is not None}
     manifests = set(tier.list_manifests())
     doomed_committed = sorted(s for s in (set(committed) | manifests) if s < newest and s not in keep)
-    doomed_partial = sorted(s for s in on_tier - set(committed) - manifests if s < newest)
+    doomed_partial = sorted(s for s in on_tier - set(committed) - manifests - keep if s < newest)
     deleted = 0
     for step in doomed_committed + doomed_partial:
         tier.delete_manifest(step)

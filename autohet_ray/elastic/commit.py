@@ -271,12 +271,14 @@ class Committer:
         if self._gc is not None and not self._gc.done():
             return
         self._gc = self._gc_pool.submit(self._collect, step, list(self.committed), list(self.storage_committed),
-                                        bool(self.pending_storage))
+                                        frozenset(self.pending_storage))
 
-    def _collect(self, step: int, committed: list[int], storage_committed: list[int], uploading: bool) -> None:
+    def _collect(self, step: int, committed: list[int], storage_committed: list[int], uploading: frozenset) -> None:
+        """Old steps off every node store and the storage; a step still uploading stays in the node stores (the
+        upload reads it there) and the storage is left alone meanwhile."""
         for node, tier in list(self.keepers.items()):
             try:
-                collect_garbage(tier, keep_last=2, committed=committed)
+                collect_garbage(tier, keep_last=2, committed=committed, in_use=uploading)
             except TierUnavailableError as err:
                 self.skip(step, f"collection of old steps on the keeper of node {node}", tier.name, err)
         if len(storage_committed) >= 2 and not uploading:

@@ -100,6 +100,18 @@ def test_collect_garbage_never_touches_the_newest_committed_or_newer_steps(tmp_p
     job.close()
 
 
+def test_collect_garbage_keeps_a_step_still_being_copied_from_the_tier(tmp_path):
+    store = LocalDirTier(tmp_path, name="node-store")
+    job = MiniJob(NODES, ["a", "b"], store)
+    for step in (1, 2, 3, 4):
+        job.save(step, rank_states(full_state(step), 2))
+    report = collect_garbage(store, keep_last=2, in_use=frozenset({1}))   # step 1's upload still reads it here
+    assert report.deleted_steps == [2] and store.list_manifests() == [1, 3, 4]
+    assert_restores([store], 1, SHAPES)
+    assert collect_garbage(store, keep_last=2).deleted_steps == [1]        # once the upload is done
+    job.close()
+
+
 def test_concurrent_commits_of_one_step_on_s3_have_one_winner(s3_url):
     cloud = s3_cloud(s3_url)
     outcomes = []
